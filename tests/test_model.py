@@ -1,0 +1,339 @@
+"""Tests for model.py: xPos against the paper's formula, BCA against its closed form, causality, cached decoding."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model
+from model import GPT, GPTConfig, KVCache, POSITION_SCHEMES, alibi_slopes, rotary
+
+torch.set_num_threads(2)
+RELATIVE_OR_NONE = ("sinusoidal", "rope", "alibi", "xpos", "none")  # every scheme that may run past block_size
+
+
+def tiny(pos, **kw):
+    cfg = dict(block_size=8, vocab_size=23, n_layer=2, n_head=2, n_embd=16, pos=pos)
+    cfg.update(kw)
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**cfg)).eval()
+
+
+def tokens(T, vocab=23, seed=1, batch=2):
+    return torch.randint(0, vocab, (batch, T), generator=torch.Generator().manual_seed(seed))
+
+
+# --- xPos -------------------------------------------------------------------------------------------------------
+
+
+def scores(q, k, q_pos, k_pos, **kw):
+    cfg = GPTConfig(n_head=1, n_embd=q.size(-1), **kw)
+    qr, kr = rotary(q, k, q_pos, k_pos, cfg)
+    return qr @ kr.transpose(-1, -2)
+
+
+def test_xpos_without_decay_is_rope_exactly():
+    rope, xpos = tiny("rope"), tiny("xpos", xpos_scale_base=float("inf"))
+    xpos.load_state_dict(rope.state_dict())
+    idx = tokens(29)
+    for bca in (False, True):
+        assert torch.equal(rope(idx, idx, bca=bca)[0], xpos(idx, idx, bca=bca)[0])
+    # and the decay really is on by default: the same q, k score differently at a distance
+    torch.manual_seed(0)
+    q, k, pos = torch.randn(1, 1, 600, 16), torch.randn(1, 1, 600, 16), torch.arange(600)
+    assert not torch.allclose(scores(q, k, pos, pos, pos="rope"), scores(q, k, pos, pos, pos="xpos"), atol=1e-2)
+
+
+@pytest.mark.parametrize("rotate", [True, False])
+def test_xpos_scores_depend_only_on_distance(rotate):
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 1, 40, 32), torch.randn(2, 1, 40, 32)
+    pos = torch.arange(40)
+    base = scores(q, k, pos, pos, pos="xpos", xpos_rotate=rotate)
+    shifted = scores(q, k, pos + 1000, pos + 1000, pos="xpos", xpos_rotate=rotate)
+    torch.testing.assert_close(shifted, base, rtol=1e-3, atol=1e-3)  # float32 angles at 1000 rad: ~1e-4 off
+    # a different total length moves the scale's centre; the scores of the shared prefix must not move
+    longer = scores(torch.cat([q, q], 2), torch.cat([k, k], 2), torch.arange(80), torch.arange(80),
+                    pos="xpos", xpos_rotate=rotate)
+    torch.testing.assert_close(longer[..., :40, :40], base, rtol=1e-4, atol=1e-4)
+    # and a query/key pair at distance 5 scores the same wherever it sits
+    one_q, one_k = q[:, :, :1], k[:, :, :1]
+    at = lambda m, n: scores(one_q, one_k, torch.tensor([m]), torch.tensor([n]), pos="xpos", xpos_rotate=rotate)
+    torch.testing.assert_close(at(7, 2), at(3007, 3002), rtol=1e-4, atol=1e-4)
+
+
+def complex_reference(q, k, m, n, gamma=0.4, scale_base=512.0, rotate=True):
+    """Paper §3.2 in complex numbers, float64: <q e^(xi m + i theta m), k e^(-xi n - i theta n)> with zeta^(1/512)."""
+    d = q.size(-1)
+    i = torch.arange(d // 2, dtype=torch.float64)
+    theta = 1.0 / 10000 ** (2 * i / d) if rotate else torch.zeros(d // 2, dtype=torch.float64)
+    zeta = (i / (d / 2) + gamma) / (1 + gamma)
+    qc = torch.complex(q[..., 0::2].double(), q[..., 1::2].double())
+    kc = torch.complex(k[..., 0::2].double(), k[..., 1::2].double())
+    fq = qc * torch.exp(1j * m * theta) * zeta ** (m / scale_base)
+    fk = kc * torch.exp(1j * n * theta) * zeta ** (-n / scale_base)
+    return (fq * fk.conj()).real.sum(-1)  # the pseudo inner product sum Re(x_i y_i*)
+
+
+@pytest.mark.parametrize("rotate", [True, False])
+def test_xpos_matches_complex_reference(rotate):
+    torch.manual_seed(0)
+    d, T = 64, 300
+    q, k = torch.randn(T, d), torch.randn(T, d)
+    pos = torch.arange(T)
+    got = scores(q[None, None], k[None, None], pos, pos, pos="xpos", xpos_rotate=rotate)[0, 0]
+    for m, n in [(0, 0), (5, 0), (299, 0), (299, 298), (150, 17), (42, 42)]:
+        want = complex_reference(q[m], k[n], m, n, rotate=rotate)
+        assert abs(got[m, n].item() - want.item()) < 1e-4 * (1 + abs(want.item())), (m, n)
+
+
+def test_rope_rotation_matches_complex_multiplication():
+    torch.manual_seed(0)
+    d = 16
+    q = torch.randn(1, 1, 10, d)
+    pos = torch.arange(10) * 37
+    qr, _ = rotary(q, q, pos, pos, GPTConfig(n_head=1, n_embd=d, pos="rope"))
+    theta = 1.0 / 10000 ** (torch.arange(d // 2, dtype=torch.float64) * 2 / d)
+    qc = torch.complex(q[..., 0::2].double(), q[..., 1::2].double()) * torch.exp(1j * pos[:, None] * theta)
+    want = torch.stack([qc.real, qc.imag], -1).flatten(-2)
+    torch.testing.assert_close(qr.double(), want, rtol=1e-5, atol=1e-5)
+
+
+# --- blockwise causal attention -----------------------------------------------------------------------------------
+
+
+def brute_force_bca(config):
+    """Reference BCA: the explicit T x T boolean mask of the closed form, absolute positions, softmax by hand."""
+    def bca(q, k, v, half, attend):
+        T = q.size(2)
+        pos = torch.arange(T)
+        t, n = pos[:, None], pos[None, :]
+        visible = (n <= t) & (n >= ((t // half - 1) * half).clamp(min=0))
+        if config.pos in ("rope", "xpos"):
+            q, k = rotary(q, k, pos, pos, config)
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+        if config.pos == "alibi":
+            s = s - alibi_slopes(q.size(1))[:, None, None] * (t - n)
+        return torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1) @ v
+    return bca
+
+
+@pytest.mark.parametrize("pos", POSITION_SCHEMES)
+def test_bca_is_plain_causal_up_to_block_size(pos):
+    m = tiny(pos)
+    for T in (1, 3, 4, 5, 8):
+        idx = tokens(T)
+        torch.testing.assert_close(m(idx, idx, bca=True)[0], m(idx, idx, bca=False)[0], rtol=1e-5, atol=1e-5)
+    idx = tokens(8)
+    assert torch.equal(m(idx, idx)[0], m(idx, idx, bca=False)[0])  # auto is off at T = block_size
+
+
+@pytest.mark.parametrize("pos", RELATIVE_OR_NONE)
+def test_bca_matches_brute_force_closed_form(pos, monkeypatch):
+    m = tiny(pos)
+    idx = tokens(5 * 4 + 3)  # 5 half-blocks + 3, not a multiple of H = 4
+    fast = m(idx, idx)[0]  # auto: T > block_size turns BCA on
+    monkeypatch.setattr(model, "blockwise_causal_attention", brute_force_bca(m.config))
+    slow = m(idx, idx, bca=True)[0]
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+    assert (fast - m(idx, idx, bca=False)[0]).abs().max() > 1e-4  # BCA changes something
+
+
+@pytest.mark.parametrize("pos", RELATIVE_OR_NONE)
+def test_bca_window_in_one_layer(pos):
+    """With one layer, token s reaches position t exactly when (t//H - 1)*H <= s <= t."""
+    m = tiny(pos, n_layer=1)
+    idx = tokens(31, batch=1)
+    base = m(idx, idx, bca=True)[0]
+    for s in (0, 3, 4, 9, 17):
+        changed = idx.clone()
+        changed[0, s] = (changed[0, s] + 1) % 23
+        moved = (m(changed, changed, bca=True)[0] - base).abs().amax(-1)[0] > 1e-6
+        want = torch.tensor([model.bca_window_start(t, 4) <= s <= t for t in range(31)])
+        assert torch.equal(moved, want), s
+
+
+def test_bca_never_builds_a_t_by_t_matrix(monkeypatch):
+    m = tiny("xpos", block_size=16)
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q.size(-2), k.size(-2)))
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(model.F, "scaled_dot_product_attention", spy)
+    idx = tokens(64 * 16, batch=1)
+    m(idx)
+    assert seen and max(k for _, k in seen) == 16 and max(q for q, _ in seen) == 8
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scale_base", [512.0, 16.0])
+def test_xpos_low_precision_finite_at_64_blocks(dtype, scale_base):
+    # scale_base 16 with block_size 32 has the paper's ratio (512 at l = 1024): T = 2048 stands for 64k tokens
+    m = tiny("xpos", block_size=32, n_embd=32, n_head=2, xpos_scale_base=scale_base)
+    idx = tokens(64 * 32, batch=1)
+    with torch.autocast("cpu", dtype=dtype):
+        logits, loss = m(idx, idx)
+    assert logits.dtype == dtype and torch.isfinite(logits).all() and torch.isfinite(loss)
+    if dtype == torch.float16 and scale_base == 16.0:  # the trap BCA's rebasing avoids: without it fp16 overflows
+        with torch.autocast("cpu", dtype=dtype):
+            assert not torch.isfinite(m(idx, idx, bca=False)[0]).all()
+
+
+# --- causality and extrapolation ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pos", POSITION_SCHEMES)
+@pytest.mark.parametrize("bca", [False, True])
+def test_causality(pos, bca):
+    m = tiny(pos)
+    T = 8 if pos == "learned" else 21
+    idx = tokens(T)
+    base = m(idx, idx, bca=bca)[0]
+    for t in (0, 5, T - 1):
+        changed = idx.clone()
+        changed[:, t] = (changed[:, t] + 1) % 23
+        logits = m(changed, changed, bca=bca)[0]
+        torch.testing.assert_close(logits[:, :t], base[:, :t], rtol=0, atol=1e-6)
+        assert not torch.allclose(logits[:, t], base[:, t])
+
+
+def test_learned_cannot_extrapolate():
+    m = tiny("learned")
+    with pytest.raises(ValueError, match="learned absolute positions cannot extrapolate"):
+        m(tokens(9))
+    with pytest.raises(ValueError, match="cannot extrapolate"):
+        m.generate(tokens(6), 4)  # the 10th token needs a forward pass at position 8
+    assert m.generate(tokens(6), 3).shape == (2, 9)  # the 9th is predicted from position 7: fine
+
+
+def test_sinusoidal_embedding_formula():
+    pe = model.sinusoidal_embedding(torch.tensor([0, 1, 5000]), 6)
+    for row, p in enumerate([0, 1, 5000]):
+        for i in range(3):
+            assert pe[row, 2 * i].item() == pytest.approx(math.sin(p / 10000 ** (2 * i / 6)), abs=1e-4)
+            assert pe[row, 2 * i + 1].item() == pytest.approx(math.cos(p / 10000 ** (2 * i / 6)), abs=1e-4)
+
+
+def test_nothing_length_dependent_in_state():
+    for pos in POSITION_SCHEMES:
+        m = tiny(pos)
+        assert list(m.buffers()) == []
+        assert set(m.state_dict()) == {n for n, _ in m.named_parameters(remove_duplicate=False)}
+
+
+# --- cached decoding ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pos", POSITION_SCHEMES)
+@pytest.mark.parametrize("bca", [None, True, False])
+@pytest.mark.parametrize("prompt", [3, 13])
+def test_cached_decoding_matches_full_forward(pos, bca, prompt):
+    m = tiny(pos)
+    total = 8 if pos == "learned" else 27  # H = 4: crosses five half-block boundaries
+    if prompt >= total:
+        return
+    seq = tokens(total)
+    cache = [KVCache() for _ in range(m.config.n_layer)]
+    cached, _ = m(seq[:, :prompt], bca=bca, cache=cache)
+    for t in range(prompt, total + 1):
+        full, _ = m(seq[:, :t], bca=bca)
+        torch.testing.assert_close(cached[:, -1], full[:, -1], rtol=1e-5, atol=1e-5, msg=f"step {t}")
+        if bca is not False and t > prompt:  # decoding has trimmed what the prefill kept
+            assert cache[0].k.size(2) <= m.config.block_size
+        if t < total:
+            cached, _ = m(seq[:, t : t + 1], bca=bca, cache=cache)
+
+
+@pytest.mark.parametrize("pos", RELATIVE_OR_NONE)
+def test_generate_uses_the_cache_and_goes_past_block_size(pos):
+    m = tiny(pos)
+    prompt = tokens(5)
+    out = m.generate(prompt, 3 * m.config.block_size, top_k=1)
+    assert out.shape == (2, 5 + 24) and torch.equal(out[:, :5], prompt)
+    for t in range(5, out.size(1)):  # greedy: each token is the argmax of a full, uncached forward pass
+        assert torch.equal(out[:, t], m(out[:, :t])[0][:, -1].argmax(-1))
+
+
+def test_generate_is_seeded_and_respects_top_k():
+    m = tiny("xpos")
+    torch.manual_seed(3)
+    a = m.generate(tokens(4), 12, temperature=1.5, top_k=3)
+    torch.manual_seed(3)
+    assert torch.equal(a, m.generate(tokens(4), 12, temperature=1.5, top_k=3))
+    with pytest.raises(ValueError, match="temperature"):
+        m.generate(tokens(4), 2, temperature=0)
+
+
+# --- training behaviour ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pos", POSITION_SCHEMES)
+def test_initial_loss_and_per_token_losses(pos):
+    m = tiny(pos, vocab_size=101)
+    idx, targets = tokens(8, vocab=101, batch=8), tokens(8, vocab=101, seed=2, batch=8)
+    logits, loss = m(idx, targets)
+    assert logits.shape == (8, 8, 101)
+    assert abs(loss.item() - math.log(101)) < 0.1
+    _, per_token = m(idx, targets, reduction="none")
+    assert per_token.shape == (8, 8)
+    torch.testing.assert_close(per_token.mean(), loss)
+    want = -torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
+    torch.testing.assert_close(per_token, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pos", POSITION_SCHEMES)
+def test_can_overfit_one_batch(pos):
+    m = tiny(pos, n_embd=32).train()
+    idx = tokens(9, batch=4)
+    x, y = idx[:, :-1], idx[:, 1:]
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    for _ in range(150):
+        _, loss = m(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1
+
+
+# --- ALiBi and configuration ----------------------------------------------------------------------------------------
+
+
+def test_alibi_slopes():
+    assert alibi_slopes(8).tolist() == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
+    # 12 heads: the 8-head slopes, then slopes 1, 3, 5, 7 of the 16-head sequence 2^(-k/2)
+    want12 = [2 ** -k for k in range(1, 9)] + [2 ** -0.5, 2 ** -1.5, 2 ** -2.5, 2 ** -3.5]
+    torch.testing.assert_close(alibi_slopes(12), torch.tensor(want12))
+    torch.testing.assert_close(alibi_slopes(1), torch.tensor([2 ** -8.0]))
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("pos", "rotary", "must be one of learned, sinusoidal, rope, alibi, xpos, none"),
+    ("block_size", 7, "even integer"),
+    ("block_size", 0, "even integer"),
+    ("n_embd", 15, "divisible by n_head=2"),
+    ("n_layer", 0, "positive integer"),
+    ("dropout", 1.0, r"\[0, 1\)"),
+    ("xpos_gamma", 0.0, "> 0"),
+    ("xpos_scale_base", -1, "> 0"),
+    ("rope_base", 1, "> 1"),
+    ("xpos_rotate", "no", "True or False"),
+    ("bias", 1, "True or False"),
+])
+def test_config_errors_name_the_value(field, value, message):
+    with pytest.raises(ValueError, match=f"{field}={value!r}.*{message}"):
+        GPTConfig(**{"block_size": 8, "n_head": 2, "n_embd": 16, field: value})
+
+
+def test_odd_head_dim_rejected_for_rotary_only():
+    with pytest.raises(ValueError, match="head dim"):
+        GPTConfig(n_head=4, n_embd=12, pos="xpos")
+    GPTConfig(n_head=4, n_embd=12, pos="alibi")
+
+
+def test_bad_bca_value():
+    with pytest.raises(ValueError, match="bca='on'"):
+        tiny("xpos")(tokens(4), bca="on")
