@@ -17,10 +17,10 @@ test: $(VENV)/installed
 bench: $(VENV)/installed
 	$(PY) benchmarks/bench_bca.py
 
-# Reserved: the training issue makes this "prepare data + train a tiny xPos model", the evaluation issue the full
-# pipeline. Until then it says so instead of pretending.
-demo:
-	@echo "make demo: not built yet (arrives with prepare_data.py/train.py and eval_extrapolate.py)" >&2; exit 2
+# The main job, on CPU: prepare the offline Shakespeare corpus (characters) and train a tiny xPos model.
+demo: $(VENV)/installed
+	$(PY) prepare_data.py --dataset shakespeare --tokenizer char
+	$(PY) train.py config/shakespeare_char.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
