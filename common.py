@@ -1,14 +1,18 @@
 """
-Shared helpers for the scripts (model.py stays model-only): tokenizers, token files on disk, checkpoints, and the
-one-line errors the command lines print instead of tracebacks.
+Shared helpers for the scripts (model.py stays model-only): tokenizers, token files on disk, checkpoints, devices
+and torchrun, and the one-line errors the command lines print instead of tracebacks.
 """
 
 import json
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
+
+from model import GPT, GPTConfig
 
 
 class UserError(Exception):
@@ -122,3 +126,52 @@ def load_checkpoint(path, map_location="cpu"):
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
         raise UserError(f"checkpoint {path} is not a lex-gpt checkpoint (no model/model_args)")
     return ckpt
+
+
+def load_model(path, device="cpu"):
+    """The checkpoint's model, uncompiled, in eval mode on device, and the checkpoint itself."""
+    ckpt = load_checkpoint(path, map_location=device)
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), ckpt
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Devices, precision, torchrun
+
+
+def setup_distributed(device):
+    """(ddp, rank, world, device): under torchrun (RANK, LOCAL_RANK, WORLD_SIZE) join the process group, NCCL on
+    CUDA (one GPU per local rank) and gloo on CPU; otherwise a single process."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device={device!r} but this PyTorch sees no CUDA device")
+    if "RANK" not in os.environ:
+        return False, 0, 1, device
+    if device == "cuda":
+        device = f"cuda:{os.environ['LOCAL_RANK']}"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    return True, dist.get_rank(), dist.get_world_size(), device
+
+
+def resolve_dtype(dtype, device):
+    """auto: bf16 only on compute capability >= 8.0 (V100, 7.0, reports is_bf16_supported() through slow
+    emulation), float16 on older GPUs, float32 on CPU."""
+    if dtype != "auto":
+        return dtype
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.get_device_capability(device)[0] >= 8 else "float16"
+    return "float32"
+
+
+def autocast(device, dtype):
+    return nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], getattr(torch, dtype))
+
+
+def all_reduce_sum(t, ddp):
+    if ddp:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)  # gloo has no AVG
+    return t

@@ -77,18 +77,23 @@ def rotate_pairs(x):
     return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
 
 
+def rotary_frequencies(head_dim, config, device=None):
+    """theta_j = rope_base^(-2j/d) (RoPE's angles; 0 for "xpos without rotation") and xPos's per-pair decay base
+    zeta_j = (2j + gamma*d) / ((1 + gamma)*d) (paper Eq. 9), j = 0 .. d/2-1, float32."""
+    j = torch.arange(head_dim // 2, device=device, dtype=torch.float32)
+    theta = config.rope_base ** (-2 * j / head_dim)
+    if config.pos == "xpos" and not config.xpos_rotate:
+        theta = torch.zeros_like(theta)
+    return theta, (2 * j + config.xpos_gamma * head_dim) / ((1 + config.xpos_gamma) * head_dim)
+
+
 def rotary(q, k, q_pos, k_pos, config):
     """RoPE and xPos, the one place they live (paper Eq. 10, Algorithm 1; RoPE is xPos with zeta = 1).
 
     Query at m: pair j rotated by m*theta_j and scaled by zeta_j^(m/scale_base); key at n: rotated by n*theta_j and
     scaled by zeta_j^(-n/scale_base). q.k then carries cos((m-n)theta_j) * zeta_j^((m-n)/scale_base): relative only.
     """
-    d = q.size(-1)
-    j = torch.arange(d // 2, device=q.device, dtype=torch.float32)
-    theta = config.rope_base ** (-2 * j / d)
-    if config.pos == "xpos" and not config.xpos_rotate:
-        theta = torch.zeros_like(theta)
-    zeta = (2 * j + config.xpos_gamma * d) / ((1 + config.xpos_gamma) * d)
+    theta, zeta = rotary_frequencies(q.size(-1), config, q.device)
     # The scale exponent is centred on the keys' middle position, as in the official code: the offset cancels
     # exactly in q.k and halves the largest factor, which float16 has to hold (REFERENCE.md, Numerics).
     centre = torch.div(k_pos[0] + k_pos[-1], 2, rounding_mode="floor")
@@ -116,22 +121,28 @@ def alibi_slopes(n_head):
 # Attention: one function for every scheme, every mask and the cached path.
 
 
+def alibi_bias(q_pos, k_pos, n_head):
+    """ALiBi's additive score bias -slope_h * (m - n), (n_head, len(q_pos), len(k_pos)), float32."""
+    distance = (q_pos[:, None] - k_pos[None, :]).float()
+    return -alibi_slopes(n_head).to(distance.device)[:, None, None] * distance
+
+
 def attention(q, k, v, q_pos, k_pos, config, dropout_p=0.0):
     """Causal attention of raw (pre-position) q, k, v at integer positions q_pos, k_pos.
 
     Query m sees key n iff n <= m. Positions may be absolute or rebased to a BCA window; relative schemes only use
     differences, so the frame is the caller's choice. Passing the same tensor as q_pos and k_pos means the plain
     square causal case, which takes SDPA's is_causal path (FlashAttention on GPU). Masks are boolean, never an
-    additive -inf, because an overflowed (inf) masked score plus -inf is NaN (REFERENCE.md, Numerics).
+    additive -inf, because an overflowed (inf) masked score plus -inf is NaN (REFERENCE.md, Numerics); ALiBi's
+    bias is the one float mask, and its scores are never amplified.
     """
     if config.pos in ("rope", "xpos"):
         q, k = rotary(q, k, q_pos, k_pos, config)
     is_causal = k_pos is q_pos
     mask = None if is_causal else k_pos[None, :] <= q_pos[:, None]
-    if config.pos == "alibi":  # a bias of -slope*(m - n) per head, -inf on the keys a query must not see
-        distance = (q_pos[:, None] - k_pos[None, :]).float()
-        bias = -alibi_slopes(q.size(1)).to(q.device)[:, None, None] * distance
-        mask, is_causal = bias.masked_fill(distance < 0, float("-inf")).to(q.dtype), False
+    if config.pos == "alibi":
+        bias = alibi_bias(q_pos, k_pos, q.size(1))
+        mask, is_causal = bias.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf")).to(q.dtype), False
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
 
 

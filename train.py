@@ -15,7 +15,6 @@ resumed run sees exactly the batches the uninterrupted run would have seen.
 
 import json
 import math
-import os
 import sys
 import time
 from contextlib import nullcontext
@@ -28,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import UserError, load_checkpoint, load_meta, read_tokens, save_checkpoint
+from common import (UserError, all_reduce_sum, autocast, load_checkpoint, load_meta, read_tokens, resolve_dtype,
+                    save_checkpoint, setup_distributed)
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -141,35 +141,6 @@ def get_lr(it, c):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Devices, precision, distributed
-
-
-def resolve_device(device, local_rank):
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and local_rank is not None:
-        device = f"cuda:{local_rank}"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device={device!r} but this PyTorch sees no CUDA device")
-    return device
-
-
-def resolve_dtype(dtype, device):
-    """bf16 only on compute capability >= 8.0: V100 (7.0) reports is_bf16_supported() via slow emulation."""
-    if dtype != "auto":
-        return dtype
-    if device.startswith("cuda"):
-        return "bfloat16" if torch.cuda.get_device_capability(device)[0] >= 8 else "float16"
-    return "float32"
-
-
-def all_reduce_sum(t, ddp):
-    if ddp:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)  # gloo has no AVG
-    return t
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Data
 
 
@@ -222,22 +193,15 @@ def make_optimizer(model, c, device_type, dtype):
 
 
 def train(c):
-    ddp = "RANK" in os.environ
-    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
-    local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ddp else None
-    device = resolve_device(c["device"], local_rank)
-    device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
-    if ddp:
-        if device_type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-        if c["gradient_accumulation_steps"] % world:
-            raise UserError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be divisible "
-                            f"by the number of processes ({world})")
+    ddp, rank, world, device = setup_distributed(c["device"])
+    device_type = device.split(":")[0]
+    if c["gradient_accumulation_steps"] % world:
+        raise UserError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be divisible "
+                        f"by the number of processes ({world})")
     master = rank == 0
     micro_steps = c["gradient_accumulation_steps"] // world
     dtype = resolve_dtype(c["dtype"], device)
-    ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=getattr(torch, dtype))
+    ctx = autocast(device, dtype)
     out_dir = Path(c["out_dir"])
     ckpt_path = out_dir / "ckpt.pt"
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -279,7 +243,7 @@ def train(c):
         del ckpt
     model = torch.compile(raw_model) if c["compile"] else raw_model
     if ddp:
-        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+        model = DDP(model, device_ids=[torch.device(device)] if device_type == "cuda" else None)
 
     def checkpoint():
         rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device_type == "cuda"
