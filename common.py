@@ -140,13 +140,18 @@ def load_model(path, device="cpu"):
 # Devices, precision, torchrun
 
 
-def setup_distributed(device):
-    """(ddp, rank, world, device): under torchrun (RANK, LOCAL_RANK, WORLD_SIZE) join the process group, NCCL on
-    CUDA (one GPU per local rank) and gloo on CPU; otherwise a single process."""
+def resolve_device(device):
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device={device!r} but this PyTorch sees no CUDA device")
+    return device
+
+
+def setup_distributed(device):
+    """(ddp, rank, world, device): under torchrun (RANK, LOCAL_RANK, WORLD_SIZE) join the process group, NCCL on
+    CUDA (one GPU per local rank) and gloo on CPU; otherwise a single process."""
+    device = resolve_device(device)
     if "RANK" not in os.environ:
         return False, 0, 1, device
     if device == "cuda":

@@ -1,0 +1,231 @@
+"""
+Perplexity against evaluation length, the paper's Table 2 (and Table 5 with --bca both), for any checkpoints.
+
+    python eval_extrapolate.py --ckpt out/a/ckpt.pt [--ckpt out/b/ckpt.pt ...] --lengths 256,512,1024,2048,4096 \
+        [--bca auto|on|off|both] [--protocol lex|chunks|sliding] [--max_len N] [--stride S] [--data_dir D] \
+        [--json out.json] [--plot out.png]
+
+Protocols, all on the validation split:
+- lex (paper §4.2, default): every validation document with at least max_len+1 tokens contributes its first
+  max_len predicted tokens, cut into segments of each length (the last one shorter when the length does not
+  divide max_len); every token is scored, so all lengths score the same tokens. Shorter documents are skipped
+  and counted. max_len defaults to the largest length.
+- chunks: non-overlapping chunks of the length over the whole validation stream (ALiBi's tables).
+- sliding: windows of the length every S tokens (default length/2); each window scores only the tokens the
+  previous windows did not (the last S), so every token is scored once with at least length-S of context.
+BCA: auto uses it only for lengths beyond the checkpoint's block_size (the paper's Table 2); on/off force it;
+both reports every checkpoint and length with and without it (Table 5). Runs under torchrun too: segments are
+shared out among the ranks and the sums all-reduced.
+"""
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common import (UserError, all_reduce_sum, autocast, load_meta, load_model, read_tokens, resolve_dtype,
+                    setup_distributed)
+
+BCA_MODES = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}
+
+
+def parse_lengths(text):
+    try:
+        lengths = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UserError(f"--lengths {text!r} must be comma-separated integers, e.g. 256,512,1024") from None
+    if not lengths or min(lengths) < 1:
+        raise UserError(f"--lengths {text!r} must be positive")
+    return sorted(set(lengths))
+
+
+def lex_documents(meta, max_len):
+    """Validation documents long enough for the lex protocol, and how many were skipped."""
+    docs = meta["val_documents"]
+    usable = [d for d in docs if d["end"] - d["start"] >= max_len + 1]
+    if not usable:
+        longest = max(d["end"] - d["start"] for d in docs)
+        raise UserError(f"no validation document has max_len+1 = {max_len + 1} tokens (the longest has {longest}): "
+                        "lower --max_len or --lengths")
+    return usable, len(docs) - len(usable)
+
+
+def segments(protocol, length, n_tokens, docs, max_len, stride):
+    """(start, size, first_scored): inputs stream[start : start+size] predict stream[start+1 : start+size+1], and
+    positions first_scored .. size-1 of the window are scored."""
+    if protocol == "lex":
+        return [(d["start"] + i, min(length, max_len - i), 0) for d in docs for i in range(0, max_len, length)]
+    if protocol == "chunks":
+        return [(i, length, 0) for i in range(0, n_tokens - length, length)]
+    out, scored_until = [], 0  # sliding: targets up to index scored_until are done
+    for begin in range(0, n_tokens - 1, stride):
+        end = min(begin + length, n_tokens - 1)
+        out.append((begin, end - begin, scored_until - begin if scored_until > begin else 0))
+        scored_until = end
+        if end == n_tokens - 1:
+            break
+    return out
+
+
+@torch.no_grad()
+def score(model, stream, segs, length, bca, batch_tokens, device, ctx, rank, world, ddp):
+    """Sum of NLL, tokens scored, and per-position sums and counts, over this rank's share of segs."""
+    sums = torch.zeros(2 + 2 * length, dtype=torch.float64, device=device)  # nll, tokens, pos_nll[L], pos_count[L]
+    mine = segs[rank::world]
+    by_size = {}
+    for seg in mine:
+        by_size.setdefault(seg[1], []).append(seg)
+    for size, group in by_size.items():
+        per_batch = max(1, batch_tokens // size)
+        for b in range(0, len(group), per_batch):
+            batch = group[b : b + per_batch]
+            x = torch.from_numpy(np.stack([stream[s : s + size] for s, _, _ in batch]).astype(np.int64)).to(device)
+            y = torch.from_numpy(np.stack([stream[s + 1 : s + 1 + size] for s, _, _ in batch]).astype(np.int64))
+            with ctx:
+                _, nll = model(x, y.to(device), bca=bca, reduction="none")
+            scored = torch.arange(size, device=device)[None, :] >= torch.tensor([f for _, _, f in batch],
+                                                                              device=device)[:, None]
+            nll = nll.double() * scored
+            sums[0] += nll.sum()
+            sums[1] += scored.sum()
+            sums[2 : 2 + size] += nll.sum(0)
+            sums[2 + length : 2 + length + size] += scored.sum(0)
+    return all_reduce_sum(sums, ddp).cpu()
+
+
+def markdown_table(rows, lengths):
+    """Rows: checkpoint's scheme (with "+ BCA"), columns: lengths; an up-arrow where perplexity rises."""
+    lines = ["| model | " + " | ".join(str(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+    for label in dict.fromkeys(r["label"] for r in rows):
+        ppl = {r["length"]: r["ppl"] for r in rows if r["label"] == label}
+        cells, previous = [], None
+        for n in lengths:
+            rise = previous is not None and ppl[n] > previous
+            cells.append(f"{ppl[n]:.3f}{' ↑' if rise else ''}")
+            previous = ppl[n]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows, lengths, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("--plot needs matplotlib: pip install matplotlib") from None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label in dict.fromkeys(r["label"] for r in rows):
+        ppl = [next(r["ppl"] for r in rows if r["label"] == label and r["length"] == n) for n in lengths]
+        ax.plot(lengths, ppl, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_ylabel("perplexity")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def label_for(pos, bca, block_size):
+    return {None: f"{pos} (BCA > {block_size})", True: f"{pos} + BCA", False: pos}[bca]
+
+
+def evaluate(args):
+    ddp, rank, world, device = setup_distributed(args.device)
+    lengths = parse_lengths(args.lengths)
+    max_len = args.max_len or lengths[-1]
+    if args.protocol == "lex" and lengths[-1] > max_len:
+        raise UserError(f"length {lengths[-1]} is above --max_len {max_len}: the lex protocol cuts each document's "
+                        "first max_len tokens into segments")
+    if args.stride is not None and args.stride < 1:
+        raise UserError(f"--stride {args.stride} must be >= 1")
+    dtype = resolve_dtype(args.dtype, device)
+    ctx = autocast(device, dtype)
+    rows, curves, notes = [], [], []
+    for ckpt_path in args.ckpt:
+        model, ckpt = load_model(ckpt_path, device)
+        cfg = model.config
+        if cfg.pos == "learned" and lengths[-1] > cfg.block_size:
+            raise UserError(f"{ckpt_path} uses learned absolute positions, which cannot go past its block_size "
+                            f"{cfg.block_size} (asked for {lengths[-1]}): drop it or the longer lengths")
+        data_dir = args.data_dir or ckpt["config"]["data_dir"]
+        meta = load_meta(data_dir)
+        stream = read_tokens(data_dir, "val", meta)
+        docs, skipped = lex_documents(meta, max_len) if args.protocol == "lex" else (None, 0)
+        if args.protocol == "lex":
+            notes.append(f"{ckpt_path}: lex protocol, {len(docs)} validation documents x {max_len} tokens "
+                         f"({skipped} shorter than {max_len + 1} skipped)")
+        for bca in BCA_MODES[args.bca]:
+            for length in lengths:
+                stride = args.stride or max(1, length // 2)
+                if stride > length:
+                    raise UserError(f"--stride {stride} is longer than length {length}")
+                segs = segments(args.protocol, length, len(stream), docs, max_len, stride)
+                if not segs:
+                    raise UserError(f"the validation split ({len(stream)} tokens) is too short for length {length}")
+                batch_tokens = args.batch_tokens or min(16384, 2**27 // cfg.vocab_size)
+                sums = score(model, stream, segs, length, bca, batch_tokens, device, ctx, rank, world, ddp)
+                nll = (sums[0] / sums[1]).item()
+                row = dict(ckpt=str(ckpt_path), pos=cfg.pos, bca=bca if bca is not None else "auto", length=length,
+                           ppl=math.exp(nll), nll=nll, tokens=int(sums[1]), label=label_for(cfg.pos, bca,
+                                                                                                cfg.block_size))
+                rows.append(row)
+                counts = sums[2 + length :]
+                curve = (sums[2 : 2 + length] / counts.clamp(min=1)).tolist()
+                curves.append({k: row[k] for k in ("ckpt", "pos", "bca", "length")} | {"mean_nll": curve})
+                if rank == 0 and args.verbose:
+                    print(f"{row['label']:>24} {length:>6}: ppl {row['ppl']:.3f} over {row['tokens']:,} tokens",
+                          file=sys.stderr)
+    if rank == 0:
+        print("\n".join(notes))
+        print(f"perplexity ({args.protocol} protocol, {dtype}; ↑ = higher than at the previous length)\n")
+        print(markdown_table(rows, lengths))
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps({"protocol": args.protocol, "max_len": max_len, "rows": [
+                {k: r[k] for k in ("ckpt", "pos", "bca", "length", "ppl", "nll", "tokens")} for r in rows],
+                "curves": curves}, indent=1) + "\n")
+            print(f"\nwrote {args.json}")
+        if args.plot:
+            Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+            plot(rows, lengths, args.plot)
+            print(f"wrote {args.plot}")
+    if ddp:
+        torch.distributed.destroy_process_group()
+    return rows
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", action="append", required=True, help="a checkpoint; repeat to compare several")
+    p.add_argument("--lengths", default="256,512,1024,2048,4096")
+    p.add_argument("--bca", default="auto", choices=list(BCA_MODES))
+    p.add_argument("--protocol", default="lex", choices=("lex", "chunks", "sliding"))
+    p.add_argument("--max_len", type=int, help="lex: tokens taken from each document (default: the largest length)")
+    p.add_argument("--stride", type=int, help="sliding: tokens between windows (default: length/2)")
+    p.add_argument("--data_dir", help="default: the checkpoint's training data_dir")
+    p.add_argument("--batch_tokens", type=int, help="tokens per forward pass, the memory bound (default: 16384, "
+                   "fewer for large vocabularies so that the logits stay under 512 MiB)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--json")
+    p.add_argument("--plot")
+    p.add_argument("--verbose", action="store_true", help="a line per (model, length) as it finishes")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    try:
+        return evaluate(parse_args(argv))
+    except UserError as e:
+        sys.exit(f"eval_extrapolate.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()

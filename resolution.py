@@ -1,0 +1,229 @@
+"""
+Attention resolution (paper §3.1 Eq. 3, §4.3): the theory curves of Figure 2 and the measured Table 3.
+
+    python resolution.py --theory [--head_dim 64] [--gamma 0.4] [--scale_base 512] [--max_dist 4096] \
+        [--json out.json] [--plot out.png]
+    python resolution.py --ckpt CKPT --length T [--bca on|off|both] [--texts 8] [--json out.json]
+
+Eq. 3 as printed, R(s) = sum_i e^s[i] (e^s[i] - e^s[i+1]) / (sum_i e^s[i])^2, leaves choices open; made here:
+- s is indexed by distance n = 0 .. N with N = max_dist (theory) or T-1 (measured); the numerator runs over the
+  pairs (i, i+1) that exist (i = 0 .. N-1), the denominator over 0 .. N. Flat scores then give R = 0.
+- Written with p = softmax(s), R = sum_i p_i (p_i - p_{i+1}) <= sum_i p_i^2 <= 1: the paper's 1.08 (Table 3)
+  cannot come from Eq. 3 as printed.
+- Measured s-hat[n] (Eq. 11) is the mean pre-softmax score (with 1/sqrt(d) and ALiBi's bias, as the model
+  computes it) over the visible query/key pairs at distance n, per layer and head, pooled over the texts (every
+  text has the same pairs, so this is the average over texts of the per-text means). A distance that BCA's mask
+  hides entirely counts as e^s = 0. R is reported per layer two ways: heads averaged before R, and R per head
+  then averaged; the headline is the layer average of each.
+"""
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from common import UserError, load_meta, load_model, read_tokens, resolve_device
+from model import GPTConfig, alibi_bias, bca_window_start, rotary, rotary_frequencies
+
+BCA = {"on": [True], "off": [False], "both": [False, True]}
+
+
+def resolution(s):
+    """Eq. 3 for one score curve s[0..N] (-inf = hidden distance, e^s = 0)."""
+    p = torch.softmax(torch.as_tensor(s, dtype=torch.float64), dim=-1)
+    return (p[:-1] * (p[:-1] - p[1:])).sum().item()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Theory: Eq. 8, g_zeta[n] = sum_j cos(n theta_j) zeta_j^(n / scale_base), with model.py's theta and zeta.
+
+
+def theory(head_dim, gamma, scale_base, max_dist):
+    config = GPTConfig(n_head=1, n_embd=head_dim, pos="xpos", xpos_gamma=gamma, xpos_scale_base=scale_base)
+    theta, zeta = (t.double() for t in rotary_frequencies(head_dim, config))
+    n = torch.arange(max_dist + 1, dtype=torch.float64)[:, None]
+    out = {}
+    for name, decay in (("rope", torch.ones_like(zeta)), ("xpos", zeta)):
+        g = (torch.cos(n * theta) * decay ** (n / scale_base)).sum(-1)
+        out[name] = {"g": g.tolist(), "R": resolution(g)}
+    return out | {"head_dim": head_dim, "gamma": gamma, "scale_base": scale_base}
+
+
+def plot_theory(result, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("--plot needs matplotlib: pip install matplotlib") from None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, label in (("rope", "RoPE (ζ = 1)"), ("xpos", f"xPos (γ = {result['gamma']})")):
+        ax.plot(result[name]["g"], label=f"{label}, R = {result[name]['R']:.3f}", lw=1)
+    ax.set_xlabel("relative distance n")
+    ax.set_ylabel("g[n] (paper Eq. 8)")
+    ax.set_title(f"expected attention score vs distance, head dim {result['head_dim']}")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Measured: per-distance sums of each layer's pre-softmax scores, accumulated one query half-block at a time so
+# memory never grows with T^2; each half-block sees its keys in the same frame as the model's own attention.
+
+
+def accumulate(sums, counts, scores, q_pos, k_pos):
+    """Add one text's scores (n_head, Q, K) at query/key positions into sums[head, distance]; count the visible
+    (causal) pairs per distance into counts unless it is None."""
+    distance = q_pos[:, None] - k_pos[None, :]
+    visible = distance >= 0
+    index = distance[visible]
+    sums.index_add_(1, index, scores[:, visible].double())
+    if counts is not None:
+        counts.index_add_(0, index, torch.ones(index.numel(), dtype=counts.dtype))
+
+
+@torch.no_grad()
+def layer_score_sums(model, idx, bca):
+    """sums (n_layer, n_head, T) and counts (T) of the pre-softmax scores at each distance, for one text idx (1, T)."""
+    cfg = model.config
+    inputs = []
+    hooks = [block.attn.register_forward_pre_hook(lambda m, args: inputs.append(args[0])) for block in
+             model.transformer.h]
+    try:
+        model(idx, bca=bca)
+    finally:
+        for h in hooks:
+            h.remove()
+    B, T = idx.shape
+    half, nh = cfg.block_size // 2, cfg.n_head
+    sums = torch.zeros(cfg.n_layer, nh, T, dtype=torch.float64)
+    counts = torch.zeros(T, dtype=torch.float64)
+    for layer, (block, x) in enumerate(zip(model.transformer.h, inputs)):
+        q, k, _ = block.attn.c_attn(x).view(B, T, 3, nh, cfg.n_embd // nh).permute(2, 0, 3, 1, 4)
+        for q0 in range(0, T, half):
+            q1 = min(q0 + half, T)
+            k0 = bca_window_start(q0, half) if bca else 0  # the window's first key is also the model's origin
+            q_pos = torch.arange(q0, q1, device=idx.device) - k0
+            k_pos = torch.arange(k0, q1, device=idx.device) - k0
+            qq, kk = q[:, :, q0:q1], k[:, :, k0:q1]
+            if cfg.pos in ("rope", "xpos"):
+                qq, kk = rotary(qq, kk, q_pos, k_pos, cfg)
+            s = qq @ kk.transpose(-1, -2) / math.sqrt(qq.size(-1))
+            if cfg.pos == "alibi":
+                s = s + alibi_bias(q_pos, k_pos, nh)
+            accumulate(sums[layer], counts if layer == 0 else None, s[0].cpu(), q_pos.cpu(), k_pos.cpu())
+    return sums, counts
+
+
+def texts_from(meta, data_dir, length, max_texts):
+    """Consecutive length-token texts cut from the validation documents, taken round-robin over documents."""
+    stream = read_tokens(data_dir, "val", meta)
+    docs = [d for d in meta["val_documents"] if d["end"] - d["start"] >= length]
+    if not docs:
+        longest = max(d["end"] - d["start"] for d in meta["val_documents"])
+        raise UserError(f"no validation document has {length} tokens (the longest has {longest}): lower --length")
+    per_doc = [[d["start"] + i * length for i in range((d["end"] - d["start"]) // length)] for d in docs]
+    starts = [s for i in range(max(map(len, per_doc))) for doc in per_doc if i < len(doc) for s in [doc[i]]]
+    return [torch.from_numpy(stream[s : s + length].astype("int64")) for s in starts[:max_texts]]
+
+
+def measure(model, texts, bca):
+    cfg = model.config
+    sums = torch.zeros(cfg.n_layer, cfg.n_head, len(texts[0]), dtype=torch.float64)
+    counts = torch.zeros(len(texts[0]), dtype=torch.float64)
+    device = next(model.parameters()).device
+    for text in texts:
+        s, c = layer_score_sums(model, text[None].to(device), bca)
+        sums += s
+        counts += c
+    s_hat = (sums / counts.clamp(min=1)).masked_fill(counts == 0, float("-inf"))  # hidden distances: e^s = 0
+    heads_first = [resolution(s_hat[layer].mean(0)) for layer in range(cfg.n_layer)]
+    per_head = [sum(resolution(h) for h in s_hat[layer]) / cfg.n_head for layer in range(cfg.n_layer)]
+    as_list = lambda t: [None if math.isinf(v) else v for v in t.tolist()]
+    return {"bca": bca, "R": sum(heads_first) / cfg.n_layer, "R_per_head": sum(per_head) / cfg.n_layer,
+            "R_layers": heads_first, "R_layers_per_head": per_head,
+            "s_hat": [as_list(s_hat[layer].mean(0)) for layer in range(cfg.n_layer)],
+            "s_hat_heads": [[as_list(h) for h in s_hat[layer]] for layer in range(cfg.n_layer)],
+            "pairs": counts.tolist()}
+
+
+def run(args):
+    if args.theory:
+        if args.head_dim < 2 or args.head_dim % 2 or args.max_dist < 1:
+            raise UserError("--head_dim must be even and >= 2, --max_dist >= 1")
+        try:
+            result = theory(args.head_dim, args.gamma, args.scale_base, args.max_dist)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        print(f"theory (Eq. 8), head dim {args.head_dim}, gamma {args.gamma}, scale_base {args.scale_base}, "
+              f"distances 0..{args.max_dist}")
+        print(f"| | g[0] | g[{args.max_dist // 4}] | g[{args.max_dist}] | min g | R(g) |\n|---|---|---|---|---|---|")
+        for name in ("rope", "xpos"):
+            g = result[name]["g"]
+            print(f"| {name} | {g[0]:.3f} | {g[args.max_dist // 4]:.3f} | {g[-1]:.3f} | {min(g):.3f} | "
+                  f"{result[name]['R']:.4f} |")
+        if args.plot:
+            plot_theory(result, args.plot)
+            print(f"wrote {args.plot}")
+    else:
+        if not args.ckpt or not args.length:
+            raise UserError("give --theory, or --ckpt CKPT --length T")
+        device = resolve_device(args.device)
+        model, ckpt = load_model(args.ckpt, device)
+        cfg = model.config
+        if cfg.pos == "learned" and args.length > cfg.block_size:
+            raise UserError(f"learned absolute positions cannot go past block_size {cfg.block_size}")
+        data_dir = args.data_dir or ckpt["config"]["data_dir"]
+        texts = texts_from(load_meta(data_dir), data_dir, args.length, args.texts)
+        modes = [measure(model, texts, bca) for bca in BCA[args.bca]]
+        result = {"ckpt": args.ckpt, "pos": cfg.pos, "length": args.length, "block_size": cfg.block_size,
+                  "texts": len(texts), "modes": modes}
+        print(f"resolution (Eq. 3 on Eq. 11) of {args.ckpt} ({cfg.pos}, block_size {cfg.block_size}) at length "
+              f"{args.length}, {len(texts)} validation texts")
+        layers = " | ".join(f"layer {i}" for i in range(cfg.n_layer))
+        print(f"| model | R (heads averaged first) | R (per head, averaged) | {layers} |")
+        print("|---" * (3 + cfg.n_layer) + "|")
+        for m in modes:
+            label = cfg.pos + (" + BCA" if m["bca"] else "")
+            cells = " | ".join(f"{r:.3f}" for r in m["R_layers"])
+            print(f"| {label} | {m['R']:.3f} | {m['R_per_head']:.3f} | {cells} |")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result) + "\n")
+        print(f"wrote {args.json}")
+    return result
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--theory", action="store_true", help="Figure 2: g and R(g) for RoPE and xPos")
+    p.add_argument("--head_dim", type=int, default=64)
+    p.add_argument("--gamma", type=float, default=0.4)
+    p.add_argument("--scale_base", type=float, default=512.0)
+    p.add_argument("--max_dist", type=int, default=4096)
+    p.add_argument("--ckpt")
+    p.add_argument("--length", type=int)
+    p.add_argument("--bca", default="both", choices=list(BCA))
+    p.add_argument("--texts", type=int, default=8, help="validation texts of --length tokens to average over")
+    p.add_argument("--data_dir", help="default: the checkpoint's data_dir")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json")
+    p.add_argument("--plot", help="--theory: draw g for RoPE and xPos (needs matplotlib)")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    try:
+        return run(parse_args(argv))
+    except UserError as e:
+        sys.exit(f"resolution.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""
+Sample from a trained checkpoint with model.py's cached generate; past block_size with every scheme but learned.
+
+    python sample.py --ckpt out/shakespeare_char_xpos/ckpt.pt --start "ROMEO:" --max_new_tokens 2000
+    python sample.py --ckpt CKPT --start FILE:prompt.txt --num_samples 3 --temperature 0.8 --top_k 50 --seed 7
+
+--bca auto (default) switches blockwise causal attention on once the text is longer than block_size.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from common import UserError, autocast, load_meta, load_model, resolve_device, resolve_dtype, tokenizer_from_meta
+
+BCA = {"auto": None, "on": True, "off": False}
+
+
+def sample(args):
+    device = resolve_device(args.device)
+    if args.max_new_tokens < 1 or args.num_samples < 1:
+        raise UserError("--max_new_tokens and --num_samples must be >= 1")
+    if not args.temperature > 0:
+        raise UserError(f"--temperature {args.temperature} must be > 0 (use --top_k 1 for greedy decoding)")
+    if args.top_k is not None and args.top_k < 1:
+        raise UserError(f"--top_k {args.top_k} must be >= 1")
+    model, ckpt = load_model(args.ckpt, device)
+    tokenizer = tokenizer_from_meta(load_meta(args.data_dir or ckpt["config"]["data_dir"]))
+    start = args.start
+    if start.startswith("FILE:"):
+        path = Path(start[5:])
+        if not path.is_file():
+            raise UserError(f"--start FILE:{path} does not exist")
+        start = path.read_text(encoding="utf-8")
+    ids = tokenizer.encode(start) or [tokenizer.eot if tokenizer.eot is not None else tokenizer.encode("\n")[0]]
+    cfg = model.config
+    if cfg.pos == "learned" and len(ids) + args.max_new_tokens - 1 > cfg.block_size:
+        raise UserError(f"this checkpoint uses learned absolute positions, which cannot go past block_size "
+                        f"{cfg.block_size}: prompt ({len(ids)}) + max_new_tokens ({args.max_new_tokens}) is too long")
+    torch.manual_seed(args.seed)
+    x = torch.tensor([ids], dtype=torch.long, device=device)
+    with torch.no_grad(), autocast(device, resolve_dtype(args.dtype, device)):
+        for k in range(args.num_samples):
+            y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, bca=BCA[args.bca])
+            print(tokenizer.decode(y[0].tolist()))
+            print("-" * 40 if k + 1 < args.num_samples else "", flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--start", default="\n", help="the prompt, or FILE:path to read it from a file")
+    p.add_argument("--max_new_tokens", type=int, default=500)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top_k", type=int, default=200)
+    p.add_argument("--num_samples", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--bca", default="auto", choices=list(BCA))
+    p.add_argument("--data_dir", help="where meta.json (the tokenizer) is; default: the checkpoint's data_dir")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16", "float16"))
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    try:
+        sample(parse_args(argv))
+    except UserError as e:
+        sys.exit(f"sample.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()
