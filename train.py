@@ -263,7 +263,7 @@ def train(c):
     log = None
     if master:
         out_dir.mkdir(parents=True, exist_ok=True)
-        log = open(out_dir / "log.jsonl", "a")
+        log = open(out_dir / "log.jsonl", "a" if c["init_from"] == "resume" else "w")  # a fresh run, a fresh log
         print(f"{raw_model.get_num_params() / 1e6:.2f}M parameters, pos={c['pos']}, {device} {dtype}, "
               f"{world} process(es), global batch {c['batch_size'] * c['gradient_accumulation_steps']} x "
               f"{c['block_size']} tokens, iterations {iter_num} -> {c['max_iters']}")

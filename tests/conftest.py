@@ -1,0 +1,45 @@
+"""Shared fixtures: a tiny synthetic character dataset with known documents, and checkpoints made from it."""
+
+import json
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+
+from common import save_checkpoint
+from model import GPT, GPTConfig
+
+CHARS = list("abcdefghijk")
+VAL_DOC_LENGTHS = (40, 25, 10)  # validation documents, in stream order
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_data")
+    rng = np.random.default_rng(0)
+    val = rng.integers(0, len(CHARS), sum(VAL_DOC_LENGTHS)).astype(np.uint16)
+    train = rng.integers(0, len(CHARS), 500).astype(np.uint16)
+    val.tofile(root / "val.bin")
+    train.tofile(root / "train.bin")
+    starts = np.cumsum((0,) + VAL_DOC_LENGTHS)
+    meta = dict(tokenizer="char", vocab_size=len(CHARS), dtype="uint16", chars=CHARS, eot_token=None,
+                train_tokens=len(train), val_tokens=len(val),
+                train_documents=[{"name": "train", "start": 0, "end": len(train)}],
+                val_documents=[{"name": f"doc{i}", "start": int(starts[i]), "end": int(starts[i + 1])}
+                               for i in range(len(VAL_DOC_LENGTHS))])
+    (root / "meta.json").write_text(json.dumps(meta))
+    return root
+
+
+def make_checkpoint(path, data_dir, pos="xpos", block_size=8, zero=False, seed=0, n_layer=2):
+    """A checkpoint as train.py writes it (the fields the other scripts read); zero=True gives uniform predictions."""
+    torch.manual_seed(seed)
+    config = GPTConfig(block_size=block_size, vocab_size=len(CHARS), n_layer=n_layer, n_head=2, n_embd=16, pos=pos)
+    model = GPT(config)
+    if zero:
+        for p in model.parameters():
+            torch.nn.init.zeros_(p)
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(config), "config": {"data_dir": str(data_dir)},
+                     "iter_num": 0}, path)
+    return model.eval()

@@ -1,0 +1,156 @@
+"""Tests for eval_extrapolate.py: each protocol's token counts and NLL sums by hand, BCA modes, JSON, errors."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eval_extrapolate
+from conftest import CHARS, make_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+STREAM_LENGTH = 75  # 40 + 25 + 10 validation tokens
+
+
+def run(*argv):
+    return eval_extrapolate.main([str(a) for a in argv])
+
+
+def stream(data_dir):
+    return torch.from_numpy(np.fromfile(Path(data_dir) / "val.bin", np.uint16).astype(np.int64))
+
+
+def nll_of(model, tokens, first_scored=0, bca=False):
+    """Reference: summed NLL of predicting tokens[1:] from tokens[:-1], scoring positions >= first_scored."""
+    with torch.no_grad():
+        logits, _ = model(tokens[None, :-1], tokens[None, 1:], bca=bca)
+    nll = F.cross_entropy(logits[0].double(), tokens[1:], reduction="none")
+    return nll[first_scored:].sum().item(), len(tokens) - 1 - first_scored
+
+
+def test_lex_uniform_model_scores_ln_vocab(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "u.pt", tiny_data, zero=True)
+    rows = run("--ckpt", tmp_path / "u.pt", "--lengths", "4,5,16", "--max_len", 16, "--bca", "off")
+    # documents of 40 and 25 tokens have max_len + 1 = 17 tokens; the one of 10 is skipped
+    assert [r["tokens"] for r in rows] == [32, 32, 32]  # every length scores the same 2 x 16 tokens (5: 5+5+5+1)
+    for r in rows:
+        assert r["nll"] == pytest.approx(math.log(len(CHARS)), abs=1e-6) and r["ppl"] == pytest.approx(len(CHARS))
+
+
+def test_lex_nll_by_hand(tiny_data, tmp_path):
+    model = make_checkpoint(tmp_path / "m.pt", tiny_data)
+    s = stream(tiny_data)
+    rows = run("--ckpt", tmp_path / "m.pt", "--lengths", "4,8,16", "--max_len", 16, "--bca", "off")
+    for r in rows:
+        L, total, count = r["length"], 0.0, 0
+        for doc_start in (0, 40):  # the two long documents, first 16 predicted tokens each
+            for i in range(0, 16, L):
+                n, c = nll_of(model, s[doc_start + i : doc_start + i + L + 1])
+                total, count = total + n, count + c
+        assert r["tokens"] == count == 32 and r["nll"] == pytest.approx(total / count, rel=1e-6)
+
+
+def test_chunks_by_hand(tiny_data, tmp_path):
+    model = make_checkpoint(tmp_path / "m.pt", tiny_data)
+    s = stream(tiny_data)
+    rows = run("--ckpt", tmp_path / "m.pt", "--lengths", "8,16", "--protocol", "chunks", "--bca", "off")
+    for r in rows:
+        L = r["length"]
+        n_chunks = (STREAM_LENGTH - 1) // L  # 9 chunks of 8, 4 chunks of 16
+        parts = [nll_of(model, s[i * L : i * L + L + 1]) for i in range(n_chunks)]
+        assert r["tokens"] == n_chunks * L == sum(c for _, c in parts)
+        assert r["nll"] == pytest.approx(sum(n for n, _ in parts) / r["tokens"], rel=1e-6)
+
+
+def test_sliding_by_hand(tiny_data, tmp_path):
+    model = make_checkpoint(tmp_path / "m.pt", tiny_data)
+    s = stream(tiny_data)
+    out = tmp_path / "sliding.json"
+    run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--protocol", "sliding", "--stride", 3, "--bca", "off",
+        "--json", out)
+    row = json.loads(out.read_text())["rows"][0]
+    # windows start at 0, 3, 6, ...; the first scores its 8 targets, each later one its last 3 (the last fewer)
+    total, count, done = 0.0, 0, 0  # done: targets s[1 .. done] already scored
+    for begin in range(0, STREAM_LENGTH - 1, 3):
+        end = min(begin + 8, STREAM_LENGTH - 1)
+        n, c = nll_of(model, s[begin : end + 1], first_scored=max(0, done - begin))
+        total, count, done = total + n, count + c, end
+        if end == STREAM_LENGTH - 1:
+            break
+    assert row["tokens"] == count == STREAM_LENGTH - 1  # every token scored exactly once
+    assert row["nll"] == pytest.approx(total / count, rel=1e-6)
+
+
+def test_bca_both_json_and_plot(tiny_data, tmp_path):
+    model = make_checkpoint(tmp_path / "m.pt", tiny_data, block_size=8)
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    run("--ckpt", tmp_path / "m.pt", "--lengths", "4,8,32", "--max_len", 32, "--bca", "both", "--json", out,
+        "--plot", png)
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [(r["bca"], r["length"]) for r in rows] == [(False, 4), (False, 8), (False, 32), (True, 4), (True, 8),
+                                                      (True, 32)]
+    assert set(rows[0]) == {"ckpt", "pos", "bca", "length", "ppl", "nll", "tokens"}
+    by = {(r["bca"], r["length"]): r["nll"] for r in rows}
+    assert by[(False, 4)] == pytest.approx(by[(True, 4)], abs=1e-6)  # within block_size BCA changes nothing
+    assert by[(False, 8)] == pytest.approx(by[(True, 8)], abs=1e-6)
+    assert by[(False, 32)] != pytest.approx(by[(True, 32)], abs=1e-6)
+    n, c = nll_of(model, stream(tiny_data)[:33], bca=True)
+    assert by[(True, 32)] == pytest.approx(n / c, rel=1e-6)
+    curves = result["curves"]
+    assert len(curves) == 6 and [len(c["mean_nll"]) for c in curves] == [4, 8, 32] * 2
+    assert png.stat().st_size > 1000
+
+
+def test_markdown_table_marks_rises():
+    rows = [dict(label="xpos", length=n, ppl=p) for n, p in ((1, 5.0), (2, 4.0), (4, 4.5))]
+    table = eval_extrapolate.markdown_table(rows, [1, 2, 4]).splitlines()
+    assert table[0] == "| model | 1 | 2 | 4 |" and table[2] == "| xpos | 5.000 | 4.000 | 4.500 ↑ |"
+
+
+def test_torchrun_matches_single_process(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    args = ["--ckpt", str(tmp_path / "m.pt"), "--lengths", "4,8,16", "--max_len", "16", "--bca", "both"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "eval_extrapolate.py", *args, "--json", str(tmp_path / "ddp.json")]
+    result = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    single = run(*args)
+    ddp = json.loads((tmp_path / "ddp.json").read_text())["rows"]
+    assert [r["tokens"] for r in ddp] == [r["tokens"] for r in single]
+    assert max(abs(a["nll"] - b["nll"]) for a, b in zip(ddp, single)) < 1e-9
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--lengths", "4,eight"], "must be comma-separated integers"),
+    (["--lengths", "4,32", "--max_len", "16"], "length 32 is above --max_len 16"),
+    (["--lengths", "40"], "no validation document has max_len+1 = 41 tokens (the longest has 40)"),
+    (["--lengths", "8", "--protocol", "sliding", "--stride", "9"], "--stride 9 is longer than length 8"),
+])
+def test_errors(tiny_data, tmp_path, argv, message):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", *argv)
+    assert message in str(e.value.code)
+
+
+def test_checkpoint_errors(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "learned.pt", tiny_data, pos="learned", block_size=8)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "learned.pt", "--lengths", "8,16")
+    assert "learned absolute positions, which cannot go past its block_size 8" in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "missing.pt", "--lengths", "8")
+    assert "no checkpoint at" in str(e.value.code)
+    (tmp_path / "corrupt.pt").write_bytes(b"\x00" * 100)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "corrupt.pt", "--lengths", "8")
+    assert "unreadable (truncated or corrupt?)" in str(e.value.code)

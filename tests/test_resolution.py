@@ -1,0 +1,99 @@
+"""Tests for resolution.py: Eq. 3 on hand-computed cases, the Eq. 11 estimator, BCA's hidden distances, Eq. 8."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import resolution
+from conftest import make_checkpoint
+from model import alibi_bias, rotary
+
+
+def test_resolution_hand_computed():
+    assert resolution.resolution([0.0, 0.0, 0.0]) == pytest.approx(0.0)  # flat: no position signal
+    assert resolution.resolution([math.log(2), 0.0]) == pytest.approx(2 / 9)  # e^s = 2, 1: 2(2-1) / 3^2
+    e = math.e
+    want = (e**2 * (e**2 - e) + e * (e - 1)) / (e**2 + e + 1) ** 2  # strictly decreasing 2, 1, 0
+    assert resolution.resolution([2.0, 1.0, 0.0]) == pytest.approx(want)
+    assert resolution.resolution([50.0, 0.0, 0.0]) == pytest.approx(1.0, abs=1e-12)  # one dominant score
+    assert resolution.resolution([0.0, 1.0]) < 0  # increasing scores are penalised
+    # a hidden distance counts as e^s = 0: p = (1/2, 1/2, 0) -> 1/2 (1/2 - 1/2) + 1/2 (1/2 - 0)
+    assert resolution.resolution([0.0, 0.0, float("-inf")]) == pytest.approx(0.25)
+
+
+def test_distance_estimator_on_a_synthetic_score_matrix():
+    n_head, T = 2, 4
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    scores = torch.stack([100.0 * h + 10 * i + j for h in range(n_head)]).float()  # (head, query, key)
+    sums, counts = torch.zeros(n_head, T, dtype=torch.float64), torch.zeros(T, dtype=torch.float64)
+    pos = torch.arange(T)
+    resolution.accumulate(sums, counts, scores, pos, pos)
+    assert counts.tolist() == [4, 3, 2, 1]  # pairs at distance n: T - n (future keys are not counted)
+    # distance 0: 0, 11, 22, 33; distance 1: 10, 21, 32; distance 2: 20, 31; distance 3: 30
+    assert (sums[0] / counts).tolist() == [16.5, 21.0, 25.5, 30.0]
+    assert (sums[1] / counts).tolist() == [116.5, 121.0, 125.5, 130.0]
+
+
+@pytest.mark.parametrize("pos", ["xpos", "alibi"])
+def test_measured_scores_match_a_full_score_matrix(tiny_data, tmp_path, pos):
+    model = make_checkpoint(tmp_path / "m.pt", tiny_data, pos=pos, block_size=8, n_layer=1)
+    T = 24
+    idx = torch.randint(0, 11, (1, T), generator=torch.Generator().manual_seed(0))
+    sums, counts = resolution.layer_score_sums(model, idx, bca=False)
+    with torch.no_grad():
+        x = model.transformer.h[0].ln_1(model.transformer.wte(idx))
+        q, k, _ = model.transformer.h[0].attn.c_attn(x).view(1, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    p = torch.arange(T)
+    if pos == "xpos":
+        q, k = rotary(q, k, p, p, model.config)
+    s = (q @ k.transpose(-1, -2))[0] / math.sqrt(8)
+    if pos == "alibi":
+        s = s + alibi_bias(p, p, 2)
+    for n in (0, 1, 7, 23):
+        want = torch.stack([s[:, t, t - n] for t in range(n, T)], -1).double().mean(-1)
+        torch.testing.assert_close(sums[0, :, n] / counts[n], want, rtol=1e-4, atol=1e-5)
+
+
+def test_bca_hides_distances_beyond_the_window(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "m.pt", tiny_data, block_size=8)
+    out = tmp_path / "r.json"
+    resolution.main(["--ckpt", str(tmp_path / "m.pt"), "--length", "32", "--bca", "both", "--texts", "2",
+                     "--json", str(out)])
+    result = json.loads(out.read_text())
+    off, on = result["modes"]
+    assert (off["bca"], on["bca"], result["texts"]) == (False, True, 1)  # only the 40-token document is long enough
+    assert off["pairs"] == [32 - n for n in range(32)]
+    assert all(c > 0 for c in on["pairs"][:8]) and all(c == 0 for c in on["pairs"][8:])
+    assert all(s is None for layer in on["s_hat"] for s in layer[8:]) and None not in off["s_hat"][0]
+    for mode in (off, on):
+        assert len(mode["R_layers"]) == len(mode["R_layers_per_head"]) == 2 and len(mode["s_hat_heads"][0]) == 2
+        assert mode["R"] == pytest.approx(sum(mode["R_layers"]) / 2) and -1 < mode["R"] <= 1
+
+
+def test_theory_rope_curve_is_a_cosine_sum(tmp_path):
+    out = tmp_path / "theory.json"
+    resolution.main(["--theory", "--head_dim", "16", "--max_dist", "300", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert set(result) == {"rope", "xpos", "head_dim", "gamma", "scale_base"}
+    theta = [10000 ** (-2 * j / 16) for j in range(8)]
+    for n in (0, 1, 17, 300):
+        assert result["rope"]["g"][n] == pytest.approx(sum(math.cos(n * t) for t in theta), abs=1e-4)
+        zeta = [(2 * j + 0.4 * 16) / (1.4 * 16) for j in range(8)]
+        want = sum(math.cos(n * t) * z ** (n / 512) for t, z in zip(theta, zeta))
+        assert result["xpos"]["g"][n] == pytest.approx(want, abs=1e-4)
+    assert len(result["rope"]["g"]) == 301 and result["rope"]["R"] == pytest.approx(
+        resolution.resolution(result["rope"]["g"]))
+
+
+def test_errors(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    for argv, message in ((["--ckpt", str(tmp_path / "m.pt"), "--length", "64"], "the longest has 40"),
+                          (["--ckpt", str(tmp_path / "m.pt")], "give --theory, or --ckpt CKPT --length T"),
+                          (["--theory", "--head_dim", "7"], "--head_dim must be even"),
+                          (["--theory", "--gamma", "0"], "xpos_gamma=0.0 is not allowed"),
+                          (["--ckpt", str(tmp_path / "nope.pt"), "--length", "8"], "no checkpoint at")):
+        with pytest.raises(SystemExit) as e:
+            resolution.main(argv)
+        assert message in str(e.value.code)

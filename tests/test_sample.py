@@ -1,0 +1,50 @@
+"""Tests for sample.py: cached generation past block_size, seeding, prompts from files, clear errors."""
+
+import pytest
+
+import sample
+from conftest import make_checkpoint
+
+
+def generate(capsys, *argv):
+    sample.main([str(a) for a in argv])
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pos", ["xpos", "rope", "alibi", "sinusoidal", "none"])
+@pytest.mark.parametrize("bca", ["auto", "on", "off"])
+def test_generates_far_past_block_size(tiny_data, tmp_path, capsys, pos, bca):
+    make_checkpoint(tmp_path / "m.pt", tiny_data, pos=pos, block_size=8)
+    out = generate(capsys, "--ckpt", tmp_path / "m.pt", "--start", "abc", "--max_new_tokens", 40, "--bca", bca)
+    text = out.split("\n")[0]
+    assert text.startswith("abc") and len(text) == 43 and set(text) <= set("abcdefghijk")
+
+
+def test_seeded_samples_and_file_prompt(tiny_data, tmp_path, capsys):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    argv = ["--ckpt", tmp_path / "m.pt", "--start", "ab", "--max_new_tokens", 30, "--num_samples", 2]
+    first, again = generate(capsys, *argv, "--seed", 1), generate(capsys, *argv, "--seed", 1)
+    other = generate(capsys, *argv, "--seed", 2)
+    assert first == again and first != other
+    samples = first.split("-" * 40)
+    assert len(samples) == 2 and samples[0].strip() != samples[1].strip()
+    (tmp_path / "prompt.txt").write_text("kkk")
+    out = generate(capsys, "--ckpt", tmp_path / "m.pt", "--start", f"FILE:{tmp_path / 'prompt.txt'}",
+                   "--max_new_tokens", 5)
+    assert out.startswith("kkk") and len(out.split("\n")[0]) == 8
+
+
+def test_errors(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "learned.pt", tiny_data, pos="learned", block_size=8)
+    sample.main(["--ckpt", str(tmp_path / "learned.pt"), "--start", "abc", "--max_new_tokens", "6"])  # 8 positions
+    for argv, message in (
+        (["--ckpt", str(tmp_path / "learned.pt"), "--start", "abc", "--max_new_tokens", "7"],
+         "learned absolute positions, which cannot go past block_size 8"),
+        (["--ckpt", str(tmp_path / "learned.pt"), "--temperature", "0"], "--temperature 0.0 must be > 0"),
+        (["--ckpt", str(tmp_path / "learned.pt"), "--start", "xyz"], "not in this char vocabulary"),
+        (["--ckpt", str(tmp_path / "learned.pt"), "--start", "FILE:/no/such/file"], "does not exist"),
+        (["--ckpt", str(tmp_path / "missing.pt")], "no checkpoint at"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            sample.main(argv)
+        assert message in str(e.value.code)
