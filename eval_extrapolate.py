@@ -111,7 +111,7 @@ def markdown_table(rows, lengths):
     return "\n".join(lines)
 
 
-def plot(rows, lengths, path):
+def plot(rows, lengths, block_sizes, path):
     try:
         import matplotlib
 
@@ -123,6 +123,10 @@ def plot(rows, lengths, path):
     for label in dict.fromkeys(r["label"] for r in rows):
         ppl = [next(r["ppl"] for r in rows if r["label"] == label and r["length"] == n) for n in lengths]
         ax.plot(lengths, ppl, marker="o", label=label)
+    for block_size in sorted(block_sizes):
+        ax.axvline(block_size, color="grey", ls="--", lw=1)
+        ax.annotate(f"trained at {block_size}", (block_size, 0.98), xycoords=("data", "axes fraction"),
+                    ha="right", va="top", rotation=90, fontsize=8, color="grey")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity")
@@ -147,10 +151,11 @@ def evaluate(args):
         raise UserError(f"--stride {args.stride} must be >= 1")
     dtype = resolve_dtype(args.dtype, device)
     ctx = autocast(device, dtype)
-    rows, curves, notes = [], [], []
+    rows, curves, notes, block_sizes = [], [], [], set()
     for ckpt_path in args.ckpt:
         model, ckpt = load_model(ckpt_path, device)
         cfg = model.config
+        block_sizes.add(cfg.block_size)
         if cfg.pos == "learned" and lengths[-1] > cfg.block_size:
             raise UserError(f"{ckpt_path} uses learned absolute positions, which cannot go past its block_size "
                             f"{cfg.block_size} (asked for {lengths[-1]}): drop it or the longer lengths")
@@ -194,7 +199,7 @@ def evaluate(args):
             print(f"\nwrote {args.json}")
         if args.plot:
             Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-            plot(rows, lengths, args.plot)
+            plot(rows, lengths, block_sizes, args.plot)
             print(f"wrote {args.plot}")
     if ddp:
         torch.distributed.destroy_process_group()
