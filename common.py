@@ -172,6 +172,18 @@ def resolve_dtype(dtype, device):
     return "float32"
 
 
+def pyplot():
+    """matplotlib's pyplot without a display, or a one-line error when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("--plot needs matplotlib: pip install matplotlib") from None
+    return plt
+
+
 def autocast(device, dtype):
     return nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], getattr(torch, dtype))
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import (UserError, all_reduce_sum, autocast, load_meta, load_model, read_tokens, resolve_dtype,
+from common import (UserError, all_reduce_sum, autocast, load_meta, load_model, pyplot, read_tokens, resolve_dtype,
                     setup_distributed)
 
 BCA_MODES = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}
@@ -112,13 +112,7 @@ def markdown_table(rows, lengths):
 
 
 def plot(rows, lengths, block_sizes, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UserError("--plot needs matplotlib: pip install matplotlib") from None
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for label in dict.fromkeys(r["label"] for r in rows):
         ppl = [next(r["ppl"] for r in rows if r["label"] == label and r["length"] == n) for n in lengths]

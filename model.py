@@ -174,7 +174,7 @@ def blockwise_causal_attention(q, k, v, half, attend):
     if T <= half:
         return y_first
     n_blocks = -(-T // half)
-    pad = n_blocks * half - T  # the padded tail only ever serves as (causally masked) future keys
+    pad = n_blocks * half - T  # padded queries are dropped below; padded keys lie in every real query's future
 
     def blocks(x):  # (B, nh, T, hd) -> (B, n_blocks, nh, H, hd)
         return F.pad(x, (0, 0, 0, pad)).view(B, nh, n_blocks, half, hd).transpose(1, 2)

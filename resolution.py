@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from common import UserError, load_meta, load_model, read_tokens, resolve_device
+from common import UserError, load_meta, load_model, pyplot, read_tokens, resolve_device
 from model import GPTConfig, alibi_bias, bca_window_start, rotary, rotary_frequencies
 
 BCA = {"on": [True], "off": [False], "both": [False, True]}
@@ -53,13 +53,7 @@ def theory(head_dim, gamma, scale_base, max_dist):
 
 
 def plot_theory(result, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UserError("--plot needs matplotlib: pip install matplotlib") from None
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, label in (("rope", "RoPE (ζ = 1)"), ("xpos", f"xPos (γ = {result['gamma']})")):
         ax.plot(result[name]["g"], label=f"{label}, R = {result[name]['R']:.3f}", lw=1)
@@ -174,6 +168,8 @@ def run(args):
     else:
         if not args.ckpt or not args.length:
             raise UserError("give --theory, or --ckpt CKPT --length T")
+        if args.plot:
+            raise UserError("--plot draws the theory curves (--theory); measured curves are in --json's s_hat")
         device = resolve_device(args.device)
         model, ckpt = load_model(args.ckpt, device)
         cfg = model.config
