@@ -273,7 +273,6 @@ def train(c):
             log.write(json.dumps(entry) + "\n")
             log.flush()
 
-    train_data = read_tokens(c["data_dir"], "train", meta)
     global_batch = c["batch_size"] * c["gradient_accumulation_steps"]
     start_iter, skipped_steps = iter_num, 0
     t0 = time.perf_counter()
@@ -296,6 +295,7 @@ def train(c):
         lr = get_lr(iter_num, c)
         for group in optimizer.param_groups:
             group["lr"] = lr
+        train_data = read_tokens(c["data_dir"], "train", meta)  # re-opened each step: a long-lived memmap leaks
         offsets = sample_offsets(c["seed"], 0, iter_num, len(train_data), global_batch, c["block_size"])
         loss_sum = torch.zeros((), device=device)
         for micro in range(micro_steps):
