@@ -248,11 +248,9 @@ def train(c):
     def checkpoint():
         rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device_type == "cuda"
                else None}
-        rngs = [None] * world
+        rngs = [None] * world if ddp else [rng]
         if ddp:
             dist.all_gather_object(rngs, rng)
-        else:
-            rngs = [rng]
         if master:
             save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                              "scaler": scaler.state_dict(), "model_args": asdict(gpt_config),
