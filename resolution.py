@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from common import UserError, load_meta, load_model, pyplot, read_tokens, resolve_device
+from common import (UserError, checkpoint_dataset, learned_length_check, load_model, output_path, pyplot, read_tokens,
+                    resolve_device)
 from model import GPTConfig, alibi_bias, bca_window_start, rotary, rotary_frequencies
 
 BCA = {"on": [True], "off": [False], "both": [False, True]}
@@ -137,17 +138,28 @@ def measure(model, texts, bca):
         sums += s
         counts += c
     s_hat = (sums / counts.clamp(min=1)).masked_fill(counts == 0, float("-inf"))  # hidden distances: e^s = 0
-    heads_first = [resolution(s_hat[layer].mean(0)) for layer in range(cfg.n_layer)]
-    per_head = [sum(resolution(h) for h in s_hat[layer]) / cfg.n_head for layer in range(cfg.n_layer)]
     as_list = lambda t: [None if math.isinf(v) else v for v in t.tolist()]
-    return {"bca": bca, "R": sum(heads_first) / cfg.n_layer, "R_per_head": sum(per_head) / cfg.n_layer,
-            "R_layers": heads_first, "R_layers_per_head": per_head,
+    return {"bca": bca, **layer_average(s_hat), **layer_average(s_hat[..., : cfg.block_size], "_shared"),
             "s_hat": [as_list(s_hat[layer].mean(0)) for layer in range(cfg.n_layer)],
             "s_hat_heads": [[as_list(h) for h in s_hat[layer]] for layer in range(cfg.n_layer)],
             "pairs": counts.tolist()}
 
 
+def layer_average(s_hat, suffix=""):
+    """R per layer two ways, heads averaged before R and R per head then averaged, and the layer average of each.
+    suffix "_shared": s_hat cut to the distances 0 .. block_size-1, which every attention mode sees. BCA hides the
+    longer ones (e^s = 0), and hiding alone raises R even when no score changes, so R_shared compares modes like
+    for like."""
+    n_layer, n_head = s_hat.shape[:2]
+    heads_first = [resolution(s_hat[layer].mean(0)) for layer in range(n_layer)]
+    per_head = [sum(resolution(h) for h in s_hat[layer]) / n_head for layer in range(n_layer)]
+    return {f"R{suffix}": sum(heads_first) / n_layer, f"R{suffix}_per_head": sum(per_head) / n_layer,
+            f"R{suffix}_layers": heads_first, f"R{suffix}_layers_per_head": per_head}
+
+
 def run(args):
+    json_path = output_path(args.json, "--json")
+    plot_path = output_path(args.plot, "--plot", plot=True) if args.theory else None
     if args.theory:
         if args.head_dim < 2 or args.head_dim % 2 or args.max_dist < 1:
             raise UserError("--head_dim must be even and >= 2, --max_dist >= 1")
@@ -162,37 +174,45 @@ def run(args):
             g = result[name]["g"]
             print(f"| {name} | {g[0]:.3f} | {g[args.max_dist // 4]:.3f} | {g[-1]:.3f} | {min(g):.3f} | "
                   f"{result[name]['R']:.4f} |")
-        if args.plot:
-            plot_theory(result, args.plot)
-            print(f"wrote {args.plot}")
+        if plot_path:
+            plot_theory(result, plot_path)
+            print(f"wrote {plot_path}")
     else:
-        if not args.ckpt or not args.length:
+        if not args.ckpt or args.length is None:
             raise UserError("give --theory, or --ckpt CKPT --length T")
+        if args.length < 2 or args.texts < 1:
+            raise UserError(f"--length {args.length} and --texts {args.texts} are not allowed: need a length >= 2 "
+                            "and at least 1 text")
         if args.plot:
             raise UserError("--plot draws the theory curves (--theory); measured curves are in --json's s_hat")
         device = resolve_device(args.device)
         model, ckpt = load_model(args.ckpt, device)
         cfg = model.config
-        if cfg.pos == "learned" and args.length > cfg.block_size:
-            raise UserError(f"learned absolute positions cannot go past block_size {cfg.block_size}")
-        data_dir = args.data_dir or ckpt["config"]["data_dir"]
-        texts = texts_from(load_meta(data_dir), data_dir, args.length, args.texts)
+        learned_length_check(cfg, args.length, args.ckpt)
+        data_dir, meta = checkpoint_dataset(ckpt, args.ckpt, args.data_dir)
+        texts = texts_from(meta, data_dir, args.length, args.texts)
         modes = [measure(model, texts, bca) for bca in BCA[args.bca]]
+        for m in modes:
+            if not all(math.isfinite(m[k]) for k in ("R", "R_per_head", "R_shared", "R_shared_per_head")):
+                raise UserError(f"non-finite scores for {args.ckpt} at length {args.length} (float32, BCA "
+                                f"{'on' if m['bca'] else 'off'}): the checkpoint's weights may hold inf or NaN")
         result = {"ckpt": args.ckpt, "pos": cfg.pos, "length": args.length, "block_size": cfg.block_size,
                   "texts": len(texts), "modes": modes}
         print(f"resolution (Eq. 3 on Eq. 11) of {args.ckpt} ({cfg.pos}, block_size {cfg.block_size}) at length "
-              f"{args.length}, {len(texts)} validation texts")
+              f"{args.length}, {len(texts)} validation texts; R_shared: distances 0..{cfg.block_size - 1} only, "
+              "which both modes see")
         layers = " | ".join(f"layer {i}" for i in range(cfg.n_layer))
-        print(f"| model | R (heads averaged first) | R (per head, averaged) | {layers} |")
-        print("|---" * (3 + cfg.n_layer) + "|")
+        print(f"| model | R (heads averaged first) | R (per head, averaged) | R_shared | R_shared (per head) | "
+              f"{layers} |")
+        print("|---" * (5 + cfg.n_layer) + "|")
         for m in modes:
             label = cfg.pos + (" + BCA" if m["bca"] else "")
             cells = " | ".join(f"{r:.3f}" for r in m["R_layers"])
-            print(f"| {label} | {m['R']:.3f} | {m['R_per_head']:.3f} | {cells} |")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result) + "\n")
-        print(f"wrote {args.json}")
+            print(f"| {label} | {m['R']:.3f} | {m['R_per_head']:.3f} | {m['R_shared']:.3f} | "
+                  f"{m['R_shared_per_head']:.3f} | {cells} |")
+    if json_path:
+        json_path.write_text(json.dumps(result) + "\n")
+        print(f"wrote {json_path}")
     return result
 
 

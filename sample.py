@@ -13,9 +13,21 @@ from pathlib import Path
 
 import torch
 
-from common import UserError, autocast, load_meta, load_model, resolve_device, resolve_dtype, tokenizer_from_meta
+from common import (UserError, autocast, checkpoint_dataset, learned_length_check, load_model, resolve_device,
+                    resolve_dtype, tokenizer_from_meta)
 
 BCA = {"auto": None, "on": True, "off": False}
+
+
+def read_prompt(path):
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"--start FILE:{path} does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"--start FILE:{path} is a directory") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"--start FILE:{path} is not UTF-8 text (byte {e.start}): give a text file") from None
 
 
 def sample(args):
@@ -27,18 +39,12 @@ def sample(args):
     if args.top_k is not None and args.top_k < 1:
         raise UserError(f"--top_k {args.top_k} must be >= 1")
     model, ckpt = load_model(args.ckpt, device)
-    tokenizer = tokenizer_from_meta(load_meta(args.data_dir or ckpt["config"]["data_dir"]))
+    tokenizer = tokenizer_from_meta(checkpoint_dataset(ckpt, args.ckpt, args.data_dir)[1])
     start = args.start
     if start.startswith("FILE:"):
-        path = Path(start[5:])
-        if not path.is_file():
-            raise UserError(f"--start FILE:{path} does not exist")
-        start = path.read_text(encoding="utf-8")
+        start = read_prompt(Path(start[5:]))
     ids = tokenizer.encode(start) or [tokenizer.eot if tokenizer.eot is not None else tokenizer.encode("\n")[0]]
-    cfg = model.config
-    if cfg.pos == "learned" and len(ids) + args.max_new_tokens - 1 > cfg.block_size:
-        raise UserError(f"this checkpoint uses learned absolute positions, which cannot go past block_size "
-                        f"{cfg.block_size}: prompt ({len(ids)}) + max_new_tokens ({args.max_new_tokens}) is too long")
+    learned_length_check(model.config, len(ids) + args.max_new_tokens - 1, args.ckpt)
     torch.manual_seed(args.seed)
     x = torch.tensor([ids], dtype=torch.long, device=device)
     with torch.no_grad(), autocast(device, resolve_dtype(args.dtype, device)):

@@ -15,8 +15,10 @@ resumed run sees exactly the batches the uninterrupted run would have seen.
 
 import json
 import math
+import os
 import sys
 import time
+import traceback
 from contextlib import nullcontext
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -27,8 +29,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (UserError, all_reduce_sum, autocast, load_checkpoint, load_meta, read_tokens, resolve_dtype,
-                    save_checkpoint, setup_distributed)
+from common import (UserError, all_reduce_sum, autocast, check_tokenizer, load_checkpoint, load_meta, load_weights,
+                    model_config, read_tokens, resolve_dtype, save_checkpoint, setup_distributed, teardown_distributed,
+                    tokenizer_identity, writable_dir)
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -74,10 +77,25 @@ DEFAULTS = dict(
     dtype="auto",  # auto (bf16 on sm80+, fp16 + GradScaler on older CUDA, fp32 on CPU) | float32 | bfloat16 | float16
     compile=False,
     seed=1337,
+    overwrite=False,  # init_from=scratch in an out_dir that holds ckpt.pt: refused unless this is True
 )
 CHOICES = dict(init_from=("scratch", "resume"), lr_schedule=("cosine", "polynomial"),
                dtype=("auto", "float32", "bfloat16", "float16"))
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
+finite = lambda low, high=math.inf: lambda v: math.isfinite(v) and low <= v < high  # NaN fails every comparison
+LIMITS = dict(  # numeric keys, checked once the whole configuration is known
+    learning_rate=(lambda v: finite(0)(v) and v > 0, "a finite number > 0"),
+    min_lr=(finite(0), "a finite number >= 0"),
+    weight_decay=(finite(0), "a finite number >= 0"),
+    beta1=(finite(0, 1), "in [0, 1)"),
+    beta2=(finite(0, 1), "in [0, 1)"),
+    adam_eps=(lambda v: finite(0)(v) and v > 0, "a finite number > 0"),
+    grad_clip=(finite(0), "a finite number >= 0 (0 disables clipping)"),
+    lr_power=(lambda v: finite(0)(v) and v > 0, "a finite number > 0"),
+    **{k: (lambda v: v >= 0, "an integer >= 0") for k in ("max_iters", "warmup_iters", "lr_decay_iters")},
+    **{k: (lambda v: v >= 1, "an integer >= 1") for k in ("eval_interval", "eval_iters", "log_interval", "batch_size",
+                                                          "gradient_accumulation_steps")},
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -111,17 +129,36 @@ def load_config(argv):
                 raise UserError(f"expected --key=value, got {arg!r}")
             set_key(config, key, value, arg)
         else:
-            if not Path(arg).is_file():
-                raise UserError(f"config file {arg!r} does not exist")
-            namespace = {}
-            exec(compile(Path(arg).read_text(), arg, "exec"), namespace)
-            for key, value in namespace.items():
+            for key, value in run_config_file(arg).items():
                 if not key.startswith("_") and not isinstance(value, ModuleType):
                     set_key(config, key, value, arg)
-    for key in ("eval_interval", "eval_iters", "log_interval", "batch_size", "gradient_accumulation_steps"):
-        if config[key] < 1:
-            raise UserError(f"config key {key}={config[key]} must be >= 1")
+    for key, (ok, allowed) in LIMITS.items():
+        if not ok(config[key]):
+            raise UserError(f"config key {key}={config[key]!r} is not allowed: must be {allowed}")
     return config
+
+
+def run_config_file(path):
+    """A config file's assignments; any error in it is reported as one line naming the file and the line."""
+    if not Path(path).is_file():
+        raise UserError(f"config file {path!r} does not exist")
+    data = Path(path).read_bytes()
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(f"config file {path}, line {line}: byte 0x{data[e.start]:02x} is not UTF-8 text") from None
+    namespace = {}
+    try:
+        exec(compile(source, path, "exec"), namespace)
+    except SyntaxError as e:
+        raise UserError(f"config file {e.filename}, line {e.lineno}: {e.msg}") from None
+    except Exception as e:  # the deepest frame in a config file, not in Python or its packages
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if not f.filename.startswith(("<", sys.prefix, sys.base_prefix, __file__))]
+        where = f"{frames[-1].filename}, line {frames[-1].lineno}" if frames else path
+        raise UserError(f"config file {where}: {type(e).__name__}: {e}") from None
+    return namespace
 
 
 def get_lr(it, c):
@@ -192,48 +229,100 @@ def make_optimizer(model, c, device_type, dtype):
 # Training
 
 
+def check_out_dir(c, ckpt_path):
+    """Refuse, before any work, an out_dir that cannot take checkpoints, and a fresh run over an existing one."""
+    out_dir = writable_dir(c["out_dir"], "out_dir")
+    if c["init_from"] == "scratch" and ckpt_path.exists() and not c["overwrite"]:
+        raise UserError(f"{ckpt_path} exists and init_from=scratch would replace it: continue it with "
+                        "--init_from=resume, or start over with --overwrite=True")
+    return out_dir
+
+
+def open_log(out_dir, resume_iter):
+    """log.jsonl opened for appending. Debris of killed runs goes first: a stale ckpt.pt.tmp, and (on resume) every
+    entry from the checkpoint's iteration on, which the resumed run writes again, so that after any number of kills
+    and resumes the log equals the uninterrupted run's. A fresh run starts a fresh log, and drops an overwritten
+    run's checkpoint at once, so the directory never pairs the new log with the old checkpoint."""
+    (out_dir / "ckpt.pt.tmp").unlink(missing_ok=True)
+    path = out_dir / "log.jsonl"
+    kept = []
+    if resume_iter is None:
+        (out_dir / "ckpt.pt").unlink(missing_ok=True)
+    elif path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+            if entry["iter"] < resume_iter:
+                kept.append(line + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+    return open(path, "a")
+
+
+def resume_state(ckpt, ckpt_path, meta, c):
+    """Check a checkpoint before resuming from it: a lex-gpt training checkpoint for this dataset's tokenizer."""
+    missing = [k for k in ("optimizer", "scaler", "iter_num", "best_val_loss", "rng") if k not in ckpt]
+    if missing:
+        raise UserError(f"checkpoint {ckpt_path} cannot be resumed: it has no {', '.join(missing)}")
+    check_tokenizer(ckpt, ckpt_path, meta, c["data_dir"])
+    return model_config(ckpt, ckpt_path)
+
+
 def train(c):
     ddp, rank, world, device = setup_distributed(c["device"])
     device_type = device.split(":")[0]
     if c["gradient_accumulation_steps"] % world:
-        raise UserError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be divisible "
-                        f"by the number of processes ({world})")
+        raise UserError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be divisible by the "
+                        f"number of processes ({world}): it is the global number of micro-steps per iteration")
     master = rank == 0
     micro_steps = c["gradient_accumulation_steps"] // world
     dtype = resolve_dtype(c["dtype"], device)
     ctx = autocast(device, dtype)
-    out_dir = Path(c["out_dir"])
-    ckpt_path = out_dir / "ckpt.pt"
+    ckpt_path = Path(c["out_dir"]) / "ckpt.pt"
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 
     meta = load_meta(c["data_dir"])
-    for split in ("train", "val"):
-        n = len(read_tokens(c["data_dir"], split, meta))
-        if n <= c["block_size"]:
-            raise UserError(f"{c['data_dir']}/{split}.bin has {n} tokens, not more than block_size={c['block_size']}")
-
+    out_dir = check_out_dir(c, ckpt_path) if master else Path(c["out_dir"])
     ckpt = load_checkpoint(ckpt_path) if c["init_from"] == "resume" else None
     if ckpt:  # the architecture is the checkpoint's; note any key given differently this time
+        gpt_config = resume_state(ckpt, ckpt_path, meta, c)
         for k in MODEL_KEYS:
-            if ckpt["model_args"][k] != c[k] and master:
-                print(f"note: {k}={c[k]!r} ignored, the checkpoint has {ckpt['model_args'][k]!r}")
-            c[k] = ckpt["model_args"][k]
-    try:
-        gpt_config = GPTConfig(vocab_size=meta["vocab_size"], **{k: c[k] for k in MODEL_KEYS})
-    except ValueError as e:
-        raise UserError(str(e)) from None
+            if getattr(gpt_config, k) != c[k] and master:
+                print(f"note: {k}={c[k]!r} ignored, the checkpoint has {getattr(gpt_config, k)!r}")
+            c[k] = getattr(gpt_config, k)
+    else:
+        try:
+            gpt_config = GPTConfig(vocab_size=meta["vocab_size"], **{k: c[k] for k in MODEL_KEYS})
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    for split in ("train", "val"):
+        n = meta["files"][split]["tokens"]
+        if n <= c["block_size"]:
+            raise UserError(f"the {split} split of {c['data_dir']} has {n} tokens, not more than block_size="
+                            f"{c['block_size']}")
+    iter_num = ckpt["iter_num"] if ckpt else 0
+    if iter_num >= c["max_iters"]:
+        if master:
+            print(f"nothing to train: at iteration {iter_num}, max_iters={c['max_iters']}; no checkpoint written")
+        teardown_distributed(ddp)
+        return
+
     torch.manual_seed(c["seed"])  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     raw_model = GPT(gpt_config).to(device)
     optimizer = make_optimizer(raw_model, c, device_type, dtype)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
-    iter_num, best_val_loss = 0, float("inf")
+    best_val_loss = float("inf")
     torch.manual_seed(c["seed"] + rank)  # dropout differs between ranks
     if ckpt:
-        raw_model.load_state_dict(ckpt["model"])
+        load_weights(raw_model, ckpt["model"], ckpt_path)
         optimizer.load_state_dict(ckpt["optimizer"])
-        scaler.load_state_dict(ckpt["scaler"])
-        iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+        if scaler.is_enabled() and ckpt["scaler"]:  # a bfloat16/float32 run saved none: float16 starts a fresh one
+            scaler.load_state_dict(ckpt["scaler"])
+        best_val_loss = ckpt["best_val_loss"]
         if len(ckpt["rng"]) == world:
             torch.set_rng_state(ckpt["rng"][rank]["torch"])
             if device_type == "cuda" and ckpt["rng"][rank]["cuda"] is not None:
@@ -254,14 +343,14 @@ def train(c):
         if master:
             save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                              "scaler": scaler.state_dict(), "model_args": asdict(gpt_config),
-                             "iter_num": iter_num, "best_val_loss": best_val_loss, "config": c, "rng": rngs,
+                             "tokenizer": tokenizer_identity(meta), "iter_num": iter_num,
+                             "best_val_loss": best_val_loss, "config": c, "rng": rngs,
                              "data": {"sampler": "np.random.default_rng([seed, 0, iter])", "seed": c["seed"],
                                       "next_iter": iter_num}}, ckpt_path)
 
     log = None
     if master:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        log = open(out_dir / "log.jsonl", "a" if c["init_from"] == "resume" else "w")  # a fresh run, a fresh log
+        log = open_log(out_dir, iter_num if c["init_from"] == "resume" else None)
         print(f"{raw_model.get_num_params() / 1e6:.2f}M parameters, pos={c['pos']}, {device} {dtype}, "
               f"{world} process(es), global batch {c['batch_size'] * c['gradient_accumulation_steps']} x "
               f"{c['block_size']} tokens, iterations {iter_num} -> {c['max_iters']}")
@@ -334,8 +423,7 @@ def train(c):
     if master:
         log.close()
         print(f"done: {ckpt_path} (iter {iter_num}, best val loss {best_val_loss:.4f})")
-    if ddp:
-        dist.destroy_process_group()
+    teardown_distributed(ddp)
 
 
 def main(argv=None):

@@ -1,14 +1,14 @@
 """Shared fixtures: a tiny synthetic character dataset with known documents, and checkpoints made from it."""
 
-import json
 from dataclasses import asdict
 
 import numpy as np
 import pytest
 import torch
 
-from common import save_checkpoint
+from common import load_meta, save_checkpoint, tokenizer_identity
 from model import GPT, GPTConfig
+from prepare_data import write_dataset
 
 CHARS = list("abcdefghijk")
 VAL_DOC_LENGTHS = (40, 25, 10)  # validation documents, in stream order
@@ -20,15 +20,12 @@ def tiny_data(tmp_path_factory):
     rng = np.random.default_rng(0)
     val = rng.integers(0, len(CHARS), sum(VAL_DOC_LENGTHS)).astype(np.uint16)
     train = rng.integers(0, len(CHARS), 500).astype(np.uint16)
-    val.tofile(root / "val.bin")
-    train.tofile(root / "train.bin")
     starts = np.cumsum((0,) + VAL_DOC_LENGTHS)
     meta = dict(tokenizer="char", vocab_size=len(CHARS), dtype="uint16", chars=CHARS, eot_token=None,
-                train_tokens=len(train), val_tokens=len(val),
                 train_documents=[{"name": "train", "start": 0, "end": len(train)}],
                 val_documents=[{"name": f"doc{i}", "start": int(starts[i]), "end": int(starts[i + 1])}
                                for i in range(len(VAL_DOC_LENGTHS))])
-    (root / "meta.json").write_text(json.dumps(meta))
+    write_dataset(root, {"train": train, "val": val}, meta)
     return root
 
 
@@ -41,5 +38,5 @@ def make_checkpoint(path, data_dir, pos="xpos", block_size=8, zero=False, seed=0
         for p in model.parameters():
             torch.nn.init.zeros_(p)
     save_checkpoint({"model": model.state_dict(), "model_args": asdict(config), "config": {"data_dir": str(data_dir)},
-                     "iter_num": 0}, path)
+                     "tokenizer": tokenizer_identity(load_meta(data_dir)), "iter_num": 0}, path)
     return model.eval()

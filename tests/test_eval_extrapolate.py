@@ -24,7 +24,8 @@ def run(*argv):
 
 
 def stream(data_dir):
-    return torch.from_numpy(np.fromfile(Path(data_dir) / "val.bin", np.uint16).astype(np.int64))
+    meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    return torch.from_numpy(np.fromfile(Path(data_dir) / meta["files"]["val"]["file"], np.uint16).astype(np.int64))
 
 
 def nll_of(model, tokens, first_scored=0, bca=False):

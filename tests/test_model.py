@@ -175,12 +175,49 @@ def test_xpos_low_precision_finite_at_64_blocks(dtype, scale_base):
     # scale_base 16 with block_size 32 has the paper's ratio (512 at l = 1024): T = 2048 stands for 64k tokens
     m = tiny("xpos", block_size=32, n_embd=32, n_head=2, xpos_scale_base=scale_base)
     idx = tokens(64 * 32, batch=1)
-    with torch.autocast("cpu", dtype=dtype):
-        logits, loss = m(idx, idx)
-    assert logits.dtype == dtype and torch.isfinite(logits).all() and torch.isfinite(loss)
-    if dtype == torch.float16 and scale_base == 16.0:  # the trap BCA's rebasing avoids: without it fp16 overflows
+    for bca in (None, False):  # BCA by default past block_size, and without it (float16: float32 attention)
         with torch.autocast("cpu", dtype=dtype):
-            assert not torch.isfinite(m(idx, idx, bca=False)[0]).all()
+            logits, loss = m(idx, idx, bca=bca)
+        assert torch.isfinite(logits).all() and torch.isfinite(loss)
+
+
+def test_xpos_float16_without_bca_at_16k_with_the_papers_defaults(monkeypatch):
+    """The paper's block_size 1024 and scale_base 512: factors reach 3.5^16 = 5e8 at 16,384 tokens without BCA."""
+    m = tiny("xpos", block_size=1024, n_layer=1, n_embd=16, n_head=2)
+    assert (m.config.xpos_scale_base, m.config.xpos_gamma) == (512.0, 0.4)
+    with torch.no_grad():
+        m.transformer.h[0].attn.c_attn.weight.mul_(1000)  # |q|, |k| of about 20, as in a trained model
+    idx = tokens(16384, batch=1)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        logits, loss = m(idx, idx, bca=False)
+        assert torch.isfinite(logits).all() and torch.isfinite(loss)
+        monkeypatch.setattr(model, "xpos_largest_scale", lambda n_keys, config: 1.0)  # the guard off: it overflows
+        assert not torch.isfinite(m(idx, idx, bca=False)[0]).all()
+
+
+def test_xpos_float32_only_where_float16_cannot_hold_the_scales():
+    cfg = GPTConfig(n_head=1, n_embd=16, pos="xpos")  # scale_base 512, gamma 0.4
+    # the largest factor is zeta_0^(-(T/2)/512), zeta_0 = 0.4/1.4, written out here from Eq. 9
+    assert model.xpos_largest_scale(8192, cfg) == pytest.approx((1.4 / 0.4) ** 8, rel=1e-9)
+    for T, want in ((1024, torch.float16), (4096, torch.float16), (8192, torch.float32)):
+        q = k = torch.ones(1, 1, T, 16, dtype=torch.float16)
+        pos = torch.arange(T)
+        assert rotary(q, k, pos, pos, cfg)[0].dtype == want
+    q = k = torch.ones(1, 1, 8192, 16, dtype=torch.bfloat16)  # bfloat16 has float32's range
+    assert rotary(q, k, torch.arange(8192), torch.arange(8192), cfg)[0].dtype == torch.bfloat16
+
+
+def test_output_layer_in_float32_outside_training():
+    m = tiny("xpos", vocab_size=101)
+    idx = tokens(16, vocab=101)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, _ = m(idx, idx)
+        hidden = m.hidden_states(idx)
+        m.train()
+        train_logits, _ = m(idx, idx)
+    want = hidden.float() @ m.lm_head.weight.T  # float32 by hand from the same hidden states
+    assert logits.dtype == torch.float32 and torch.equal(logits, want)
+    assert train_logits.dtype == torch.bfloat16  # training keeps autocast's speed
 
 
 # --- causality and extrapolation ------------------------------------------------------------------------------------
@@ -278,11 +315,47 @@ def test_initial_loss_and_per_token_losses(pos):
     logits, loss = m(idx, targets)
     assert logits.shape == (8, 8, 101)
     assert abs(loss.item() - math.log(101)) < 0.1
-    _, per_token = m(idx, targets, reduction="none")
+    per_token = m.token_nll(idx, targets)
     assert per_token.shape == (8, 8)
     torch.testing.assert_close(per_token.mean(), loss)
     want = -torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
     torch.testing.assert_close(per_token, want, rtol=1e-5, atol=1e-5)
+
+
+def test_token_nll_in_chunks_bounds_the_logits(monkeypatch):
+    m = tiny("xpos", vocab_size=101)
+    idx, targets = tokens(29, vocab=101, batch=3), tokens(29, vocab=101, seed=2, batch=3)
+    targets[0, 5] = -1  # ignored
+    logits, _ = m(idx, targets)
+    want = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1, reduction="none").view(3, 29)
+    sizes = []
+    m.lm_head.register_forward_hook(lambda mod, args, out: sizes.append(out.shape[:2].numel()))
+    for chunk in (1, 7, 12, 10**6):
+        sizes.clear()
+        torch.testing.assert_close(m.token_nll(idx, targets, chunk_tokens=chunk), want, rtol=1e-5, atol=1e-5)
+        assert sum(sizes) == 3 * 29 and max(sizes) <= max(chunk, 3)  # at least one position of every sequence
+    assert m.token_nll(idx, targets)[0, 5] == 0
+
+
+def test_sinusoidal_token_and_position_enter_at_comparable_scale():
+    """Vaswani et al. §3.4: token embeddings times sqrt(n_embd) before the table is added."""
+    for n_embd in (128, 1024):
+        m = tiny("sinusoidal", n_embd=n_embd, n_head=2, vocab_size=101)
+        T = 64
+        idx = tokens(T, vocab=101, batch=4)
+        inputs = []
+        m.transformer.h[0].register_forward_pre_hook(lambda mod, args: inputs.append(args[0]))
+        m(idx)
+        p = torch.arange(T, dtype=torch.float64)[:, None]
+        i = torch.arange(0, n_embd, 2, dtype=torch.float64)
+        table = torch.zeros(T, n_embd, dtype=torch.float64)
+        table[:, 0::2], table[:, 1::2] = torch.sin(p / 10000 ** (i / n_embd)), torch.cos(p / 10000 ** (i / n_embd))
+        token_part = inputs[0].double() - table
+        torch.testing.assert_close(token_part, m.transformer.wte(idx).double() * math.sqrt(n_embd), rtol=1e-5,
+                                   atol=1e-5)
+        ratio = (token_part.pow(2).mean().sqrt() / table.pow(2).mean().sqrt()).item()
+        want = 0.02 * math.sqrt(n_embd) / math.sqrt(0.5)  # init std 0.02 scaled, against the table's RMS
+        assert ratio == pytest.approx(want, rel=0.1) and ratio > 0.3  # unscaled it would be 0.028 (1 : 35)
 
 
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)

@@ -17,9 +17,10 @@ def run(*argv):
 
 
 def load(out_dir):
+    """meta.json and both splits, read by hand from the files meta.json names."""
     meta = json.loads((Path(out_dir) / "meta.json").read_text())
     dtype = np.dtype(meta["dtype"])
-    return meta, np.fromfile(Path(out_dir) / "train.bin", dtype), np.fromfile(Path(out_dir) / "val.bin", dtype)
+    return meta, *(np.fromfile(Path(out_dir) / meta["files"][s]["file"], dtype) for s in ("train", "val"))
 
 
 def write_corpus(folder, n=10):
@@ -36,7 +37,7 @@ def test_shakespeare_offline_default(tmp_path):
     assert meta["tokenizer"] == "char" and meta["dtype"] == "uint16" and len(meta["chars"]) == meta["vocab_size"]
     assert len(meta["train_documents"]) + len(meta["val_documents"]) == 38
     assert len(meta["val_documents"]) == 4  # about 10% of the plays, whole plays
-    assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
+    assert (meta["files"]["train"]["tokens"], meta["files"]["val"]["tokens"]) == (len(train), len(val))
     tok = Tokenizer("char", meta["chars"])
     for doc in meta["val_documents"]:  # offsets cut the stream into the plays, each from its title on
         text = tok.decode(val[doc["start"] : doc["end"]].tolist())
@@ -83,14 +84,32 @@ def test_gpt2_tokenizer_offline_and_separators(tmp_path, monkeypatch):
         assert enc.decode(train[d["start"] : d["end"]].tolist()) == (corpus / Path(d["name"]).name).read_text()
 
 
-def test_one_document_is_split_at_ninety_percent(tmp_path):
+def test_one_document_is_cut_by_tokens(tmp_path):
     (tmp_path / "c").mkdir()
-    (tmp_path / "c" / "only.txt").write_text("".join(f"line {i}\n" for i in range(1000)))
+    line = "".join(f"word{i} " for i in range(400))[:2400]  # one 2,400-character line: no newline to cut at
+    (tmp_path / "c" / "only.txt").write_text(line)
     run("--dataset", "files", "--path", tmp_path / "c", "--out_dir", tmp_path / "out")
     meta, train, val = load(tmp_path / "out")
-    assert 0.08 < len(val) / (len(train) + len(val)) < 0.12
+    assert (len(train), len(val)) == (2160, 240)  # the last 10% of the tokens
     tok = Tokenizer("char", meta["chars"])
-    assert tok.decode(val[:5].tolist()) == "line " and tok.decode(train[-1:].tolist()) == "\n"
+    assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == line
+    assert meta["val_documents"] == [{"name": f"{tmp_path / 'c' / 'only.txt'}[val]", "start": 0, "end": 240}]
+    # gpt2: the cut is by BPE tokens, and <|endoftext|> still closes the document
+    run("--dataset", "files", "--path", tmp_path / "c", "--out_dir", tmp_path / "bpe", "--tokenizer", "gpt2")
+    meta, train, val = load(tmp_path / "bpe")
+    ids = gpt2_encoding().encode_ordinary(line) + [50256]
+    cut = round(len(ids) * 0.9)
+    assert train.tolist() == ids[:cut] and val.tolist() == ids[cut:]
+
+
+@pytest.mark.parametrize("text,fraction", [("ab", "0.1"), ("abcdefghij", "0.95")])
+def test_a_split_too_short_is_an_error(tmp_path, text, fraction):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "only.txt").write_text(text)
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", "files", "--path", tmp_path / "c", "--out_dir", tmp_path / "out", "--val_fraction", fraction)
+    assert "split would have 1 token(s), fewer than 2" in str(e.value.code)
+    assert not (tmp_path / "out" / "meta.json").exists()
 
 
 def test_bad_utf8_names_the_file_and_replace_flag(tmp_path, capsys):
@@ -178,7 +197,7 @@ def test_download_good_files_are_cached(tmp_path, server):
     run(*download_args(tmp_path, f"{server}/a.txt", f"{server}/b.txt"))
     meta, train, val = load(tmp_path / "out")
     assert len(meta["train_documents"]) == 1 and len(meta["val_documents"]) == 1
-    assert meta["train_tokens"] + meta["val_tokens"] == 2 * len(BODY)
+    assert len(train) + len(val) == 2 * len(BODY)
     run(*download_args(tmp_path, f"{server}/a.txt", f"{server}/b.txt", out="again"))
     assert Handler.hits == {"/a.txt": 1, "/b.txt": 1}  # the second run read the cache
     assert not list((tmp_path / "cache").glob("*.part"))
@@ -201,5 +220,5 @@ def test_download_truncated_body_is_retried_never_kept(tmp_path, server):
     assert not list((tmp_path / "cache").iterdir())  # neither a .part file nor a short cached copy
     run(*download_args(tmp_path, f"{server}/flaky.txt"))  # truncated once, whole the second time
     assert Handler.hits["/flaky.txt"] == 2
-    meta = load(tmp_path / "out")[0]
-    assert meta["train_tokens"] + meta["val_tokens"] == len(BODY)
+    meta, train, val = load(tmp_path / "out")
+    assert len(train) + len(val) == len(BODY)
