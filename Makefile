@@ -25,8 +25,8 @@ XPOS := out/shakespeare_char_xpos/ckpt.pt
 ROPE := out/shakespeare_char_rope/ckpt.pt
 demo: $(VENV)/installed
 	$(PY) prepare_data.py --dataset shakespeare --tokenizer char
-	$(PY) train.py config/shakespeare_char.py
-	$(PY) train.py config/shakespeare_char_rope.py
+	$(PY) train.py config/shakespeare_char.py --overwrite=True
+	$(PY) train.py config/shakespeare_char_rope.py --overwrite=True
 	$(PY) eval_extrapolate.py --ckpt $(XPOS) --ckpt $(ROPE) --lengths 32,64,128,256,512,1024 --max_len 16384 \
 		--bca both --json $(DEMO)/extrapolation.json --plot $(DEMO)/extrapolation.png
 	$(PY) resolution.py --ckpt $(XPOS) --length 256 --bca both --json $(DEMO)/resolution_xpos.json

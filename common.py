@@ -305,10 +305,10 @@ def output_path(path, flag, plot=False):
     if path is None:
         return None
     path = Path(path)
-    if plot and not path.suffix:
-        path = path.with_name(path.name + ".png")
     if path.is_dir():
         raise UserError(f"{flag} {path} is a directory: give a file name")
+    if plot and not path.suffix:
+        path = path.with_name(path.name + ".png")
     if plot:
         plt = pyplot()
         figure = plt.figure()

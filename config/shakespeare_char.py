@@ -10,8 +10,8 @@ n_head = 4
 n_embd = 128
 dropout = 0.0
 
-batch_size = 32
-gradient_accumulation_steps = 1
+batch_size = 16
+gradient_accumulation_steps = 2  # a global batch of 32 sequences, on 1 process or (torchrun) on 2
 max_iters = 1000
 lr_decay_iters = 1000
 warmup_iters = 50

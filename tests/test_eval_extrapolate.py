@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import eval_extrapolate
+import prepare_data
 from conftest import CHARS, make_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,3 +156,69 @@ def test_checkpoint_errors(tiny_data, tmp_path):
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "corrupt.pt", "--lengths", "8")
     assert "unreadable (truncated or corrupt?)" in str(e.value.code)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--lengths", "8", "--max_len", "0"], "--max_len 0 is not allowed: must be >= 1"),
+    (["--lengths", "8", "--batch_tokens", "0"], "--batch_tokens 0 is not allowed"),
+    (["--lengths", "8", "--batch_tokens", "-5"], "--batch_tokens -5 is not allowed"),
+    (["--lengths", "75", "--protocol", "sliding"], "length 75 needs 76 validation tokens, but"),
+    (["--lengths", "80", "--protocol", "chunks"], "length 80 needs 81 validation tokens, but"),
+    (["--lengths", "8", "--device", "bogus"], "device='bogus' is not allowed"),
+])
+def test_bad_values_are_one_line_errors(tiny_data, tmp_path, argv, message):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", *argv)
+    assert message in str(e.value.code)
+
+
+def test_output_paths_are_checked_first(tiny_data, tmp_path, monkeypatch, capsys):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    monkeypatch.setattr(eval_extrapolate, "score", None)  # any scoring would fail with a TypeError
+    for flag in ("--json", "--plot"):
+        with pytest.raises(SystemExit) as e:
+            run("--ckpt", tmp_path / "m.pt", "--lengths", "8", flag, tmp_path)
+        assert f"{flag} {tmp_path} is a directory" in str(e.value.code)
+    monkeypatch.undo()
+    run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--plot", tmp_path / "curve")
+    assert f"wrote {tmp_path / 'curve.png'}" in capsys.readouterr().out and (tmp_path / "curve.png").is_file()
+
+
+def test_every_checkpoint_is_checked_before_any_is_scored(tiny_data, tmp_path, monkeypatch):
+    make_checkpoint(tmp_path / "good.pt", tiny_data)
+    make_checkpoint(tmp_path / "learned.pt", tiny_data, pos="learned", block_size=8)
+    monkeypatch.setattr(eval_extrapolate, "score", None)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "good.pt", "--ckpt", tmp_path / "learned.pt", "--lengths", "8,16")
+    assert "learned.pt uses learned absolute positions" in str(e.value.code)
+
+
+def test_dataset_with_another_tokenizer_is_refused(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text("0123456789abcdef" * 20)  # 16 characters against the model's 11
+    prepare_data.main(["--dataset", "files", "--path", str(tmp_path / "c"), "--out_dir", str(tmp_path / "d")])
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--data_dir", tmp_path / "d")
+    assert "vocab_size 11" in str(e.value.code) and "vocab_size 16" in str(e.value.code)
+
+
+def test_non_finite_nll_is_an_error(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    ckpt = torch.load(tmp_path / "m.pt", weights_only=True)
+    ckpt["model"]["transformer.ln_f.weight"][0] = float("inf")
+    torch.save(ckpt, tmp_path / "inf.pt")
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "inf.pt", "--lengths", "4,8", "--max_len", 8)
+    assert f"non-finite NLL (nan) for {tmp_path / 'inf.pt'} at length 4 in float32" in str(e.value.code)
+    assert "--bca on" in str(e.value.code)
+
+
+def test_logits_in_chunks_give_the_same_numbers(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    argv = ["--ckpt", tmp_path / "m.pt", "--lengths", "4,32", "--max_len", 32, "--bca", "both"]
+    whole, chunked = run(*argv), run(*argv, "--batch_tokens", 3)  # 32-token segments: 11 chunks of logits
+    assert [r["tokens"] for r in whole] == [r["tokens"] for r in chunked]
+    for a, b in zip(whole, chunked):
+        assert a["nll"] == pytest.approx(b["nll"], rel=1e-6)

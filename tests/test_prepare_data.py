@@ -2,12 +2,14 @@
 
 import http.server
 import json
+import os
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import common
 import prepare_data
 from common import Tokenizer, gpt2_encoding
 
@@ -222,3 +224,63 @@ def test_download_truncated_body_is_retried_never_kept(tmp_path, server):
     assert Handler.hits["/flaky.txt"] == 2
     meta, train, val = load(tmp_path / "out")
     assert len(train) + len(val) == len(BODY)
+
+
+# --- a dataset is replaced as a whole ---------------------------------------------------------------------------------
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: no except or finally clause in prepare_data.py handles it."""
+
+
+def snapshot(out_dir):
+    meta, train, val = load(out_dir)
+    return meta["val_documents"], train.tolist(), val.tolist()
+
+
+@pytest.mark.parametrize("kill_at", [1, 2, 3])
+def test_a_kill_between_the_moves_leaves_the_old_dataset(tmp_path, monkeypatch, kill_at):
+    old, new = write_corpus(tmp_path / "old", n=10), write_corpus(tmp_path / "new", n=7)
+    out = tmp_path / "out"
+    run("--dataset", "files", "--path", old, "--out_dir", out)
+    before = snapshot(out)
+    calls, real_replace = [], os.replace
+
+    def replace(src, dst):  # the 1st and 2nd move the token files in, the 3rd meta.json
+        calls.append(dst)
+        if len(calls) == kill_at:
+            raise Killed
+        real_replace(src, dst)
+
+    monkeypatch.setattr(prepare_data.os, "replace", replace)
+    with pytest.raises(Killed):
+        run("--dataset", "files", "--path", new, "--out_dir", out)
+    monkeypatch.setattr(prepare_data.os, "replace", real_replace)
+    common.load_meta(out)  # every reader's check: complete and consistent
+    assert snapshot(out) == before  # the old dataset, whole
+    run("--dataset", "files", "--path", new, "--out_dir", out)  # the next run replaces it, and removes the debris
+    assert snapshot(out) != before and len(snapshot(out)[0]) == 1
+    meta = common.load_meta(out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", meta["files"]["train"]["file"],
+                                                            meta["files"]["val"]["file"]])
+
+
+def test_debris_of_older_runs_is_removed(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("train.bin", "val.bin", ".tmp-abc123", "train-0123456789ab.bin"):  # older layout, killed runs
+        (out / name).write_bytes(b"\0\0")
+    (out / "notes.txt").write_text("mine")
+    run("--dataset", "files", "--path", write_corpus(tmp_path / "c", n=3), "--out_dir", out)
+    meta = common.load_meta(out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "notes.txt", meta["files"]["train"]["file"],
+                                                            meta["files"]["val"]["file"]])
+
+
+def test_out_dir_that_is_a_file(tmp_path):
+    (tmp_path / "taken").write_text("a file")
+    for out in (tmp_path / "taken", tmp_path / "taken" / "below"):
+        with pytest.raises(SystemExit) as e:
+            run("--dataset", "files", "--path", write_corpus(tmp_path / f"c{len(out.parts)}", n=3), "--out_dir", out)
+        assert "is a file" in str(e.value.code)
+    assert (tmp_path / "taken").read_text() == "a file"

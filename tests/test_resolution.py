@@ -97,3 +97,57 @@ def test_errors(tiny_data, tmp_path):
         with pytest.raises(SystemExit) as e:
             resolution.main(argv)
         assert message in str(e.value.code)
+
+
+def test_r_shared_compares_modes_over_the_same_distances():
+    """The same scores, with the distances >= block_size hidden (as BCA hides them) or not: R moves, R_shared not."""
+    block_size, T = 8, 32
+    curve = torch.linspace(1.0, -1.0, T, dtype=torch.float64)  # decreasing with distance
+    shown = curve.expand(1, 2, T).clone()  # (layer, head, distance)
+    hidden = shown.clone()
+    hidden[..., block_size:] = float("-inf")
+    a, b = (resolution.layer_average(s) for s in (shown, hidden))
+    assert a["R"] != pytest.approx(b["R"], rel=1e-3)  # hiding alone raises R
+    a_shared, b_shared = (resolution.layer_average(s[..., :block_size], "_shared") for s in (shown, hidden))
+    want = resolution.resolution(curve[:block_size])  # Eq. 3 over distances 0 .. block_size-1, by hand
+    for r in (a_shared, b_shared):
+        assert r["R_shared"] == pytest.approx(want) and r["R_shared_per_head"] == pytest.approx(want)
+
+
+def test_r_shared_in_the_json_and_table(tiny_data, tmp_path, capsys):
+    make_checkpoint(tmp_path / "m.pt", tiny_data, block_size=8)
+    out = tmp_path / "r.json"
+    resolution.main(["--ckpt", str(tmp_path / "m.pt"), "--length", "32", "--bca", "both", "--json", str(out)])
+    assert "| R_shared | R_shared (per head) |" in capsys.readouterr().out
+    for mode in json.loads(out.read_text())["modes"]:
+        by_layer = [resolution.resolution(layer[:8]) for layer in mode["s_hat"]]  # heads averaged, first 8 distances
+        assert mode["R_shared"] == pytest.approx(sum(by_layer) / len(by_layer))
+        per_head = [sum(resolution.resolution(h[:8]) for h in layer) / 2 for layer in mode["s_hat_heads"]]
+        assert mode["R_shared_per_head"] == pytest.approx(sum(per_head) / len(per_head))
+
+
+def test_bad_values_are_one_line_errors(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    ckpt = str(tmp_path / "m.pt")
+    for argv, message in ((["--length", "0"], "--length 0 and --texts 8 are not allowed"),
+                          (["--length", "-4"], "--length -4"),
+                          (["--length", "8", "--texts", "0"], "--texts 0 are not allowed"),
+                          (["--length", "8", "--texts", "-1"], "--texts -1 are not allowed"),
+                          (["--length", "8", "--json", str(tmp_path)], "is a directory"),
+                          (["--length", "8", "--device", "bogus"], "device='bogus' is not allowed")):
+        with pytest.raises(SystemExit) as e:
+            resolution.main(["--ckpt", ckpt, *argv])
+        assert message in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        resolution.main(["--theory", "--plot", str(tmp_path)])
+    assert "is a directory" in str(e.value.code)
+
+
+def test_non_finite_scores_are_an_error(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    ckpt = torch.load(tmp_path / "m.pt", weights_only=True)
+    ckpt["model"]["transformer.h.0.attn.c_attn.weight"][0, 0] = float("nan")
+    torch.save(ckpt, tmp_path / "nan.pt")
+    with pytest.raises(SystemExit) as e:
+        resolution.main(["--ckpt", str(tmp_path / "nan.pt"), "--length", "16", "--bca", "off"])
+    assert "non-finite scores for" in str(e.value.code) and "at length 16" in str(e.value.code)

@@ -2,6 +2,7 @@
 
 import pytest
 
+import prepare_data
 import sample
 from conftest import make_checkpoint
 
@@ -47,4 +48,21 @@ def test_errors(tiny_data, tmp_path):
     ):
         with pytest.raises(SystemExit) as e:
             sample.main(argv)
+        assert message in str(e.value.code)
+
+
+def test_bad_inputs(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    (tmp_path / "prompt.bin").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text("ABCDEFGHIJKLMNOP" * 20)
+    prepare_data.main(["--dataset", "files", "--path", str(tmp_path / "c"), "--out_dir", str(tmp_path / "d")])
+    for argv, message in (
+        (["--start", f"FILE:{tmp_path / 'prompt.bin'}"], "is not UTF-8 text (byte 0)"),
+        (["--start", f"FILE:{tmp_path}"], "is a directory"),
+        (["--device", "bogus"], "device='bogus' is not allowed"),
+        (["--data_dir", str(tmp_path / "d")], "vocab_size 11"),  # a 16-character dataset, an 11-character model
+    ):
+        with pytest.raises(SystemExit) as e:
+            sample.main(["--ckpt", str(tmp_path / "m.pt"), *argv])
         assert message in str(e.value.code)

@@ -3,8 +3,11 @@
 import json
 import os
 import random
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -164,3 +167,169 @@ def test_missing_and_corrupt_checkpoint(data_dir, tmp_path):
         train.main(tiny_args(data_dir, tmp_path / "bad", init_from="resume"))
     assert "is unreadable (truncated or corrupt?)" in str(e.value.code)
     assert (tmp_path / "bad" / "ckpt.pt").read_bytes() == b"not a checkpoint at all"
+
+
+# --- nothing lost, nothing mixed ------------------------------------------------------------------------------------
+
+
+def log_entries(out_dir):
+    """log.jsonl without its timings, which differ between any two runs."""
+    lines = (Path(out_dir) / "log.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in ("ms_per_iter", "tokens_per_s")} for line in lines]
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing in train.py catches it."""
+
+
+def kill_at_call(monkeypatch, n):
+    calls, real = [], train.get_batch
+
+    def get_batch(*args):
+        calls.append(1)
+        if len(calls) == n:
+            raise Killed
+        return real(*args)
+
+    monkeypatch.setattr(train, "get_batch", get_batch)
+
+
+def test_log_after_kills_and_resumes_equals_the_uninterrupted_run(data_dir, tmp_path, monkeypatch):
+    common = dict(eval_interval=2)
+    train.main(tiny_args(data_dir, tmp_path / "straight", **common))
+    out = tmp_path / "killed"
+    for kill, init_from in ((15, "scratch"), (13, "resume")):  # mid-evaluation at iter 4, then at iter 6
+        kill_at_call(monkeypatch, kill)
+        with pytest.raises(Killed):
+            train.main(tiny_args(data_dir, out, init_from=init_from, **common))
+        (out / "ckpt.pt.tmp").write_bytes(b"half a checkpoint")  # as a kill during torch.save leaves it
+        assert len(log_entries(out)) > torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] + 1
+    monkeypatch.undo()
+    train.main(tiny_args(data_dir, out, init_from="resume", **common))
+    assert log_entries(out) == log_entries(tmp_path / "straight")
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "log.jsonl"]  # no debris
+
+
+def test_sigkill_and_resume(data_dir, tmp_path):
+    """A real kill -9 at an arbitrary moment after the first checkpoint, then a resume to the end."""
+    args = dict(max_iters=40, eval_interval=4, eval_iters=10)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "train.py", *tiny_args(data_dir, out, **args)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while proc.poll() is None and not ((out / "log.jsonl").exists() and any(
+                e["iter"] >= 10 for e in log_entries(out) if "loss" in e)):
+            time.sleep(0.01)
+        assert proc.poll() is None, "training ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    subprocess.run([*cmd, "--init_from=resume"], cwd=ROOT, check=True, capture_output=True)
+    train.main(tiny_args(data_dir, tmp_path / "straight", **args))
+    resumed, straight = log_entries(out), log_entries(tmp_path / "straight")
+    assert [e["iter"] for e in resumed] == [e["iter"] for e in straight]
+    for a, b in zip(resumed, straight):
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-5) for k in a)
+
+
+def test_scratch_never_replaces_a_run_silently(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    train.main(tiny_args(data_dir, out, max_iters=3))
+    checkpoint, log = (out / "ckpt.pt").read_bytes(), (out / "log.jsonl").read_text()
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(data_dir, out))
+    assert "--init_from=resume" in str(e.value.code) and "--overwrite=True" in str(e.value.code)
+    assert (out / "ckpt.pt").read_bytes() == checkpoint and (out / "log.jsonl").read_text() == log
+    train.main(tiny_args(data_dir, out, overwrite=True))
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 6
+    assert [e["iter"] for e in log_entries(out) if "val_loss" in e] == [0, 3, 6]
+
+
+def test_nothing_to_train_writes_nothing(data_dir, tmp_path, capsys):
+    train.main(tiny_args(data_dir, tmp_path / "zero", max_iters=0))
+    assert "no checkpoint written" in capsys.readouterr().out and not (tmp_path / "zero" / "ckpt.pt").exists()
+    train.main(tiny_args(data_dir, tmp_path / "run", max_iters=3))
+    before = (tmp_path / "run" / "log.jsonl").read_text()
+    capsys.readouterr()
+    train.main(tiny_args(data_dir, tmp_path / "run", max_iters=2, init_from="resume"))
+    out = capsys.readouterr().out
+    assert "nothing to train: at iteration 3, max_iters=2" in out and "done:" not in out
+    assert (tmp_path / "run" / "log.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize("first,then", [("bfloat16", "float16"), ("float16", "bfloat16")])
+def test_resume_across_precisions(data_dir, tmp_path, first, then):
+    """An A100 run (bfloat16, no GradScaler state) resumed on a V100 (float16), and back."""
+    out = tmp_path / "run"
+    train.main(tiny_args(data_dir, out, max_iters=3, dtype=first))
+    train.main(tiny_args(data_dir, out, dtype=then, init_from="resume"))
+    steps = [e for e in log_entries(out) if "loss" in e]
+    assert [e["iter"] for e in steps] == list(range(6))
+    assert all(("grad_scale" in e) == (dtype == "float16") for e, dtype in zip(steps, [first] * 3 + [then] * 3))
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 6
+
+
+def test_resume_refuses_a_dataset_with_another_tokenizer(data_dir, tmp_path):
+    train.main(tiny_args(data_dir, tmp_path / "run", max_iters=3))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "a.txt").write_text("0123456789 " * 500)
+    prepare_data.main(["--dataset", "files", "--path", str(tmp_path / "other"), "--out_dir", str(tmp_path / "d2")])
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(tmp_path / "d2", tmp_path / "run", init_from="resume"))
+    assert "was trained on tokenizer" in str(e.value.code) and str(tmp_path / "d2") in str(e.value.code)
+
+
+def test_a_mixed_dataset_is_refused(data_dir, tmp_path):
+    mixed = tmp_path / "mixed"
+    shutil.copytree(data_dir, mixed)
+    meta = json.loads((mixed / "meta.json").read_text())
+    val = mixed / meta["files"]["val"]["file"]
+    val.write_bytes(val.read_bytes()[::-1])  # the same size, other content
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(mixed, tmp_path / "run"))
+    assert "do not belong together" in str(e.value.code) and not (tmp_path / "run" / "log.jsonl").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--learning_rate=nan"], "learning_rate=nan is not allowed: must be a finite number > 0"),
+    (["--learning_rate=-0.1"], "learning_rate=-0.1 is not allowed"),
+    (["--beta1=1.0"], "beta1=1.0 is not allowed: must be in [0, 1)"),
+    (["--beta2=-0.5"], "beta2=-0.5 is not allowed"),
+    (["--max_iters=-1"], "max_iters=-1 is not allowed"),
+    (["--device=bogus"], "device='bogus' is not allowed: must be auto, cpu, cuda, cuda:N or mps"),
+])
+def test_bad_values_are_one_line_errors(data_dir, tmp_path, argv, message):
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(data_dir, tmp_path / "x") + argv)
+    assert message in str(e.value.code) and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"n_layer = 4\nn_head = (4\n", "line 2: '(' was never closed"),
+    (b"n_layer = 4\n# caf\xe9\n", "line 2: byte 0xe9 is not UTF-8 text"),
+    (b"n_layer = 4\nn_head = heads\n", "line 2: NameError: name 'heads' is not defined"),
+])
+def test_broken_config_files_name_the_line(tmp_path, content, message):
+    bad = tmp_path / "bad.py"
+    bad.write_bytes(content)
+    with pytest.raises(SystemExit) as e:
+        train.main([str(bad)])
+    assert f"config file {bad}, {message}" in str(e.value.code)
+
+
+def test_out_dir_that_cannot_take_checkpoints_fails_before_training(data_dir, tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    for out in (tmp_path / "file", tmp_path / "file" / "run"):
+        with pytest.raises(SystemExit) as e:
+            train.main(tiny_args(data_dir, out))
+        assert "is a file, not a directory" in str(e.value.code)
+    monkeypatch.setattr(train, "GPT", None)  # proves no model is built before the error
+    import common
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(common.tempfile, "TemporaryFile", refuse)
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(data_dir, tmp_path / "locked"))
+    assert "out_dir" in str(e.value.code) and "is not writable: Permission denied" in str(e.value.code)

@@ -1,0 +1,127 @@
+"""Tests for common.py: datasets checked on open, checkpoints checked on load, devices, output paths."""
+
+import json
+import os
+import shutil
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+
+import common
+from common import UserError
+from conftest import make_checkpoint
+from prepare_data import write_dataset
+
+
+def dataset(root, seed=0, vocab="abcdefghijk", n_train=500, n_val=75):
+    rng = np.random.default_rng(seed)
+    train = rng.integers(0, len(vocab), n_train).astype(np.uint16)
+    val = rng.integers(0, len(vocab), n_val).astype(np.uint16)
+    meta = dict(tokenizer="char", vocab_size=len(vocab), dtype="uint16", chars=list(vocab), eot_token=None,
+                train_documents=[{"name": "t", "start": 0, "end": n_train}],
+                val_documents=[{"name": "v", "start": 0, "end": n_val}])
+    write_dataset(root, {"train": train, "val": val}, meta)
+    return root
+
+
+def file_of(root, split):
+    return root / json.loads((root / "meta.json").read_text())["files"][split]["file"]
+
+
+def error(fn, *args, **kwargs):
+    with pytest.raises(UserError) as e:
+        fn(*args, **kwargs)
+    return str(e.value)
+
+
+def test_load_meta_accepts_a_complete_dataset(tmp_path):
+    meta = common.load_meta(dataset(tmp_path / "a"))
+    assert meta["files"]["train"]["tokens"] == 500
+    assert len(common.read_tokens(tmp_path / "a", "val", meta)) == 75
+
+
+def test_mixed_directory_assembled_by_hand_is_refused(tmp_path):
+    a, b = dataset(tmp_path / "a", seed=0), dataset(tmp_path / "b", seed=1)
+    shutil.copy(file_of(b, "val"), file_of(a, "val"))  # same size, other content, under a's name
+    assert "do not belong together" in error(common.load_meta, a)
+    c = dataset(tmp_path / "c", seed=2, n_train=600)
+    shutil.copy(file_of(b, "train"), file_of(c, "train"))  # another token count
+    assert "(500 tokens, 600 recorded" in error(common.load_meta, c)
+    shutil.copy(b / "meta.json", c / "meta.json")  # b's meta.json names files that are not in c
+    assert "is missing: the dataset" in error(common.load_meta, c)
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda d: (d / "meta.json").write_text("{not json"), "meta.json is corrupt"),
+    (lambda d: (d / "meta.json").write_bytes(b"\xff\xfe"), "meta.json is corrupt"),
+    (lambda d: (d / "meta.json").write_text(json.dumps({"tokenizer": "char"})), "lacks vocab_size, dtype, files"),
+    (lambda d: (d / "meta.json").write_text("[1, 2]"), "lacks tokenizer"),
+    (lambda d: file_of(d, "train").write_bytes(b""), "is empty (0 tokens)"),
+    (lambda d: file_of(d, "val").unlink(), "is missing"),
+    (lambda d: (d / "meta.json").unlink(), "missing meta.json"),
+])
+def test_damaged_datasets_are_one_line_errors(tmp_path, damage, message):
+    d = dataset(tmp_path / "d")
+    damage(d)
+    assert message in error(common.load_meta, d)
+
+
+def test_tokenizer_mismatch_names_both(tmp_path):
+    a = dataset(tmp_path / "a")
+    small = dataset(tmp_path / "small", vocab="abcdefghijklmnop")  # 16 characters
+    ckpt_path = tmp_path / "m.pt"
+    make_checkpoint(ckpt_path, a)
+    ckpt = common.load_checkpoint(ckpt_path)
+    assert ckpt["tokenizer"]["vocab_size"] == 11
+    message = error(common.checkpoint_dataset, ckpt, ckpt_path, small)
+    assert "vocab_size 11" in message and "vocab_size 16" in message and "--data_dir" in message
+    same_size = dataset(tmp_path / "same", vocab="ABCDEFGHIJK")  # 11 other characters: only the hash differs
+    assert "chars_sha256" in error(common.checkpoint_dataset, ckpt, ckpt_path, same_size)
+    assert common.checkpoint_dataset(ckpt, ckpt_path)[0] == str(a)  # the training data_dir by default
+    del ckpt["tokenizer"]  # older checkpoints: the vocabulary size is still compared
+    assert "vocab_size 11" in error(common.checkpoint_dataset, ckpt, ckpt_path, small)
+
+
+def test_checkpoint_errors(tmp_path):
+    data = dataset(tmp_path / "a")
+    make_checkpoint(tmp_path / "m.pt", data)
+    good = torch.load(tmp_path / "m.pt", weights_only=True)
+    cases = {
+        "no_config": ({k: v for k, v in good.items() if k != "config"}, "no config"),
+        "bad_args": (dict(good, model_args=dict(good["model_args"], n_head=3)), "unusable model_args"),
+        "unknown_arg": (dict(good, model_args=dict(good["model_args"], width=3)), "unusable model_args"),
+        "wrong_size": (dict(good, model_args=dict(good["model_args"], n_embd=32)), "weights do not fit"),
+    }
+    for name, (ckpt, message) in cases.items():
+        torch.save(ckpt, tmp_path / f"{name}.pt")
+        assert message in error(common.load_model, tmp_path / f"{name}.pt")
+
+
+@pytest.mark.parametrize("device,message", [("bogus", "device='bogus' is not allowed"),
+                                            ("tpu", "device='tpu' is not allowed"),
+                                            ("cuda:7", "device='cuda:7' but")])
+def test_bad_devices(device, message):
+    assert message in error(common.resolve_device, device)
+
+
+def test_output_paths(tmp_path):
+    assert common.output_path(tmp_path / "new" / "r.json", "--json") == tmp_path / "new" / "r.json"
+    assert (tmp_path / "new").is_dir()
+    assert common.output_path(tmp_path / "plot", "--plot", plot=True) == tmp_path / "plot.png"
+    assert "is a directory" in error(common.output_path, tmp_path, "--json")
+    (tmp_path / "file").write_text("")
+    assert "is a file, not a directory" in error(common.output_path, tmp_path / "file" / "r.json", "--json")
+    assert "cannot write .xyz" in error(common.output_path, tmp_path / "p.xyz", "--plot", plot=True)
+
+
+def test_unwritable_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o500)
+    if os.geteuid() == 0:  # root writes through permissions: make the probe fail as it would for a user
+        def refuse(*args, **kwargs):
+            raise PermissionError(13, "Permission denied")
+        monkeypatch.setattr(common.tempfile, "TemporaryFile", refuse)
+    assert "is not writable: Permission denied" in error(common.writable_dir, folder, "out_dir")
