@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo bench clean
+.PHONY: test demo bench stress clean
 
 $(VENV)/installed: requirements.txt requirements-data.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +13,10 @@ $(VENV)/installed: requirements.txt requirements-data.txt requirements-test.txt
 
 test: $(VENV)/installed
 	$(PY) -m pytest
+
+# Two-process (torchrun, gloo) train and eval, 50 runs each: a teardown crash at exit once hit one run in five.
+stress: $(VENV)/installed
+	$(PY) tests/stress_ddp.py --runs 50
 
 bench: $(VENV)/installed
 	$(PY) benchmarks/bench_bca.py

@@ -105,7 +105,8 @@ def ends_sha256(path):
 
 
 def load_meta(data_dir):
-    """data_dir's meta.json, checked: every key there, and both token files present, non-empty and the ones it names."""
+    """data_dir's meta.json, checked: every key there and of the right kind, and both token files present,
+    non-empty and the ones it names (token count and checksum)."""
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
         raise UserError(f"no dataset at {data_dir} (missing meta.json): run prepare_data.py first")
@@ -113,17 +114,9 @@ def load_meta(data_dir):
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"{path} is corrupt ({e}): rerun prepare_data.py") from None
-    missing = [k for k in META_KEYS if k not in meta] if isinstance(meta, dict) else list(META_KEYS)
-    if missing or not isinstance(meta["files"], dict) or any(
-            not isinstance(meta["files"].get(s), dict) or {"file", "tokens", "ends_sha256"} - meta["files"][s].keys()
-            for s in SPLITS):
-        raise UserError(f"{path} lacks {', '.join(missing) or 'files'} (corrupt, or written by an older "
-                        "prepare_data.py): rerun prepare_data.py")
-    chars = meta.get("chars")
-    if meta["dtype"] not in TOKEN_DTYPES or meta["tokenizer"] not in ("char", "gpt2") or (
-            meta["tokenizer"] == "char" and (not isinstance(chars, list) or len(chars) != meta["vocab_size"])):
-        raise UserError(f"{path} is corrupt (dtype {meta['dtype']!r}, tokenizer {meta['tokenizer']!r}): "
-                        "rerun prepare_data.py")
+    problem = meta_problem(meta)
+    if problem:
+        raise UserError(f"{path} is corrupt: {problem}; rerun prepare_data.py")
     for split in SPLITS:
         entry = meta["files"][split]
         token_file = Path(data_dir) / entry["file"]
@@ -137,6 +130,28 @@ def load_meta(data_dir):
                             f"recorded, or different content): the files do not belong together; rerun "
                             "prepare_data.py")
     return meta
+
+
+def meta_problem(meta):
+    """What is wrong with a parsed meta.json's keys and values, or None."""
+    if not isinstance(meta, dict):
+        return "not a JSON object"
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        return f"no {', '.join(missing)} (or written by an older prepare_data.py)"
+    count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    token_file = lambda e: (isinstance(e, dict) and isinstance(e.get("file"), str) and "/" not in e["file"] and
+                            count(e.get("tokens")) and isinstance(e.get("ends_sha256"), str))
+    checks = {  # key -> is its value allowed (checked in this order, each may rely on the ones before)
+        "tokenizer": lambda: meta["tokenizer"] in ("char", "gpt2"),
+        "vocab_size": lambda: count(meta["vocab_size"]) and meta["vocab_size"] > 0,
+        "dtype": lambda: meta["dtype"] in TOKEN_DTYPES,
+        "chars": lambda: meta["tokenizer"] != "char" or (isinstance(meta.get("chars"), list) and
+                                                         len(meta["chars"]) == meta["vocab_size"]),
+        "files": lambda: isinstance(meta["files"], dict) and all(token_file(meta["files"].get(s)) for s in SPLITS),
+    }
+    bad = next((key for key, ok in checks.items() if not ok()), None)
+    return bad and f"{bad}={meta.get(bad)!r} is not allowed"
 
 
 def tokenizer_from_meta(meta):
@@ -172,12 +187,18 @@ def save_checkpoint(obj, path):
     os.replace(tmp, path)
 
 
-def load_checkpoint(path, map_location="cpu"):
+# Format 2 (this version) records the tokenizer's identity, and goes with pos="sinusoidal" models whose token
+# embeddings are scaled by sqrt(n_embd): an older sinusoidal checkpoint would be scored with the wrong input scale.
+CHECKPOINT_FORMAT = 2
+
+
+def load_checkpoint(path, map_location="cpu", mmap=False):
+    """A lex-gpt checkpoint, checked. mmap=True reads lazily: cheap for checks that do not need the weights."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:
         raise UserError(f"checkpoint {path} is unreadable (truncated or corrupt?): {type(e).__name__}") from e
     missing = [k for k in ("model", "model_args", "config") if k not in ckpt] if isinstance(ckpt, dict) else ["model"]
@@ -185,6 +206,9 @@ def load_checkpoint(path, map_location="cpu"):
         raise UserError(f"checkpoint {path} is not a lex-gpt checkpoint (no {'/'.join(missing)})")
     if not isinstance(ckpt["config"], dict) or "data_dir" not in ckpt["config"]:
         raise UserError(f"checkpoint {path} is not a lex-gpt checkpoint (its config has no data_dir)")
+    if ckpt["model_args"].get("pos") == "sinusoidal" and ckpt.get("format", 1) < CHECKPOINT_FORMAT:
+        raise UserError(f"checkpoint {path} is a sinusoidal model from before token embeddings were scaled by "
+                        "sqrt(n_embd): retrain it with this version")
     return ckpt
 
 

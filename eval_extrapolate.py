@@ -156,7 +156,7 @@ def check_args(args):
 def plan(args, ckpt_path, lengths, max_len):
     """One checkpoint's checks, before any scoring: its model, its dataset and every length. Returns
     (data_dir, meta, lex documents, skipped count)."""
-    ckpt = load_checkpoint(ckpt_path)
+    ckpt = load_checkpoint(ckpt_path, mmap=True)  # lazily: the weights are read when the model is scored
     config = model_config(ckpt, ckpt_path)
     learned_length_check(config, lengths[-1], ckpt_path)
     data_dir, meta = checkpoint_dataset(ckpt, ckpt_path, args.data_dir)
@@ -173,9 +173,9 @@ def evaluate(args):
     ddp, rank, world, device = setup_distributed(args.device)
     dtype = resolve_dtype(args.dtype, device)
     ctx = autocast(device, dtype)
-    plans = {ckpt_path: plan(args, ckpt_path, lengths, max_len) for ckpt_path in args.ckpt}
+    plans = [(ckpt_path, *plan(args, ckpt_path, lengths, max_len)) for ckpt_path in args.ckpt]
     rows, curves, notes, block_sizes = [], [], [], set()
-    for ckpt_path, (data_dir, meta, docs, skipped) in plans.items():
+    for ckpt_path, data_dir, meta, docs, skipped in plans:
         model, ckpt = load_model(ckpt_path, device)
         cfg = model.config
         block_sizes.add(cfg.block_size)
@@ -189,9 +189,12 @@ def evaluate(args):
                 batch_tokens = args.batch_tokens or min(16384, 2**27 // cfg.vocab_size)
                 sums = score(model, stream, segs, length, bca, batch_tokens, device, ctx, rank, world, ddp)
                 nll = (sums[0] / sums[1]).item()
-                if not math.isfinite(nll):
+                if not math.isfinite(nll):  # all-reduced: every rank stops here together
+                    teardown_distributed(ddp)
+                    way_out = "evaluate in float32 (--dtype float32), or" if dtype != "float32" else \
+                        "the checkpoint's weights may hold inf or NaN; or try"
                     raise UserError(f"non-finite NLL ({nll}) for {ckpt_path} at length {length} in {dtype}: "
-                                    "evaluate in float32 (--dtype float32), or with BCA (--bca on)")
+                                    f"{way_out} with BCA (--bca on)")
                 row = dict(ckpt=str(ckpt_path), pos=cfg.pos, bca=bca if bca is not None else "auto", length=length,
                            ppl=math.exp(nll), nll=nll, tokens=int(sums[1]), label=label_for(cfg.pos, bca,
                                                                                                 cfg.block_size))

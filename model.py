@@ -119,8 +119,8 @@ def xpos_largest_scale(n_keys, config):
     paper's defaults, 22,519 at T = 8192. Times |q| of about 20 that passes float16's largest value (65,504), and the
     scores turn to inf and NaN. No split of the exponent between q and k avoids it (keeping every factor <= 1 would
     need the centre both before the first and after the last position), so where this factor exceeds 2^8 rotary
-    returns q and k in float32 and attention runs in float32: from about 4,500 tokens at the paper's defaults, only
-    without BCA, whose windows keep every factor below 3.5.
+    returns q and k in float32 and attention runs in float32: from about 4,500 tokens at the paper's defaults, and
+    only without BCA, whose windows of block_size keys keep every factor at most 3.5 there.
     """
     if config.pos != "xpos":
         return 1.0
@@ -350,8 +350,9 @@ class GPT(nn.Module):
         x = self.hidden_states(idx, bca)
         B, T, _ = x.shape
         step = max(1, chunk_tokens // B)
-        nll = [F.cross_entropy(self.head(x[:, i : i + step]).float().flatten(0, 1), targets[:, i : i + step].flatten(),
-                               ignore_index=-1, reduction="none").view(B, -1) for i in range(0, T, step)]
+        nll = [F.cross_entropy(self.head(x[:, i : i + step]).float().flatten(0, 1),
+                               targets[:, i : i + step].flatten(), ignore_index=-1, reduction="none").view(B, -1)
+               for i in range(0, T, step)]
         return torch.cat(nll, dim=1)
 
     def head(self, x):

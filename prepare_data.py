@@ -6,10 +6,12 @@ Prepare a corpus for train.py and eval_extrapolate.py: documents -> split by doc
     python prepare_data.py --dataset url --url https://example.org/a.txt https://example.org/b.txt
     python prepare_data.py --dataset tiny_shakespeare | pg19              # named downloads, cached
 
-Writes --out_dir (default data/<dataset>_<tokenizer>): train.bin and val.bin (token ids, uint16 when the
-vocabulary fits), meta.json (tokenizer, vocab_size, dtype, token counts, source, every document's token offsets;
-the char vocabulary). Validation holds out whole documents (about --val_fraction of them, chosen with --seed), so
-long validation documents can feed the length-extrapolation protocol. A corpus of one document is split at 90%.
+Writes --out_dir (default data/<dataset>_<tokenizer>): two token files (uint16 when the vocabulary fits) and
+meta.json, which names them and records their token counts and checksums, with the tokenizer, vocab_size, dtype,
+source, every document's token offsets and the char vocabulary. meta.json is replaced last, atomically, so the
+directory always holds one complete dataset. Validation holds out whole documents (about --val_fraction of them,
+chosen with --seed), so long validation documents can feed the length-extrapolation protocol. A corpus of one
+document is cut by tokens, its last --val_fraction held out.
 """
 
 import argparse
@@ -152,9 +154,8 @@ MIN_SPLIT_TOKENS = 2  # one input and its target: anything shorter cannot be sco
 
 
 def tokenize(docs, tokenizer):
-    """(name, token ids) per document; gpt2 documents each end with <|endoftext|>."""
-    end = [tokenizer.eot] if tokenizer.eot is not None else []
-    return [(name, tokenizer.encode(text) + end) for name, text in docs]
+    """(name, token ids) per document."""
+    return [(name, tokenizer.encode(text)) for name, text in docs]
 
 
 def split_documents(docs, val_fraction, seed):
@@ -171,12 +172,14 @@ def split_documents(docs, val_fraction, seed):
 
 
 def concatenate(docs, dtype, eot):
-    """One token array, and each document's [start, end) offsets in it (without a final <|endoftext|>)."""
+    """One token array, each document followed by eot (gpt2's <|endoftext|>; none for char), and each document's
+    [start, end) offsets in it, eot excluded."""
+    separator = [] if eot is None else [eot]
     offsets, start = [], 0
     for name, ids in docs:
-        offsets.append({"name": name, "start": start, "end": start + len(ids) - (eot is not None and ids[-1] == eot)})
-        start += len(ids)
-    return np.array([t for _, ids in docs for t in ids], dtype=dtype), offsets
+        offsets.append({"name": name, "start": start, "end": start + len(ids)})
+        start += len(ids) + len(separator)
+    return np.array([t for _, ids in docs for t in ids + separator], dtype=dtype), offsets
 
 
 def write_dataset(out_dir, arrays, meta):

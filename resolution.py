@@ -180,9 +180,10 @@ def run(args):
     else:
         if not args.ckpt or args.length is None:
             raise UserError("give --theory, or --ckpt CKPT --length T")
-        if args.length < 2 or args.texts < 1:
-            raise UserError(f"--length {args.length} and --texts {args.texts} are not allowed: need a length >= 2 "
-                            "and at least 1 text")
+        if args.length < 2:
+            raise UserError(f"--length {args.length} is not allowed: must be >= 2 (a distance needs two positions)")
+        if args.texts < 1:
+            raise UserError(f"--texts {args.texts} is not allowed: must be >= 1")
         if args.plot:
             raise UserError("--plot draws the theory curves (--theory); measured curves are in --json's s_hat")
         device = resolve_device(args.device)
@@ -195,7 +196,8 @@ def run(args):
         for m in modes:
             if not all(math.isfinite(m[k]) for k in ("R", "R_per_head", "R_shared", "R_shared_per_head")):
                 raise UserError(f"non-finite scores for {args.ckpt} at length {args.length} (float32, BCA "
-                                f"{'on' if m['bca'] else 'off'}): the checkpoint's weights may hold inf or NaN")
+                                f"{'on' if m['bca'] else 'off'}): the checkpoint's weights may hold inf or NaN "
+                                "(evaluate it with eval_extrapolate.py); with BCA off, try --bca on")
         result = {"ckpt": args.ckpt, "pos": cfg.pos, "length": args.length, "block_size": cfg.block_size,
                   "texts": len(texts), "modes": modes}
         print(f"resolution (Eq. 3 on Eq. 11) of {args.ckpt} ({cfg.pos}, block_size {cfg.block_size}) at length "

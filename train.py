@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (UserError, all_reduce_sum, autocast, check_tokenizer, load_checkpoint, load_meta, load_weights,
-                    model_config, read_tokens, resolve_dtype, save_checkpoint, setup_distributed, teardown_distributed,
-                    tokenizer_identity, writable_dir)
+from common import (CHECKPOINT_FORMAT, UserError, all_reduce_sum, autocast, check_tokenizer, load_checkpoint,
+                    load_meta, load_weights, model_config, read_tokens, resolve_dtype, save_checkpoint,
+                    setup_distributed, teardown_distributed, tokenizer_identity, writable_dir)
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -215,27 +215,31 @@ def evaluate(model, c, meta, ctx, device, rank, world, ddp):
 
 
 def make_optimizer(model, c, device_type, dtype):
-    """AdamW; weight decay on matrices and embeddings only. Fused kernels only on CUDA without the float16
-    GradScaler (fused AdamW + GradScaler gave NaNs for nanoGPT users, pytorch#95781)."""
+    """AdamW; weight decay on matrices and embeddings only."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": c["weight_decay"]},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    fused = device_type == "cuda" and dtype != "float16"
     return torch.optim.AdamW(groups, lr=c["learning_rate"], betas=(c["beta1"], c["beta2"]), eps=c["adam_eps"],
-                             fused=fused)
+                             fused=fused_adamw(device_type, dtype))
+
+
+def fused_adamw(device_type, dtype):
+    """Fused kernels only on CUDA without the float16 GradScaler (fused AdamW + GradScaler gave NaNs for nanoGPT
+    users, pytorch#95781)."""
+    return device_type == "cuda" and dtype != "float16"
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Training
 
 
-def check_out_dir(c, ckpt_path):
-    """Refuse, before any work, an out_dir that cannot take checkpoints, and a fresh run over an existing one."""
-    out_dir = writable_dir(c["out_dir"], "out_dir")
+def check_out_dir(c, ckpt_path, master):
+    """Refuse, before any work, a fresh run over an existing one (every rank, so that all stop together), and an
+    out_dir that cannot take checkpoints (rank 0, which writes them)."""
     if c["init_from"] == "scratch" and ckpt_path.exists() and not c["overwrite"]:
         raise UserError(f"{ckpt_path} exists and init_from=scratch would replace it: continue it with "
                         "--init_from=resume, or start over with --overwrite=True")
-    return out_dir
+    return writable_dir(c["out_dir"], "out_dir") if master else Path(c["out_dir"])
 
 
 def open_log(out_dir, resume_iter):
@@ -254,7 +258,7 @@ def open_log(out_dir, resume_iter):
                 entry = json.loads(line)
             except json.JSONDecodeError:  # a line cut short by a kill
                 continue
-            if entry["iter"] < resume_iter:
+            if isinstance(entry, dict) and entry.get("iter", resume_iter) < resume_iter:
                 kept.append(line + "\n")
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(kept))
@@ -286,7 +290,7 @@ def train(c):
     torch.backends.cudnn.allow_tf32 = True
 
     meta = load_meta(c["data_dir"])
-    out_dir = check_out_dir(c, ckpt_path) if master else Path(c["out_dir"])
+    out_dir = check_out_dir(c, ckpt_path, master)
     ckpt = load_checkpoint(ckpt_path) if c["init_from"] == "resume" else None
     if ckpt:  # the architecture is the checkpoint's; note any key given differently this time
         gpt_config = resume_state(ckpt, ckpt_path, meta, c)
@@ -320,6 +324,8 @@ def train(c):
     if ckpt:
         load_weights(raw_model, ckpt["model"], ckpt_path)
         optimizer.load_state_dict(ckpt["optimizer"])
+        for group in optimizer.param_groups:  # loading brings back the saved run's choice, maybe another precision's
+            group["fused"] = fused_adamw(device_type, dtype)
         if scaler.is_enabled() and ckpt["scaler"]:  # a bfloat16/float32 run saved none: float16 starts a fresh one
             scaler.load_state_dict(ckpt["scaler"])
         best_val_loss = ckpt["best_val_loss"]
@@ -343,7 +349,7 @@ def train(c):
         if master:
             save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                              "scaler": scaler.state_dict(), "model_args": asdict(gpt_config),
-                             "tokenizer": tokenizer_identity(meta), "iter_num": iter_num,
+                             "format": CHECKPOINT_FORMAT, "tokenizer": tokenizer_identity(meta), "iter_num": iter_num,
                              "best_val_loss": best_val_loss, "config": c, "rng": rngs,
                              "data": {"sampler": "np.random.default_rng([seed, 0, iter])", "seed": c["seed"],
                                       "next_iter": iter_num}}, ckpt_path)
@@ -366,7 +372,8 @@ def train(c):
     while True:
         if iter_num % c["eval_interval"] == 0 or iter_num == c["max_iters"]:
             losses = evaluate(model, c, meta, ctx, device, rank, world, ddp)
-            if not math.isfinite(losses["val"]):
+            if not math.isfinite(losses["val"]):  # all-reduced: every rank stops here together
+                teardown_distributed(ddp)
                 raise UserError(f"non-finite val loss {losses['val']} at iter {iter_num}; stopped, "
                                 f"the last good checkpoint ({ckpt_path}) is kept")
             best_val_loss = min(best_val_loss, losses["val"])
@@ -403,7 +410,8 @@ def train(c):
         optimizer.zero_grad(set_to_none=True)
 
         loss_value = (all_reduce_sum(loss_sum, ddp) / (micro_steps * world)).item()
-        if not math.isfinite(loss_value):
+        if not math.isfinite(loss_value):  # all-reduced: every rank stops here together
+            teardown_distributed(ddp)
             raise UserError(f"non-finite loss {loss_value} at iter {iter_num}; stopped, the last good checkpoint "
                             f"({ckpt_path}) is kept")
         dt = time.perf_counter() - t0

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from common import load_meta, save_checkpoint, tokenizer_identity
+from common import CHECKPOINT_FORMAT, load_meta, save_checkpoint, tokenizer_identity
 from model import GPT, GPTConfig
 from prepare_data import write_dataset
 
@@ -38,5 +38,6 @@ def make_checkpoint(path, data_dir, pos="xpos", block_size=8, zero=False, seed=0
         for p in model.parameters():
             torch.nn.init.zeros_(p)
     save_checkpoint({"model": model.state_dict(), "model_args": asdict(config), "config": {"data_dir": str(data_dir)},
-                     "tokenizer": tokenizer_identity(load_meta(data_dir)), "iter_num": 0}, path)
+                     "format": CHECKPOINT_FORMAT, "tokenizer": tokenizer_identity(load_meta(data_dir)), "iter_num": 0},
+                    path)
     return model.eval()

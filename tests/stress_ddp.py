@@ -38,7 +38,7 @@ def train_args(data_dir, out_dir):
     return ["train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--block_size=16", "--n_layer=2",
             "--n_head=2", "--n_embd=32", "--batch_size=4", "--max_iters=6", "--eval_interval=3", "--eval_iters=2",
             "--log_interval=1", "--device=cpu", "--warmup_iters=2", "--lr_decay_iters=6", "--learning_rate=1e-2",
-            "--min_lr=1e-3", "--gradient_accumulation_steps=2"]
+            "--min_lr=1e-3", "--gradient_accumulation_steps=2", "--overwrite=True"]
 
 
 def eval_args(ckpt, out_json):

@@ -26,6 +26,14 @@ def dataset(root, seed=0, vocab="abcdefghijk", n_train=500, n_val=75):
     return root
 
 
+def read_meta(root):
+    return json.loads((root / "meta.json").read_text())
+
+
+def edit_meta(root, **changes):
+    (root / "meta.json").write_text(json.dumps(dict(read_meta(root), **changes)))
+
+
 def file_of(root, split):
     return root / json.loads((root / "meta.json").read_text())["files"][split]["file"]
 
@@ -56,8 +64,13 @@ def test_mixed_directory_assembled_by_hand_is_refused(tmp_path):
 @pytest.mark.parametrize("damage,message", [
     (lambda d: (d / "meta.json").write_text("{not json"), "meta.json is corrupt"),
     (lambda d: (d / "meta.json").write_bytes(b"\xff\xfe"), "meta.json is corrupt"),
-    (lambda d: (d / "meta.json").write_text(json.dumps({"tokenizer": "char"})), "lacks vocab_size, dtype, files"),
-    (lambda d: (d / "meta.json").write_text("[1, 2]"), "lacks tokenizer"),
+    (lambda d: (d / "meta.json").write_text(json.dumps({"tokenizer": "char"})), "corrupt: no vocab_size, dtype, files"),
+    (lambda d: (d / "meta.json").write_text("[1, 2]"), "corrupt: not a JSON object"),
+    (lambda d: edit_meta(d, vocab_size="11"), "corrupt: vocab_size='11' is not allowed"),
+    (lambda d: edit_meta(d, chars=list("abc")), "corrupt: chars=['a', 'b', 'c'] is not allowed"),
+    (lambda d: edit_meta(d, files={"train": {"file": 5, "tokens": 1, "ends_sha256": ""}}), "corrupt: files="),
+    (lambda d: edit_meta(d, files=dict(read_meta(d)["files"], val=dict(read_meta(d)["files"]["val"], tokens="75"))),
+     "corrupt: files="),
     (lambda d: file_of(d, "train").write_bytes(b""), "is empty (0 tokens)"),
     (lambda d: file_of(d, "val").unlink(), "is missing"),
     (lambda d: (d / "meta.json").unlink(), "missing meta.json"),
@@ -97,6 +110,21 @@ def test_checkpoint_errors(tmp_path):
     for name, (ckpt, message) in cases.items():
         torch.save(ckpt, tmp_path / f"{name}.pt")
         assert message in error(common.load_model, tmp_path / f"{name}.pt")
+
+
+def test_sinusoidal_checkpoint_from_before_the_input_scale_is_refused(tmp_path):
+    data = dataset(tmp_path / "a")
+    make_checkpoint(tmp_path / "new.pt", data, pos="sinusoidal")
+    common.load_model(tmp_path / "new.pt")
+    old = torch.load(tmp_path / "new.pt", weights_only=True)
+    del old["format"]
+    torch.save(old, tmp_path / "old.pt")
+    assert "from before token embeddings were scaled" in error(common.load_model, tmp_path / "old.pt")
+    make_checkpoint(tmp_path / "rope.pt", data, pos="rope")
+    rope = torch.load(tmp_path / "rope.pt", weights_only=True)
+    del rope["format"]
+    torch.save(rope, tmp_path / "old_rope.pt")
+    common.load_model(tmp_path / "old_rope.pt")  # other schemes did not change
 
 
 @pytest.mark.parametrize("device,message", [("bogus", "device='bogus' is not allowed"),

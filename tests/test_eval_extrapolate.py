@@ -212,7 +212,10 @@ def test_non_finite_nll_is_an_error(tiny_data, tmp_path):
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "inf.pt", "--lengths", "4,8", "--max_len", 8)
     assert f"non-finite NLL (nan) for {tmp_path / 'inf.pt'} at length 4 in float32" in str(e.value.code)
-    assert "--bca on" in str(e.value.code)
+    assert "weights may hold inf or NaN" in str(e.value.code) and "--bca on" in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "inf.pt", "--lengths", "4,8", "--max_len", 8, "--dtype", "bfloat16")
+    assert "in bfloat16: evaluate in float32 (--dtype float32)" in str(e.value.code)
 
 
 def test_logits_in_chunks_give_the_same_numbers(tiny_data, tmp_path):

@@ -1,16 +1,13 @@
-"""The README's commands run as written: every command in its bash blocks is either run here (training shortened to
-2 iterations) or listed below with the reason it cannot run on a CPU machine without a network, so the README
-cannot drift from the code again."""
+"""The README's commands run as written: every command in its bash blocks is either run here, in README order
+(training shortened to 2 iterations), or listed below with the reason it cannot run on a CPU machine without a
+network, so the README cannot drift from the code again."""
 
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ("prepare_data.py", "train.py", "eval_extrapolate.py", "resolution.py", "sample.py")
@@ -65,27 +62,15 @@ def test_every_readme_command_is_run_or_excused():
         argv_for(c)
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory):
-    """A working directory as a user has it: config/, the prepared Shakespeare corpus, and a folder of text."""
-    root = tmp_path_factory.mktemp("readme")
-    (root / "config").symlink_to(ROOT / "config")
-    subprocess.run([sys.executable, str(ROOT / "prepare_data.py")], cwd=root, check=True, capture_output=True)
-    (root / "corpus" / "part").mkdir(parents=True)
+def test_readme_commands_run_in_order(tmp_path):
+    """Every runnable command, top to bottom, in one working directory as a user has it (config/, a folder of text):
+    a command that trips over what an earlier one left (an existing checkpoint) fails here too."""
+    (tmp_path / "config").symlink_to(ROOT / "config")
+    (tmp_path / "corpus" / "part").mkdir(parents=True)
     for i in range(4):
-        (root / "corpus" / "part" / f"{i}.txt").write_text(f"Chapter {i}.\n" + "It was a dark night. " * 50)
-    return root
-
-
-@pytest.mark.parametrize("block", [i for i, b in enumerate(readme_blocks()) if any(skip_reason(c) is None for c in b)])
-def test_readme_block_runs(template, tmp_path, block):
-    """Each block in a fresh copy of the working directory, its commands in order, as a user would type them."""
-    work = tmp_path / "work"
-    shutil.copytree(template, work, symlinks=True)
+        (tmp_path / "corpus" / "part" / f"{i}.txt").write_text(f"Chapter {i}.\n" + "It was a dark night. " * 50)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    for command in readme_blocks()[block]:
-        if skip_reason(command):
-            continue
-        result = subprocess.run(argv_for(command), cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    for command in [c for block in readme_blocks() for c in block if skip_reason(c) is None]:
+        result = subprocess.run(argv_for(command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr[-2000:]}"
         assert "Traceback" not in result.stderr, f"{' '.join(command)}\n{result.stderr[-2000:]}"

@@ -129,10 +129,10 @@ def test_r_shared_in_the_json_and_table(tiny_data, tmp_path, capsys):
 def test_bad_values_are_one_line_errors(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     ckpt = str(tmp_path / "m.pt")
-    for argv, message in ((["--length", "0"], "--length 0 and --texts 8 are not allowed"),
-                          (["--length", "-4"], "--length -4"),
-                          (["--length", "8", "--texts", "0"], "--texts 0 are not allowed"),
-                          (["--length", "8", "--texts", "-1"], "--texts -1 are not allowed"),
+    for argv, message in ((["--length", "0"], "--length 0 is not allowed: must be >= 2"),
+                          (["--length", "-4"], "--length -4 is not allowed"),
+                          (["--length", "8", "--texts", "0"], "--texts 0 is not allowed: must be >= 1"),
+                          (["--length", "8", "--texts", "-1"], "--texts -1 is not allowed"),
                           (["--length", "8", "--json", str(tmp_path)], "is a directory"),
                           (["--length", "8", "--device", "bogus"], "device='bogus' is not allowed")):
         with pytest.raises(SystemExit) as e:

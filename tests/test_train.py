@@ -178,6 +178,18 @@ def log_entries(out_dir):
     return [{k: v for k, v in json.loads(line).items() if k not in ("ms_per_iter", "tokens_per_s")} for line in lines]
 
 
+def logged_iters(out_dir):
+    """Training-step iterations in a log that another process may be writing (its last line may be cut short)."""
+    iters = []
+    for line in (Path(out_dir) / "log.jsonl").read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        iters += [entry["iter"]] if "loss" in entry else []
+    return iters
+
+
 class Killed(BaseException):
     """Stands for SIGKILL: nothing in train.py catches it."""
 
@@ -217,8 +229,7 @@ def test_sigkill_and_resume(data_dir, tmp_path):
     cmd = [sys.executable, "train.py", *tiny_args(data_dir, out, **args)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        while proc.poll() is None and not ((out / "log.jsonl").exists() and any(
-                e["iter"] >= 10 for e in log_entries(out) if "loss" in e)):
+        while proc.poll() is None and not ((out / "log.jsonl").exists() and any(i >= 10 for i in logged_iters(out))):
             time.sleep(0.01)
         assert proc.poll() is None, "training ended before it could be killed"
         proc.send_signal(signal.SIGKILL)
@@ -267,6 +278,20 @@ def test_resume_across_precisions(data_dir, tmp_path, first, then):
     assert [e["iter"] for e in steps] == list(range(6))
     assert all(("grad_scale" in e) == (dtype == "float16") for e, dtype in zip(steps, [first] * 3 + [then] * 3))
     assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 6
+
+
+def test_resume_takes_this_runs_fused_choice(data_dir, tmp_path):
+    """optimizer.load_state_dict brings back the saved run's `fused`, e.g. a bfloat16 GPU run's True, which must not
+    meet the float16 GradScaler: the resumed run puts back its own choice."""
+    out = tmp_path / "run"
+    train.main(tiny_args(data_dir, out, max_iters=3))
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    for group in ckpt["optimizer"]["param_groups"]:
+        group["fused"] = True
+    torch.save(ckpt, out / "ckpt.pt")
+    train.main(tiny_args(data_dir, out, init_from="resume", dtype="float16"))
+    groups = torch.load(out / "ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert [g["fused"] for g in groups] == [False, False]  # CPU: never fused
 
 
 def test_resume_refuses_a_dataset_with_another_tokenizer(data_dir, tmp_path):
