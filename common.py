@@ -368,19 +368,27 @@ def all_reduce_sum(t, ddp):
     return t
 
 
-def teardown_distributed(ddp):
-    """Leave the process group: a barrier, then destroy_process_group.
+_HELD_UNTIL_EXIT = []  # see teardown_distributed
 
-    Why the barrier (a core dump of the crash showed it): gloo runs each collective on a worker thread, which drops
-    its last reference to the finished work, tensors included, only after the main thread has returned from the
-    collective. Dropping a tensor that Python also references needs the GIL. A rank other than 0 goes from its last
-    collective (all_gather_object in train.py's checkpoint, all_reduce in eval_extrapolate.py) straight to exit
-    while rank 0 still writes the checkpoint, often within one GIL switch interval; the worker thread then asks for
-    the GIL during interpreter shutdown, is stopped inside a noexcept destructor, and std::terminate aborts the
-    process ("terminate called without an active exception"), failing the torchrun job after the work was done.
-    The barrier waits with the GIL released, so the worker threads finish with every earlier collective first;
-    the barrier's own work holds no tensors.
+
+def teardown_distributed(ddp):
+    """Leave the process group: a barrier whose handle this process keeps until it exits, then
+    destroy_process_group.
+
+    Why (two core dumps of the crash showed it): gloo runs each collective on a worker thread, which drops its
+    reference to the finished work a moment after the caller has returned from the collective. When that is the
+    last reference, the work is destroyed on the worker thread, and destroying a tensor that Python also wraps
+    needs the GIL. Once the main thread has started shutting the interpreter down, a thread that asks for the GIL
+    is stopped inside a noexcept destructor, and std::terminate aborts the process ("terminate called without an
+    active exception"): one two-process run in five failed that way after its work was done, on a rank other than
+    0, which goes from the checkpoint's all_gather_object straight to exit while rank 0 is still writing.
+    The barrier waits, with the GIL released, until every rank has finished; gloo's barrier work also holds every
+    collective still in flight when it was issued. Keeping its handle to the end of the process makes this thread,
+    not a worker, the last to release all of them (destroy_process_group does not stop gloo's worker threads).
+    A plain barrier was not enough: it moved the crash into the barrier's own release (2 runs in 24).
     """
     if ddp:
-        dist.barrier()
+        barrier = dist.barrier(async_op=True)
+        barrier.wait()
+        _HELD_UNTIL_EXIT.append(barrier)
         dist.destroy_process_group()

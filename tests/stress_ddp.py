@@ -11,7 +11,6 @@ script; the exit status is 1 unless every run passed.
 
 import argparse
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -19,26 +18,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-
-def make_data(root):
-    import prepare_data
-
-    words = "the king queen crown sword night day love death time heart blood my thy lord".split()
-    rng = random.Random(0)
-    (root / "corpus").mkdir()
-    for i in range(6):
-        (root / "corpus" / f"{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(3000)))
-    prepare_data.main(["--dataset", "files", "--path", str(root / "corpus"), "--out_dir", str(root / "chars")])
-    return root / "chars"
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from test_train import tiny_args, words_dataset  # noqa: E402  (the DDP test's data and arguments)
 
 
 def train_args(data_dir, out_dir):
-    return ["train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--block_size=16", "--n_layer=2",
-            "--n_head=2", "--n_embd=32", "--batch_size=4", "--max_iters=6", "--eval_interval=3", "--eval_iters=2",
-            "--log_interval=1", "--device=cpu", "--warmup_iters=2", "--lr_decay_iters=6", "--learning_rate=1e-2",
-            "--min_lr=1e-3", "--gradient_accumulation_steps=2", "--overwrite=True"]
+    return ["train.py", *tiny_args(data_dir, out_dir, gradient_accumulation_steps=2, overwrite=True)]
 
 
 def eval_args(ckpt, out_json):
@@ -59,7 +44,7 @@ def main():
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        data_dir = make_data(root)
+        data_dir = words_dataset(root)
         ckpt_dir = root / "ckpt"
         if torchrun(train_args(data_dir, ckpt_dir)).returncode and not (ckpt_dir / "ckpt.pt").is_file():
             sys.exit("stress_ddp.py: could not train the checkpoint the eval runs need")

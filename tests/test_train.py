@@ -19,9 +19,8 @@ import train
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
+def words_dataset(root):
+    """A character dataset in root/chars: 6 documents of 3,000 seeded random words (5 train, 1 validation)."""
     words = "the king queen crown sword night day love death time heart blood my thy lord".split()
     rng = random.Random(0)
     (root / "corpus").mkdir()
@@ -29,6 +28,11 @@ def data_dir(tmp_path_factory):
         (root / "corpus" / f"{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(3000)))
     prepare_data.main(["--dataset", "files", "--path", str(root / "corpus"), "--out_dir", str(root / "chars")])
     return root / "chars"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return words_dataset(tmp_path_factory.mktemp("data"))
 
 
 def tiny_args(data_dir, out_dir, **overrides):
