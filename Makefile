@@ -23,7 +23,7 @@ bench: $(VENV)/installed
 
 # The main job, on CPU: prepare the offline Shakespeare corpus (characters), train tiny xPos and RoPE models
 # (block_size 128), then measure perplexity against length up to 8x the training length with BCA off and on,
-# attention resolution, and the theory curves. About 8 minutes on 2 idle CPU cores.
+# attention resolution, and the theory curves. About 11 minutes on 2 CPU cores.
 DEMO := out/demo
 XPOS := out/shakespeare_char_xpos/ckpt.pt
 ROPE := out/shakespeare_char_rope/ckpt.pt

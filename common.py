@@ -204,8 +204,9 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
     missing = [k for k in ("model", "model_args", "config") if k not in ckpt] if isinstance(ckpt, dict) else ["model"]
     if missing:
         raise UserError(f"checkpoint {path} is not a lex-gpt checkpoint (no {'/'.join(missing)})")
-    if not isinstance(ckpt["config"], dict) or "data_dir" not in ckpt["config"]:
-        raise UserError(f"checkpoint {path} is not a lex-gpt checkpoint (its config has no data_dir)")
+    if not isinstance(ckpt["config"], dict) or "data_dir" not in ckpt["config"] or not isinstance(
+            ckpt["model_args"], dict):
+        raise UserError(f"checkpoint {path} is not a lex-gpt checkpoint (no config.data_dir, or model_args not a dict)")
     if ckpt["model_args"].get("pos") == "sinusoidal" and ckpt.get("format", 1) < CHECKPOINT_FORMAT:
         raise UserError(f"checkpoint {path} is a sinusoidal model from before token embeddings were scaled by "
                         "sqrt(n_embd): retrain it with this version")

@@ -271,8 +271,9 @@ def resume_state(ckpt, ckpt_path, meta, c):
     missing = [k for k in ("optimizer", "scaler", "iter_num", "best_val_loss", "rng") if k not in ckpt]
     if missing:
         raise UserError(f"checkpoint {ckpt_path} cannot be resumed: it has no {', '.join(missing)}")
+    config = model_config(ckpt, ckpt_path)
     check_tokenizer(ckpt, ckpt_path, meta, c["data_dir"])
-    return model_config(ckpt, ckpt_path)
+    return config
 
 
 def train(c):
