@@ -9,7 +9,8 @@ Prepare a corpus for train.py and eval_extrapolate.py: documents -> split by doc
 Writes --out_dir (default data/<dataset>_<tokenizer>): two token files (uint16 when the vocabulary fits) and
 meta.json, which names them and records their token counts and checksums, with the tokenizer, vocab_size, dtype,
 source, every document's token offsets and the char vocabulary. meta.json is replaced last, atomically, so the
-directory always holds one complete dataset. Validation holds out whole documents (about --val_fraction of them,
+directory always holds one complete dataset. train.bin and val.bin are then hard links to the new token files,
+for tools that read nanoGPT's names; this project's scripts read through meta.json. Validation holds out whole documents (about --val_fraction of them,
 chosen with --seed), so long validation documents can feed the length-extrapolation protocol. A corpus of one
 document is cut by tokens, its last --val_fraction held out.
 """
@@ -197,6 +198,11 @@ def write_dataset(out_dir, arrays, meta):
         meta["files"][split] = {"file": name, "tokens": len(array), "ends_sha256": ends_sha256(tmp)}
         os.replace(tmp, out_dir / name)
     os.replace(write_temporary(out_dir, (json.dumps(meta, indent=1) + "\n").encode()), out_dir / "meta.json")
+    for split, entry in meta["files"].items():  # nanoGPT's names, as hard links, for tools that read train.bin
+        link = out_dir / f".tmp-link-{split}"
+        link.unlink(missing_ok=True)
+        os.link(out_dir / entry["file"], link)
+        os.replace(link, out_dir / f"{split}.bin")
     remove_debris(out_dir)
 
 
@@ -210,14 +216,14 @@ def write_temporary(out_dir, data):
 
 
 def remove_debris(out_dir):
-    """Temporaries of killed runs, and token files the current meta.json does not name (older datasets, including
-    the train.bin/val.bin of older versions of this script)."""
+    """Temporaries of killed runs, and token files the current meta.json does not name (older datasets). train.bin
+    and val.bin stay: write_dataset makes them links to the current files."""
     try:
         kept = {entry["file"] for entry in json.loads((out_dir / "meta.json").read_text())["files"].values()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         kept = None  # no readable current dataset: keep every token file, remove only temporaries
     for path in out_dir.iterdir():
-        stale_tokens = kept is not None and re.fullmatch(r"(train|val)(-[0-9a-f]{12})?\.bin", path.name)
+        stale_tokens = kept is not None and re.fullmatch(r"(train|val)-[0-9a-f]{12}\.bin", path.name)
         if path.name.startswith(".tmp-") or (stale_tokens and path.name not in kept):
             path.unlink()
 

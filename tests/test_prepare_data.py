@@ -261,7 +261,8 @@ def test_a_kill_between_the_moves_leaves_the_old_dataset(tmp_path, monkeypatch, 
     run("--dataset", "files", "--path", new, "--out_dir", out)  # the next run replaces it, and removes the debris
     assert snapshot(out) != before and len(snapshot(out)[0]) == 1
     meta = common.load_meta(out)
-    assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", meta["files"]["train"]["file"],
+    assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "train.bin", "val.bin",
+                                                            meta["files"]["train"]["file"],
                                                             meta["files"]["val"]["file"]])
 
 
@@ -273,8 +274,11 @@ def test_debris_of_older_runs_is_removed(tmp_path):
     (out / "notes.txt").write_text("mine")
     run("--dataset", "files", "--path", write_corpus(tmp_path / "c", n=3), "--out_dir", out)
     meta = common.load_meta(out)
-    assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "notes.txt", meta["files"]["train"]["file"],
+    assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "notes.txt", "train.bin", "val.bin",
+                                                            meta["files"]["train"]["file"],
                                                             meta["files"]["val"]["file"]])
+    for split in ("train", "val"):  # nanoGPT's names: the current files, for tools that read them
+        assert (out / f"{split}.bin").samefile(out / meta["files"][split]["file"])
 
 
 def test_out_dir_that_is_a_file(tmp_path):
