@@ -2,12 +2,14 @@
 lex-gpt: one GPT in nanoGPT's layout with six position schemes, xPos, and blockwise causal attention (BCA).
 
 Paper: "A Length-Extrapolatable Transformer" (Sun et al.). xPos is §3.2 (Eq. 10, Algorithm 1), BCA is §3.3.
-Read top to bottom: config -> position schemes -> the one attention function -> BCA -> KV cache -> GPT.
+Read top to bottom: config -> position schemes (PositionTable) -> the one attention function -> BCA -> KV cache
+-> GPT.
 
 Conventions used throughout:
 - Attention tensors are (batch, n_head, time, head_dim).
-- Positions are integer tensors; angles and xPos scales are computed from them in float32 on every call, so
-  nothing length-dependent lives in the state_dict or among the module buffers (checkpoints work at any length).
+- Positions are integer ranges in a frame: absolute (0 .. T-1), or a BCA window's 0 .. block_size-1. Angles, xPos
+  scales and masks are computed from them once per forward pass (PositionTable) and shared by all layers; nothing
+  length-dependent lives in the state_dict or among the module buffers (checkpoints work at any length).
 - Rotary pairs are interleaved, (x0, x1), (x2, x3), ..., as in the paper's Algorithm 1.
 """
 
@@ -61,8 +63,15 @@ class GPTConfig:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Position schemes. Absolute ones (learned, sinusoidal) are added to the token embedding in GPT.forward; relative
-# ones (rope, xpos, alibi) act inside attention and only ever see the positions the attention call hands them.
+# Position schemes. Absolute ones (learned, sinusoidal) are added to the token embedding in GPT.hidden_states;
+# relative ones (rope, xpos, alibi) act inside attention, through a PositionTable built once per forward pass.
+
+
+def check_length(config, n_positions):
+    """Learned absolute positions exist only for 0 .. block_size-1; every other scheme runs at any length."""
+    if config.pos == "learned" and n_positions > config.block_size:
+        raise ValueError(f"pos='learned' cannot go past block_size={config.block_size} (asked for {n_positions} "
+                         "positions): learned absolute positions cannot extrapolate")
 
 
 def sinusoidal_embedding(pos, dim):
@@ -70,11 +79,6 @@ def sinusoidal_embedding(pos, dim):
     inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim)
     angle = pos.float()[:, None] * inv_freq
     return torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(1)[:, :dim]
-
-
-def rotate_pairs(x):
-    """Algorithm 1's rot(x) = [-x1, x0, -x3, x2, ...]: multiplies each complex pair x_2j + i*x_2j+1 by i."""
-    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
 
 
 def rotary_frequencies(head_dim, config, device=None):
@@ -87,40 +91,15 @@ def rotary_frequencies(head_dim, config, device=None):
     return theta, (2 * j + config.xpos_gamma * head_dim) / ((1 + config.xpos_gamma) * head_dim)
 
 
-def rotary(q, k, q_pos, k_pos, config):
-    """RoPE and xPos, the one place they live (paper Eq. 10, Algorithm 1; RoPE is xPos with zeta = 1).
-
-    Query at m: pair j rotated by m*theta_j and scaled by zeta_j^(m/scale_base); key at n: rotated by n*theta_j and
-    scaled by zeta_j^(-n/scale_base). q.k then carries cos((m-n)theta_j) * zeta_j^((m-n)/scale_base): relative only.
-    """
-    theta, zeta = rotary_frequencies(q.size(-1), config, q.device)
-    # The scale exponent is centred on the keys' middle position, as in the official code: the offset cancels
-    # exactly in q.k and halves the largest factor, which float16 has to hold (REFERENCE.md, Numerics).
-    centre = torch.div(k_pos[0] + k_pos[-1], 2, rounding_mode="floor")
-
-    out_dtype = torch.float32 if q.dtype == torch.float16 and xpos_largest_scale(len(k_pos), config) > 2.0**8 \
-        else q.dtype  # see xpos_largest_scale: float16 could not hold the scaled q and k
-
-    def transform(x, pos, sign):
-        pos = pos.float()[:, None]
-        angle = (pos * theta).repeat_interleave(2, dim=-1)  # float32: fp16 angles are 0.6 rad off at 4k
-        y = x.float() * angle.cos() + rotate_pairs(x.float()) * angle.sin()
-        if config.pos == "xpos":
-            y = y * zeta.pow(sign * (pos - centre) / config.xpos_scale_base).repeat_interleave(2, dim=-1)
-        return y.to(out_dtype)
-
-    return transform(q, q_pos, 1.0), transform(k, k_pos, -1.0)
-
-
 def xpos_largest_scale(n_keys, config):
-    """The largest factor xPos multiplies a q or k pair by, over n_keys consecutive positions (1 for RoPE).
+    """The largest factor xPos multiplies a q or k pair by, over a frame of n_keys consecutive positions (1 for RoPE).
 
     With the exponent centred it is zeta_0^(-(n_keys/2)/scale_base), zeta_0 = gamma/(1+gamma): 3.5^(T/1024) at the
     paper's defaults, 22,519 at T = 8192. Times |q| of about 20 that passes float16's largest value (65,504), and the
     scores turn to inf and NaN. No split of the exponent between q and k avoids it (keeping every factor <= 1 would
-    need the centre both before the first and after the last position), so where this factor exceeds 2^8 rotary
-    returns q and k in float32 and attention runs in float32: from about 4,500 tokens at the paper's defaults, and
-    only without BCA, whose windows of block_size keys keep every factor at most 3.5 there.
+    need the centre both before the first and after the last position), so where this factor exceeds 2^8 q and k are
+    positioned in float32 and attention runs in float32: from about 4,500 tokens at the paper's defaults, and only
+    without BCA, whose windows of block_size keys keep every factor at most 3.5 there.
     """
     if config.pos != "xpos":
         return 1.0
@@ -136,37 +115,97 @@ def alibi_slopes(n_head):
     return torch.tensor(geometric(p) + geometric(2 * p)[0::2][: n_head - p])
 
 
+class PositionTable:
+    """Everything position-dependent that attention needs, for one frame of integer positions, computed once per
+    forward pass and shared by all layers (and by all BCA windows, which use the same frame 0 .. block_size-1).
+
+    It is a plain object, never a module buffer: nothing length-dependent enters the state_dict, so a checkpoint
+    runs at any length. `frame` is the frame's whole extent, which fixes xPos's centre; `rows` are the positions
+    this pass needs factors for (all of the frame, except when a KV cache adds a few tokens to a long frame).
+
+    RoPE and xPos (paper Eq. 10, Algorithm 1; RoPE is xPos with zeta = 1) live here. Pairs are interleaved as in
+    Algorithm 1, and pair j of a query at m is the complex number x_2j + i*x_2j+1 times
+        e^(i*m*theta_j) * zeta_j^((m - c) / scale_base),
+    and of a key at n times e^(i*n*theta_j) * zeta_j^(-(n - c) / scale_base). The real dot product of q and k is the
+    real part of sum_j q_j conj(k_j), which then carries cos((m-n)theta_j) * zeta_j^((m-n)/scale_base): relative
+    only. The centre c, the frame's middle as in the official code, cancels exactly in q.k; it halves the largest
+    factor, which float16 has to hold (see xpos_largest_scale).
+    """
+
+    def __init__(self, config, frame, rows=None, device=None):
+        self.config, self.rows, self.device = config, rows or frame, device
+        self.masks = {}  # (queries, keys, dtype) -> the mask attention uses, shared by every layer
+        self.q_factor = self.k_factor = None
+        if config.pos in ("rope", "xpos"):
+            theta, zeta = rotary_frequencies(config.n_embd // config.n_head, config, device)
+            pos = torch.arange(self.rows.start, self.rows.stop, device=device, dtype=torch.float32)[:, None]
+            # float32 angles: in float16 they would be 0.6 rad off at position 4,096
+            self.q_factor = self.k_factor = torch.polar(torch.ones_like(pos * theta), pos * theta)
+            if config.pos == "xpos":
+                centre = (frame.start + frame.stop - 1) // 2
+                scale = zeta ** ((pos - centre) / config.xpos_scale_base)
+                self.q_factor, self.k_factor = self.q_factor * scale, self.q_factor / scale
+        self.float16_overflows = xpos_largest_scale(len(frame), config) > 2.0**8
+
+    def place(self, x, positions, key=False):
+        """x (..., len(positions), head_dim) at the integer positions `positions` (a range): rotated (and scaled)
+        for rope and xpos, unchanged otherwise. float32 out where float16 could not hold xPos's factors."""
+        if self.q_factor is None:
+            return x
+        rows = slice(positions.start - self.rows.start, positions.stop - self.rows.start)
+        factor = (self.k_factor if key else self.q_factor)[rows]
+        y = torch.view_as_real(torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * factor).flatten(-2)
+        return y if x.dtype == torch.float16 and self.float16_overflows else y.to(x.dtype)
+
+    def mask(self, queries, keys, dtype):
+        """SDPA's mask for queries at positions `queries` and keys at `keys` (ranges), where query m sees key n iff
+        n <= m: "causal" for the square case (SDPA's is_causal path, FlashAttention on GPU), None when every key is
+        visible, else boolean. Never an additive -inf, because an overflowed (inf) masked score plus -inf is NaN;
+        ALiBi's bias, -slope_h * (m - n), is the one float mask, and its scores are never amplified."""
+        if (queries, keys, dtype) not in self.masks:
+            q_pos = torch.arange(queries.start, queries.stop, device=self.device)[:, None]
+            k_pos = torch.arange(keys.start, keys.stop, device=self.device)[None, :]
+            if self.config.pos == "alibi":
+                slopes = alibi_slopes(self.config.n_head).to(q_pos.device)[:, None, None]
+                mask = (-slopes * (q_pos - k_pos)).masked_fill(k_pos > q_pos, float("-inf")).to(dtype)
+            elif queries == keys:
+                mask = "causal"
+            elif keys.stop - 1 <= queries.start:
+                mask = None
+            else:
+                mask = k_pos <= q_pos
+            self.masks[queries, keys, dtype] = mask
+        return self.masks[queries, keys, dtype]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Attention: one function for every scheme, every mask and the cached path.
 
 
-def alibi_bias(q_pos, k_pos, n_head):
-    """ALiBi's additive score bias -slope_h * (m - n), (n_head, len(q_pos), len(k_pos)), float32."""
-    distance = (q_pos[:, None] - k_pos[None, :]).float()
-    return -alibi_slopes(n_head).to(distance.device)[:, None, None] * distance
-
-
-def attention(q, k, v, q_pos, k_pos, config, dropout_p=0.0):
-    """Causal attention of raw (pre-position) q, k, v at integer positions q_pos, k_pos.
-
-    Query m sees key n iff n <= m. Positions may be absolute or rebased to a BCA window; relative schemes only use
-    differences, so the frame is the caller's choice. Passing the same tensor as q_pos and k_pos means the plain
-    square causal case, which takes SDPA's is_causal path (FlashAttention on GPU). Masks are boolean, never an
-    additive -inf, because an overflowed (inf) masked score plus -inf is NaN (REFERENCE.md, Numerics); ALiBi's
-    bias is the one float mask, and its scores are never amplified.
-    """
-    if config.pos in ("rope", "xpos"):
-        q, k = rotary(q, k, q_pos, k_pos, config)
-    is_causal = k_pos is q_pos
-    mask = None if is_causal else k_pos[None, :] <= q_pos[:, None]
-    if config.pos == "alibi":
-        bias = alibi_bias(q_pos, k_pos, q.size(1))
-        mask, is_causal = bias.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf")).to(q.dtype), False
+def attention(q, k, v, table, queries, keys, dropout_p=0.0):
+    """Causal attention of q at positions `queries` to k, v at `keys` (ranges in the frame of `table`); q and k are
+    positioned already (table.place). Relative schemes only use differences, so the frame is the caller's choice:
+    absolute positions, or a BCA window's 0 .. block_size-1."""
+    mask = table.mask(queries, keys, q.dtype)
+    causal = isinstance(mask, str)
+    mask = None if causal else mask
     if q.dtype == v.dtype:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
     with torch.autocast(q.device.type, enabled=False):  # float32 xPos (see xpos_largest_scale); autocast would undo it
-        y = F.scaled_dot_product_attention(q, k, v.float(), attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        y = F.scaled_dot_product_attention(q, k, v.float(), attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
     return y.to(v.dtype)
+
+
+def attention_scores(q, k, table, queries, keys):
+    """The pre-softmax scores attention computes, written out: q.k / sqrt(d), plus ALiBi's bias, -inf where masked,
+    (..., len(queries), len(keys)) in float32. softmax(scores) @ v is attention's output (tests check it)."""
+    s = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.size(-1))
+    mask = table.mask(queries, keys, torch.float32)
+    if isinstance(mask, str):
+        mask = torch.ones(len(queries), len(keys), dtype=torch.bool, device=s.device).tril()
+    if mask is None:
+        return s
+    return s + mask if mask.dtype == torch.float32 else s.masked_fill(~mask, float("-inf"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -175,6 +214,8 @@ def attention(q, k, v, q_pos, k_pos, config, dropout_p=0.0):
 #     bca_window_start(t, H) <= n <= t,
 # i.e. the whole previous half-block plus its own half-block causally (H+1 ... l keys). Every layer does this, so
 # information still travels n_layer*H tokens back through depth. For T <= l it is plain causal attention.
+# Inside a window, positions are rebased to 0 .. 2H-1: relative schemes never see a distance beyond l-1, xPos
+# scales stay bounded at any T, and one PositionTable serves every window.
 
 
 def bca_window_start(t, half):
@@ -185,62 +226,149 @@ def bca_window_start(t, half):
 def blockwise_causal_attention(q, k, v, half, attend):
     """BCA vectorised over blocks: time and memory O(T * block_size), never a T x T score matrix.
 
-    Half-block 0 is plain causal attention over its own keys. Every later half-block b attends to the window made of
-    half-blocks b-1 and b, whose keys/values are computed once per layer and shared by the two windows holding them.
-    Inside a window, positions are rebased to 0 .. 2H-1 (queries H .. 2H-1): relative schemes then never see a
-    distance beyond l-1, and xPos scales stay bounded at any T.
+    q starts at a half-block boundary. k and v start with it (a whole sequence), or one half-block before it (a KV
+    cache streaming a sequence hands over the previous half-block's keys). Without a previous half-block, the first
+    is plain causal attention over its own keys. Every other half-block b attends to the window made of half-blocks
+    b-1 and b, whose keys/values are shared by the two windows holding them. attend(q, k, v, queries, keys)
+    positions q and k in the window frame and attends.
     """
     B, nh, T, hd = q.shape
-    pos = torch.arange(2 * half, device=q.device)
-    first = pos[: min(T, half)]
-    y_first = attend(q[:, :, :half], k[:, :, :half], v[:, :, :half], first, first)
-    if T <= half:
-        return y_first
+    y_first = None
+    if k.size(2) == T:  # no previous half-block
+        first = range(min(T, half))
+        y_first = attend(q[:, :, :half], k[:, :, :half], v[:, :, :half], first, first)
+        if T <= half:
+            return y_first
+        q, T = q[:, :, half:], T - half
     n_blocks = -(-T // half)
     pad = n_blocks * half - T  # padded queries are dropped below; padded keys lie in every real query's future
 
-    def blocks(x):  # (B, nh, T, hd) -> (B, n_blocks, nh, H, hd)
-        return F.pad(x, (0, 0, 0, pad)).view(B, nh, n_blocks, half, hd).transpose(1, 2)
+    def blocks(x, n):  # (B, nh, time, hd) -> (B, n, nh, H, hd)
+        return F.pad(x, (0, 0, 0, n * half - x.size(2))).view(B, nh, n, half, hd).transpose(1, 2)
 
-    def windows(x):  # (B * (n_blocks-1), nh, 2H, hd): half-blocks b-1 and b side by side, for b = 1 .. n_blocks-1
-        x = blocks(x)
+    def windows(x):  # (B * n_blocks, nh, 2H, hd): for each query half-block, its previous half-block and itself
+        x = blocks(x, n_blocks + 1)
         return torch.cat((x[:, :-1], x[:, 1:]), dim=3).flatten(0, 1)
 
-    y = attend(blocks(q)[:, 1:].flatten(0, 1), windows(k), windows(v), pos[half:], pos)
-    y = y.view(B, n_blocks - 1, nh, half, hd).transpose(1, 2).reshape(B, nh, -1, hd)[:, :, : T - half]
-    return torch.cat((y_first, y), dim=2)
+    y = attend(blocks(q, n_blocks).flatten(0, 1), windows(k), windows(v), range(half, 2 * half), range(2 * half))
+    y = y.view(B, n_blocks, nh, half, hd).transpose(1, 2).reshape(B, nh, -1, hd)[:, :, : n_blocks * half - pad]
+    return y if y_first is None else torch.cat((y_first, y), dim=2)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# KV cache for generation.
+# KV cache: generation, chunked prefill and streaming evaluation.
 
 
 class KVCache:
-    """One layer's keys/values as projected, before RoPE/xPos, and the absolute position of the first one kept.
+    """One layer's keys and values, preallocated, positioned as they are stored.
 
-    Keys are cached raw and positioned afresh on every step, in the same frame the full forward pass would use, so
-    cached and uncached logits agree (a cache of post-xPos keys is tied to one frame and breaks under BCA's rebasing).
+    Under BCA (window=True) it holds at most block_size keys, those of the current window, positioned in the window
+    frame 0 .. 2H-1 that every window shares; this is the paper's "recurrently reuses the overlapped key and value
+    vectors". When the window moves on (every H tokens) the H keys it keeps are moved to the front and positioned
+    again from their raw copies, so the cost per token stays flat at any length. Without BCA it holds every key,
+    positioned once in the absolute frame 0 .. max_tokens-1.
+    Any number of tokens may be added per call (prefill, one-token decode, chunks): the new tokens are split at
+    half-block boundaries, and each piece attends to its window exactly as in the full forward pass.
     """
 
-    def __init__(self):
-        self.k = self.v = None
-        self.start = 0
+    def __init__(self, config, max_tokens, window):
+        self.config, self.max_tokens, self.window = config, max_tokens, window
+        self.half = config.block_size // 2
+        self.start = 0  # absolute position of the first key held: the frame's origin
+        self.n = 0  # keys held
+        self.k = self.v = self.raw_k = None  # (B, n_head, capacity, head_dim), allocated on the first store
+        self.observe = None  # observe(scores, queries, keys), absolute positions: see GPT.attention_scores
 
     def end(self):
         """Absolute position of the next token."""
-        return self.start + (0 if self.k is None else self.k.size(2))
+        return self.start + self.n
 
-    def decode(self, q, k, v, bca, half, attend):
-        """Attend from one new token at position t = end() to the cache, then keep its key and value."""
-        t = self.end()
-        self.k, self.v = torch.cat((self.k, k), dim=2), torch.cat((self.v, v), dim=2)
-        origin = 0
-        if bca:  # drop the keys query t can no longer see, and rebase positions exactly as the full pass does
-            origin = bca_window_start(t, half)
-            self.k, self.v = self.k[:, :, origin - self.start :], self.v[:, :, origin - self.start :]
-            self.start = origin
-        k_pos = torch.arange(self.start, t + 1, device=q.device) - origin
-        return attend(q, self.k, self.v, k_pos[-1:], k_pos)
+    def frame(self, n_new):
+        """(frame, rows) of the PositionTable for a pass adding n_new tokens."""
+        if self.window:
+            return range(2 * self.half), None
+        return range(self.max_tokens), range(self.end(), self.end() + n_new)
+
+    def pieces(self, n_new):
+        """Absolute (first, stop) of the runs of new tokens that share one window."""
+        t, stop = self.end(), self.end() + n_new
+        while t < stop:
+            piece_stop = min(stop, (t // self.half + 1) * self.half) if self.window else stop
+            yield t, piece_stop
+            t = piece_stop
+
+    def attend(self, q, k, v, table, attend):
+        """Add the new tokens' keys and values, and attend from their queries. attend is the no-cache rule
+        (position q and k, then attention), which the vectorised BCA pass shares."""
+        t0, T = self.end(), q.size(2)
+        bulk = 0  # under BCA, the tokens from the first half-block boundary on, when a whole half-block or more
+        if self.window and self.observe is None:
+            to_boundary = min(T, -t0 % self.half)
+            bulk = T - to_boundary if T - to_boundary >= self.half else 0
+        ys = [self.attend_pieces(q[:, :, : T - bulk], k[:, :, : T - bulk], v[:, :, : T - bulk], table)] \
+            if T > bulk else []
+        if bulk:
+            ys.append(self.attend_bulk(q[:, :, T - bulk :], k[:, :, T - bulk :], v[:, :, T - bulk :], table, attend))
+        return torch.cat(ys, dim=2)
+
+    def attend_pieces(self, q, k, v, table):
+        """Token runs that share one window (at most H tokens under BCA), each against the keys held: decoding."""
+        t0, ys = self.end(), []
+        for first, stop in self.pieces(q.size(2)):
+            if self.window:
+                self.slide_to(bca_window_start(first, self.half), table)
+            new = slice(first - t0, stop - t0)
+            queries, keys = range(first - self.start, stop - self.start), range(stop - self.start)
+            self.store(k[:, :, new], v[:, :, new], table, queries)
+            q_new, k_all, v_all = table.place(q[:, :, new], queries), self.k[:, :, : self.n], self.v[:, :, : self.n]
+            if self.observe:
+                shift = lambda r: range(r.start + self.start, r.stop + self.start)
+                self.observe(attention_scores(q_new, k_all, table, queries, keys), shift(queries), shift(keys))
+            ys.append(attention(q_new, k_all, v_all, table, queries, keys))
+        return torch.cat(ys, dim=2)
+
+    def attend_bulk(self, q, k, v, table, attend):
+        """Tokens from a half-block boundary on, in one vectorised BCA pass over the previous half-block's keys
+        (the last H held) and the new ones; then the cache keeps the last window's keys."""
+        held = min(self.n, self.half)
+        raw = self.k if self.raw_k is None else self.raw_k
+        k_all = torch.cat((raw[:, :, self.n - held : self.n], k), dim=2) if held else k
+        v_all = torch.cat((self.v[:, :, self.n - held : self.n], v), dim=2) if held else v
+        y = blockwise_causal_attention(q, k_all, v_all, self.half, attend)
+        base, stop = self.end() - held, self.end() + q.size(2)
+        self.start, self.n = bca_window_start(stop - 1, self.half), 0
+        keep = slice(self.start - base, None)
+        self.store(k_all[:, :, keep], v_all[:, :, keep], table, range(stop - self.start))
+        return y
+
+    def store(self, k, v, table, positions):
+        if self.k is None:
+            B, nh, _, hd = k.shape
+            capacity = 2 * self.half if self.window else self.max_tokens
+            placed_dtype = torch.float32 if k.dtype == torch.float16 and table.float16_overflows else k.dtype
+            self.k = k.new_empty(B, nh, capacity, hd, dtype=placed_dtype)
+            self.v = v.new_empty(B, nh, capacity, hd)
+            if self.window and self.config.pos in ("rope", "xpos"):
+                self.raw_k = k.new_empty(B, nh, capacity, hd)
+        n, m = self.n, k.size(2)
+        self.k[:, :, n : n + m] = table.place(k, positions, key=True)
+        self.v[:, :, n : n + m] = v
+        if self.raw_k is not None:
+            self.raw_k[:, :, n : n + m] = k
+        self.n += m
+
+    def slide_to(self, origin, table):
+        """Move the window's origin on to `origin`: drop the keys before it, keep and re-position the rest."""
+        drop = origin - self.start
+        if drop <= 0:
+            return
+        keep = self.n - drop  # at most H: the window moves on only when it holds 2H keys
+        for buf in (self.k, self.v, self.raw_k):
+            if buf is not None:
+                buf[:, :, :keep] = buf[:, :, drop : self.n]
+        if self.raw_k is not None:
+            self.k[:, :, :keep] = table.place(self.raw_k[:, :, :keep], range(keep), key=True)
+        self.start, self.n = origin, keep
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -255,23 +383,21 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, bca, cache=None):
+    def forward(self, x, table, bca, cache=None):
         B, T, C = x.shape
-        nh = self.config.n_head
-        q, k, v = self.c_attn(x).view(B, T, 3, nh, C // nh).permute(2, 0, 3, 1, 4)
+        q, k, v = self.c_attn(x).view(B, T, 3, self.config.n_head, C // self.config.n_head).permute(2, 0, 3, 1, 4)
         dropout_p = self.config.dropout if self.training else 0.0
-        attend = lambda *args: attention(*args, config=self.config, dropout_p=dropout_p)
-        half = self.config.block_size // 2
-        if cache is not None and cache.k is not None:
-            y = cache.decode(q, k, v, bca, half, attend)
+
+        def attend(q, k, v, queries, keys):
+            return attention(table.place(q, queries), table.place(k, keys, key=True), v, table, queries, keys,
+                             dropout_p)
+
+        if cache is not None:
+            y = cache.attend(q, k, v, table, attend)
+        elif bca:
+            y = blockwise_causal_attention(q, k, v, self.config.block_size // 2, attend)
         else:
-            if cache is not None:  # prefill: keep every raw key/value; decode trims them under BCA
-                cache.k, cache.v = k, v
-            if bca:
-                y = blockwise_causal_attention(q, k, v, half, attend)
-            else:
-                pos = torch.arange(T, device=x.device)
-                y = attend(q, k, v, pos, pos)
+            y = attend(q, k, v, range(T), range(T))
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C)))
 
 
@@ -295,8 +421,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, bca, cache=None):
-        x = x + self.attn(self.ln_1(x), bca, cache)
+    def forward(self, x, table, bca, cache=None):
+        x = x + self.attn(self.ln_1(x), table, bca, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -335,7 +461,7 @@ class GPT(nn.Module):
         loss is the mean next-token NLL (token_nll gives it per token). Without targets, only the last position's
         logits are computed and loss is None.
         bca: None uses blockwise causal attention exactly when the sequence is longer than block_size; True/False
-        force it on/off. cache: a list of KVCache, one per layer (see generate); once filled, idx is one token.
+        force it on/off. cache: from new_cache, which fixes the attention rule; idx then continues the sequence.
         """
         x = self.hidden_states(idx, bca, cache)
         if targets is None:
@@ -343,17 +469,44 @@ class GPT(nn.Module):
         logits = self.head(x)
         return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
 
+    def new_cache(self, max_tokens, bca=None):
+        """An empty KV cache (one KVCache per layer) for a sequence of up to max_tokens tokens. bca as in forward:
+        None turns BCA on when max_tokens > block_size, and then the cache holds at most block_size keys."""
+        if bca not in (None, True, False):
+            raise ValueError(f"bca={bca!r} is not allowed: must be None (auto), True or False")
+        check_length(self.config, max_tokens)
+        window = max_tokens > self.config.block_size if bca is None else bca
+        return [KVCache(self.config, max_tokens, window) for _ in self.transformer.h]
+
+    @torch.no_grad()
     def token_nll(self, idx, targets, *, bca=None, chunk_tokens=16384):
-        """(B, T) next-token NLL, for evaluation: the logits exist for at most chunk_tokens positions at a time, so
-        their memory is bounded by chunk_tokens x vocab_size at any T (GPT-2's vocabulary would need 824 MB of
-        float32 logits for one 4,096-token sequence)."""
-        x = self.hidden_states(idx, bca)
-        B, T, _ = x.shape
+        """(B, T) next-token NLL, for evaluation, streamed: chunks of chunk_tokens / B positions go through a KV
+        cache in turn. Under BCA the cache holds block_size keys, so memory stays flat at any T: O(block_size) for
+        attention plus one chunk's activations and logits (GPT-2's vocabulary would need 824 MB of float32 logits
+        for one 4,096-token sequence in one piece). The result equals the one-piece forward pass."""
+        B, T = idx.shape
         step = max(1, chunk_tokens // B)
-        nll = [F.cross_entropy(self.head(x[:, i : i + step]).float().flatten(0, 1),
-                               targets[:, i : i + step].flatten(), ignore_index=-1, reduction="none").view(B, -1)
-               for i in range(0, T, step)]
+        cache = self.new_cache(T, bca)
+        nll = []
+        for i in range(0, T, step):
+            logits = self.head(self.hidden_states(idx[:, i : i + step], cache=cache))
+            nll.append(F.cross_entropy(logits.float().flatten(0, 1), targets[:, i : i + step].flatten(),
+                                       ignore_index=-1, reduction="none").view(B, -1))
         return torch.cat(nll, dim=1)
+
+    @torch.no_grad()
+    def attention_scores(self, idx, observe, bca=None, chunk=None):
+        """Calls observe(layer, scores, queries, keys) with the pre-softmax scores (B, n_head, Q, K) of every layer,
+        exactly as attention computes them (attention_scores), for chunks of queries at absolute positions
+        `queries` against their visible keys `keys` (ranges). Streams through the KV cache in chunks of half a block
+        (by default), so memory stays O(T * block_size) with or without BCA."""
+        T = idx.size(1)
+        cache = self.new_cache(T, bca)
+        for layer, c in enumerate(cache):
+            c.observe = lambda scores, queries, keys, layer=layer: observe(layer, scores, queries, keys)
+        step = chunk or self.config.block_size // 2
+        for i in range(0, T, step):
+            self.hidden_states(idx[:, i : i + step], cache=cache)
 
     def head(self, x):
         """The output layer. Outside training it runs in float32 even under autocast: bfloat16 logits are rounded
@@ -369,15 +522,21 @@ class GPT(nn.Module):
             raise ValueError(f"bca={bca!r} is not allowed: must be None (auto), True or False")
         B, T = idx.shape
         start = cache[0].end() if cache else 0
-        if start and T != 1:
-            raise ValueError(f"a filled KV cache decodes one token at a time, got {T}")
-        use_bca = start + T > self.config.block_size if bca is None else bca
+        if cache:
+            if bca is not None:
+                raise ValueError("bca is fixed when the cache is made (new_cache); pass bca=None with a cache")
+            if start + T > cache[0].max_tokens:
+                raise ValueError(f"the KV cache was made for {cache[0].max_tokens} tokens, asked for {start + T}")
+            use_bca = cache[0].window
+            table = PositionTable(self.config, *cache[0].frame(T), device=idx.device)
+        else:
+            check_length(self.config, T)
+            use_bca = T > self.config.block_size if bca is None else bca
+            frame = range(self.config.block_size) if use_bca else range(T)
+            table = PositionTable(self.config, frame, device=idx.device)
         pos = torch.arange(start, start + T, device=idx.device)
         x = self.transformer.wte(idx)
         if self.config.pos == "learned":
-            if start + T > self.config.block_size:
-                raise ValueError(f"pos='learned' cannot go past block_size={self.config.block_size} (asked for "
-                                 f"{start + T} positions): learned absolute positions cannot extrapolate")
             x = x + self.transformer.wpe(pos)
         elif self.config.pos == "sinusoidal":  # absolute positions at any length, with or without BCA
             # Token embeddings (std 0.02) are scaled by sqrt(n_embd), as in Vaswani et al. §3.4 and fairseq, so that
@@ -386,21 +545,25 @@ class GPT(nn.Module):
             x = x * math.sqrt(self.config.n_embd) + sinusoidal_embedding(pos, self.config.n_embd).to(x.dtype)
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, use_bca, cache[i] if cache else None)
+            x = block(x, table, use_bca, cache[i] if cache else None)
         return self.transformer.ln_f(x)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, *, bca=None):
-        """Sample max_new_tokens tokens after idx (B, T) with a per-layer KV cache.
+        """Sample max_new_tokens tokens after idx (B, T) with a KV cache.
 
         The context is never cropped: past block_size every scheme but learned keeps going, with BCA when bca is
-        None or True (the cache then holds at most block_size keys per layer).
+        None or True (the cache then holds at most block_size keys per layer, and each token costs the same).
         """
         if not temperature > 0:
             raise ValueError(f"temperature={temperature!r} is not allowed: must be > 0 (use top_k=1 for greedy)")
-        cache = [KVCache() for _ in self.transformer.h]
+        if max_new_tokens < 1:
+            return idx
+        cache = self.new_cache(idx.size(1) + max_new_tokens - 1, bca)  # the last token sampled is not fed back
+        logits, _ = self(idx, cache=cache)
         for step in range(max_new_tokens):
-            logits, _ = self(idx if step == 0 else idx[:, -1:], bca=bca, cache=cache)
+            if step:
+                logits, _ = self(idx[:, -1:], cache=cache)
             logits = logits[:, -1, :] / temperature
             if top_k is not None:
                 kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]

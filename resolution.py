@@ -27,7 +27,7 @@ import torch
 
 from common import (UserError, checkpoint_dataset, learned_length_check, load_model, output_path, pyplot, read_tokens,
                     resolve_device)
-from model import GPTConfig, alibi_bias, bca_window_start, rotary, rotary_frequencies
+from model import GPTConfig, rotary_frequencies
 
 BCA = {"on": [True], "off": [False], "both": [False, True]}
 
@@ -68,8 +68,8 @@ def plot_theory(result, path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Measured: per-distance sums of each layer's pre-softmax scores, accumulated one query half-block at a time so
-# memory never grows with T^2; each half-block sees its keys in the same frame as the model's own attention.
+# Measured: per-distance sums of each layer's pre-softmax scores, as model.py's attention computes them
+# (GPT.attention_scores streams them one query half-block at a time, so memory never grows with T^2).
 
 
 def accumulate(sums, counts, scores, q_pos, k_pos):
@@ -87,32 +87,15 @@ def accumulate(sums, counts, scores, q_pos, k_pos):
 def layer_score_sums(model, idx, bca):
     """sums (n_layer, n_head, T) and counts (T) of the pre-softmax scores at each distance, for one text idx (1, T)."""
     cfg = model.config
-    inputs = []
-    hooks = [block.attn.register_forward_pre_hook(lambda m, args: inputs.append(args[0])) for block in
-             model.transformer.h]
-    try:
-        model(idx, bca=bca)
-    finally:
-        for h in hooks:
-            h.remove()
-    B, T = idx.shape
-    half, nh = cfg.block_size // 2, cfg.n_head
-    sums = torch.zeros(cfg.n_layer, nh, T, dtype=torch.float64)
+    T = idx.size(1)
+    sums = torch.zeros(cfg.n_layer, cfg.n_head, T, dtype=torch.float64)
     counts = torch.zeros(T, dtype=torch.float64)
-    for layer, (block, x) in enumerate(zip(model.transformer.h, inputs)):
-        q, k, _ = block.attn.c_attn(x).view(B, T, 3, nh, cfg.n_embd // nh).permute(2, 0, 3, 1, 4)
-        for q0 in range(0, T, half):
-            q1 = min(q0 + half, T)
-            k0 = bca_window_start(q0, half) if bca else 0  # the window's first key is also the model's origin
-            q_pos = torch.arange(q0, q1, device=idx.device) - k0
-            k_pos = torch.arange(k0, q1, device=idx.device) - k0
-            qq, kk = q[:, :, q0:q1], k[:, :, k0:q1]
-            if cfg.pos in ("rope", "xpos"):
-                qq, kk = rotary(qq, kk, q_pos, k_pos, cfg)
-            s = qq @ kk.transpose(-1, -2) / math.sqrt(qq.size(-1))
-            if cfg.pos == "alibi":
-                s = s + alibi_bias(q_pos, k_pos, nh)
-            accumulate(sums[layer], counts if layer == 0 else None, s[0].cpu(), q_pos.cpu(), k_pos.cpu())
+
+    def observe(layer, scores, queries, keys):
+        as_tensor = lambda r: torch.arange(r.start, r.stop)
+        accumulate(sums[layer], counts if layer == 0 else None, scores[0].cpu(), as_tensor(queries), as_tensor(keys))
+
+    model.attention_scores(idx, observe, bca=bca)
     return sums, counts
 
 

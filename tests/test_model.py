@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import model
-from model import GPT, GPTConfig, KVCache, POSITION_SCHEMES, alibi_slopes, rotary
+from model import GPT, GPTConfig, POSITION_SCHEMES, PositionTable, alibi_slopes
 
 torch.set_num_threads(2)
 RELATIVE_OR_NONE = ("sinusoidal", "rope", "alibi", "xpos", "none")  # every scheme that may run past block_size
@@ -27,9 +27,14 @@ def tokens(T, vocab=23, seed=1, batch=2):
 # --- xPos -------------------------------------------------------------------------------------------------------
 
 
+def positioned(q, k, q_pos, k_pos, cfg):
+    """q at the positions q_pos and k at k_pos (ranges), through model.py's PositionTable."""
+    table = PositionTable(cfg, range(min(q_pos.start, k_pos.start), max(q_pos.stop, k_pos.stop)))
+    return table.place(q, q_pos), table.place(k, k_pos, key=True)
+
+
 def scores(q, k, q_pos, k_pos, **kw):
-    cfg = GPTConfig(n_head=1, n_embd=q.size(-1), **kw)
-    qr, kr = rotary(q, k, q_pos, k_pos, cfg)
+    qr, kr = positioned(q, k, q_pos, k_pos, GPTConfig(n_head=1, n_embd=q.size(-1), **kw))
     return qr @ kr.transpose(-1, -2)
 
 
@@ -41,7 +46,7 @@ def test_xpos_without_decay_is_rope_exactly():
         assert torch.equal(rope(idx, idx, bca=bca)[0], xpos(idx, idx, bca=bca)[0])
     # and the decay really is on by default: the same q, k score differently at a distance
     torch.manual_seed(0)
-    q, k, pos = torch.randn(1, 1, 600, 16), torch.randn(1, 1, 600, 16), torch.arange(600)
+    q, k, pos = torch.randn(1, 1, 600, 16), torch.randn(1, 1, 600, 16), range(600)
     assert not torch.allclose(scores(q, k, pos, pos, pos="rope"), scores(q, k, pos, pos, pos="xpos"), atol=1e-2)
 
 
@@ -49,17 +54,17 @@ def test_xpos_without_decay_is_rope_exactly():
 def test_xpos_scores_depend_only_on_distance(rotate):
     torch.manual_seed(0)
     q, k = torch.randn(2, 1, 40, 32), torch.randn(2, 1, 40, 32)
-    pos = torch.arange(40)
+    pos, far = range(40), range(1000, 1040)
     base = scores(q, k, pos, pos, pos="xpos", xpos_rotate=rotate)
-    shifted = scores(q, k, pos + 1000, pos + 1000, pos="xpos", xpos_rotate=rotate)
+    shifted = scores(q, k, far, far, pos="xpos", xpos_rotate=rotate)
     torch.testing.assert_close(shifted, base, rtol=1e-3, atol=1e-3)  # float32 angles at 1000 rad: ~1e-4 off
     # a different total length moves the scale's centre; the scores of the shared prefix must not move
-    longer = scores(torch.cat([q, q], 2), torch.cat([k, k], 2), torch.arange(80), torch.arange(80),
-                    pos="xpos", xpos_rotate=rotate)
+    longer = scores(torch.cat([q, q], 2), torch.cat([k, k], 2), range(80), range(80), pos="xpos",
+                    xpos_rotate=rotate)
     torch.testing.assert_close(longer[..., :40, :40], base, rtol=1e-4, atol=1e-4)
     # and a query/key pair at distance 5 scores the same wherever it sits
     one_q, one_k = q[:, :, :1], k[:, :, :1]
-    at = lambda m, n: scores(one_q, one_k, torch.tensor([m]), torch.tensor([n]), pos="xpos", xpos_rotate=rotate)
+    at = lambda m, n: scores(one_q, one_k, range(m, m + 1), range(n, n + 1), pos="xpos", xpos_rotate=rotate)
     torch.testing.assert_close(at(7, 2), at(3007, 3002), rtol=1e-4, atol=1e-4)
 
 
@@ -81,8 +86,7 @@ def test_xpos_matches_complex_reference(rotate):
     torch.manual_seed(0)
     d, T = 64, 300
     q, k = torch.randn(T, d), torch.randn(T, d)
-    pos = torch.arange(T)
-    got = scores(q[None, None], k[None, None], pos, pos, pos="xpos", xpos_rotate=rotate)[0, 0]
+    got = scores(q[None, None], k[None, None], range(T), range(T), pos="xpos", xpos_rotate=rotate)[0, 0]
     for m, n in [(0, 0), (5, 0), (299, 0), (299, 298), (150, 17), (42, 42)]:
         want = complex_reference(q[m], k[n], m, n, rotate=rotate)
         assert abs(got[m, n].item() - want.item()) < 1e-4 * (1 + abs(want.item())), (m, n)
@@ -92,10 +96,11 @@ def test_rope_rotation_matches_complex_multiplication():
     torch.manual_seed(0)
     d = 16
     q = torch.randn(1, 1, 10, d)
-    pos = torch.arange(10) * 37
-    qr, _ = rotary(q, q, pos, pos, GPTConfig(n_head=1, n_embd=d, pos="rope"))
+    pos = range(363, 373)
+    qr, _ = positioned(q, q, pos, pos, GPTConfig(n_head=1, n_embd=d, pos="rope"))
     theta = 1.0 / 10000 ** (torch.arange(d // 2, dtype=torch.float64) * 2 / d)
-    qc = torch.complex(q[..., 0::2].double(), q[..., 1::2].double()) * torch.exp(1j * pos[:, None] * theta)
+    angle = torch.tensor(pos, dtype=torch.float64)[:, None] * theta
+    qc = torch.complex(q[..., 0::2].double(), q[..., 1::2].double()) * torch.exp(1j * angle)
     want = torch.stack([qc.real, qc.imag], -1).flatten(-2)
     torch.testing.assert_close(qr.double(), want, rtol=1e-5, atol=1e-5)
 
@@ -110,8 +115,7 @@ def brute_force_bca(config):
         pos = torch.arange(T)
         t, n = pos[:, None], pos[None, :]
         visible = (n <= t) & (n >= ((t // half - 1) * half).clamp(min=0))
-        if config.pos in ("rope", "xpos"):
-            q, k = rotary(q, k, pos, pos, config)
+        q, k = positioned(q, k, range(T), range(T), config)
         s = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
         if config.pos == "alibi":
             s = s - alibi_slopes(q.size(1))[:, None, None] * (t - n)
@@ -201,10 +205,9 @@ def test_xpos_float32_only_where_float16_cannot_hold_the_scales():
     assert model.xpos_largest_scale(8192, cfg) == pytest.approx((1.4 / 0.4) ** 8, rel=1e-9)
     for T, want in ((1024, torch.float16), (4096, torch.float16), (8192, torch.float32)):
         q = k = torch.ones(1, 1, T, 16, dtype=torch.float16)
-        pos = torch.arange(T)
-        assert rotary(q, k, pos, pos, cfg)[0].dtype == want
+        assert positioned(q, k, range(T), range(T), cfg)[0].dtype == want
     q = k = torch.ones(1, 1, 8192, 16, dtype=torch.bfloat16)  # bfloat16 has float32's range
-    assert rotary(q, k, torch.arange(8192), torch.arange(8192), cfg)[0].dtype == torch.bfloat16
+    assert positioned(q, k, range(8192), range(8192), cfg)[0].dtype == torch.bfloat16
 
 
 def test_output_layer_in_float32_outside_training():
@@ -274,15 +277,108 @@ def test_cached_decoding_matches_full_forward(pos, bca, prompt):
     if prompt >= total:
         return
     seq = tokens(total)
-    cache = [KVCache() for _ in range(m.config.n_layer)]
-    cached, _ = m(seq[:, :prompt], bca=bca, cache=cache)
+    cache = m.new_cache(total, bca)
+    cached, _ = m(seq[:, :prompt], cache=cache)
+    buffers = cache[0].k.data_ptr(), cache[0].v.data_ptr()
     for t in range(prompt, total + 1):
         full, _ = m(seq[:, :t], bca=bca)
         torch.testing.assert_close(cached[:, -1], full[:, -1], rtol=1e-5, atol=1e-5, msg=f"step {t}")
-        if bca is not False and t > prompt:  # decoding has trimmed what the prefill kept
-            assert cache[0].k.size(2) <= m.config.block_size
+        if bca is True or (bca is None and total > m.config.block_size):  # the window's keys only
+            assert cache[0].k.size(2) == m.config.block_size and cache[0].n <= m.config.block_size
         if t < total:
-            cached, _ = m(seq[:, t : t + 1], bca=bca, cache=cache)
+            cached, _ = m(seq[:, t : t + 1], cache=cache)
+    assert (cache[0].k.data_ptr(), cache[0].v.data_ptr()) == buffers  # preallocated: nothing reallocated per token
+
+
+@pytest.mark.parametrize("pos", POSITION_SCHEMES)
+@pytest.mark.parametrize("bca", [True, False])
+def test_chunked_prefill_matches_full_forward(pos, bca):
+    """A cache takes chunks of any size: within a half-block, across one or several boundaries, after a decode."""
+    m = tiny(pos)
+    total = 8 if pos == "learned" else 37
+    seq = tokens(total)
+    full, _ = m(seq, seq, bca=bca)
+    for chunks in ([1, 2, 5, 13], [7, 1, 9], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [total]):
+        cache, logits, t = m.new_cache(total, bca), [], 0
+        for size in chunks:
+            if t < total:
+                logits.append(m.head(m.hidden_states(seq[:, t : t + size], cache=cache)))
+                t += size
+        got = torch.cat(logits, dim=1)
+        torch.testing.assert_close(got, full[:, : got.size(1)], rtol=1e-5, atol=1e-5, msg=str(chunks))
+
+
+def test_streaming_bca_attends_to_at_most_one_window(monkeypatch):
+    m = tiny("xpos", block_size=16)
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append(k.size(-2))
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(model.F, "scaled_dot_product_attention", spy)
+    idx = tokens(20 * 16, batch=1)
+    m.token_nll(idx, idx, chunk_tokens=50)
+    assert seen and max(seen) == 16
+
+
+def test_cache_errors():
+    m = tiny("xpos")
+    cache = m.new_cache(10)
+    m(tokens(6), cache=cache)
+    with pytest.raises(ValueError, match="made for 10 tokens, asked for 11"):
+        m(tokens(5), cache=cache)
+    with pytest.raises(ValueError, match="bca is fixed when the cache is made"):
+        m(tokens(1), bca=True, cache=cache)
+    with pytest.raises(ValueError, match="bca='yes'"):
+        m.new_cache(10, bca="yes")
+    with pytest.raises(ValueError, match="cannot extrapolate"):
+        tiny("learned").new_cache(9)
+
+
+@pytest.mark.parametrize("pos", POSITION_SCHEMES)
+def test_attention_scores_are_what_attention_computes(pos):
+    """softmax(attention_scores) @ v equals attention's output, for every kind of mask a frame can have."""
+    cfg = tiny(pos).config
+    torch.manual_seed(0)
+    table = PositionTable(cfg, range(8))
+    for queries, keys in ((range(8), range(8)), (range(4, 8), range(8)), (range(7, 8), range(8)),
+                          (range(2, 5), range(6))):
+        q, k, v = (torch.randn(2, 2, len(r), 8) for r in (queries, keys, keys))
+        q, k = table.place(q, queries), table.place(k, keys, key=True)
+        want = model.attention(q, k, v, table, queries, keys)
+        got = torch.softmax(model.attention_scores(q, k, table, queries, keys), dim=-1) @ v
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=str((queries, keys)))
+
+
+@pytest.mark.parametrize("bca", [False, True])
+def test_model_attention_scores_match_a_brute_force_score_matrix(bca):
+    """GPT.attention_scores against scores written out from the hidden states: xPos at absolute positions (every
+    score depends on distance only), ALiBi's bias by hand, BCA's closed-form window."""
+    for pos in ("xpos", "alibi"):
+        m = tiny(pos, n_layer=1)
+        T, H = 21, 4
+        idx = tokens(T, batch=1)
+        got = torch.full((2, T, T), float("nan"))
+
+        def observe(layer, s, queries, keys):
+            got[:, queries.start : queries.stop, keys.start : keys.stop] = s[0]
+
+        m.attention_scores(idx, observe, bca=bca)
+        x = m.transformer.h[0].ln_1(m.transformer.wte(idx))
+        q, k, _ = m.transformer.h[0].attn.c_attn(x).view(1, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        if pos == "xpos":
+            q, k = positioned(q, k, range(T), range(T), m.config)
+        want = (q @ k.transpose(-1, -2))[0] / math.sqrt(8)
+        t, n = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        if pos == "alibi":
+            want = want - alibi_slopes(2)[:, None, None] * (t - n)
+        first = ((t // H - 1) * H).clamp(min=0) if bca else torch.zeros_like(t)
+        visible = (n <= t) & (n >= first)
+        torch.testing.assert_close(got[:, visible], want[:, visible], rtol=1e-4, atol=1e-4)
+        assert not torch.isfinite(got[:, n > t]).any()  # future keys: -inf, or not handed over (NaN)
+        assert torch.isnan(got[:, n < first]).all()  # before the window: never handed over
 
 
 @pytest.mark.parametrize("pos", RELATIVE_OR_NONE)

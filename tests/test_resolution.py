@@ -8,7 +8,7 @@ import torch
 
 import resolution
 from conftest import make_checkpoint
-from model import alibi_bias, rotary
+from model import PositionTable, alibi_slopes
 
 
 def test_resolution_hand_computed():
@@ -45,12 +45,13 @@ def test_measured_scores_match_a_full_score_matrix(tiny_data, tmp_path, pos):
     with torch.no_grad():
         x = model.transformer.h[0].ln_1(model.transformer.wte(idx))
         q, k, _ = model.transformer.h[0].attn.c_attn(x).view(1, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
-    p = torch.arange(T)
-    if pos == "xpos":
-        q, k = rotary(q, k, p, p, model.config)
+    if pos == "xpos":  # at absolute positions: every score depends on the distance only
+        table = PositionTable(model.config, range(T))
+        q, k = table.place(q, range(T)), table.place(k, range(T), key=True)
     s = (q @ k.transpose(-1, -2))[0] / math.sqrt(8)
     if pos == "alibi":
-        s = s + alibi_bias(p, p, 2)
+        p = torch.arange(T)
+        s = s - alibi_slopes(2)[:, None, None] * (p[:, None] - p[None, :])
     for n in (0, 1, 7, 23):
         want = torch.stack([s[:, t, t - n] for t in range(n, T)], -1).double().mean(-1)
         torch.testing.assert_close(sums[0, :, n] / counts[n], want, rtol=1e-4, atol=1e-5)
