@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo bench stress clean
+.PHONY: test demo bench gpu-check stress clean
 
 $(VENV)/installed: requirements.txt requirements-data.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,29 @@ test: $(VENV)/installed
 stress: $(VENV)/installed
 	$(PY) tests/stress_ddp.py --runs 50
 
+# Speed and memory on the current device (a few minutes on CPU): see bench.py's docstring.
 bench: $(VENV)/installed
-	$(PY) benchmarks/bench_bca.py
+	$(PY) bench.py --json out/bench/bench.json
+
+# On one GPU, at most about 8 minutes: the CUDA tests (which must not skip), 30 training iterations of a
+# GPT-2-124M-shaped model in bfloat16 (compiled) and float16 (GradScaler), and of config/paper_lex_350m.py (1
+# accumulation step, not compiled, to save the time), each printing tokens/s and MFU; then BCA evaluation of the
+# 124M checkpoint at 16k tokens. With a CUDA build of torch in the virtualenv, or PY=python3 for another Python.
+GPU_DATA := data/shakespeare_gpt2
+GPU_OUT := out/gpu_check
+GPT2_124M := --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 --batch_size=16 --bias=False
+GPU_RUN := --data_dir=$(GPU_DATA) --device=cuda --max_iters=30 --eval_interval=30 --eval_iters=2 --log_interval=5 \
+	--warmup_iters=10 --lr_decay_iters=30 --overwrite=True
+gpu-check:
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device')"
+	$(PY) -m pytest tests/test_cuda.py -q -rs
+	test -f $(GPU_DATA)/meta.json || $(PY) prepare_data.py --dataset shakespeare --tokenizer gpt2 --out_dir $(GPU_DATA)
+	$(PY) train.py $(GPT2_124M) $(GPU_RUN) --dtype=bfloat16 --compile=True --out_dir=$(GPU_OUT)/gpt2_124m_bf16
+	$(PY) train.py $(GPT2_124M) $(GPU_RUN) --dtype=float16 --out_dir=$(GPU_OUT)/gpt2_124m_fp16
+	$(PY) train.py config/paper_lex_350m.py $(GPU_RUN) --batch_size=8 --gradient_accumulation_steps=1 --compile=False \
+		--dtype=bfloat16 --out_dir=$(GPU_OUT)/paper_lex_350m
+	$(PY) eval_extrapolate.py --ckpt $(GPU_OUT)/gpt2_124m_bf16/ckpt.pt --lengths 1024,4096,16384 --bca on \
+		--dtype bfloat16 --verbose
 
 # The main job, on CPU: prepare the offline Shakespeare corpus (characters), train tiny xPos and RoPE models
 # (block_size 128), then measure perplexity against length up to 8x the training length with BCA off and on,

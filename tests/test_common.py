@@ -153,3 +153,42 @@ def test_unwritable_folder(tmp_path, monkeypatch):
             raise PermissionError(13, "Permission denied")
         monkeypatch.setattr(common.tempfile, "TemporaryFile", refuse)
     assert "is not writable: Permission denied" in error(common.writable_dir, folder, "out_dir")
+
+
+@pytest.mark.parametrize("pos", ["learned", "xpos", "alibi"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_train_flops_per_token_counts_the_models_parameters(pos, bias):
+    from model import GPT, GPTConfig
+
+    config = GPTConfig(block_size=32, vocab_size=50, n_layer=3, n_head=4, n_embd=24, bias=bias, pos=pos)
+    n_params = sum(p.numel() for p in GPT(config).parameters())  # the tied embedding once
+    assert common.train_flops_per_token(config) == 6 * n_params + 12 * 3 * 4 * 6 * 32
+
+
+@pytest.mark.parametrize("name,dtype,tf32,peak", [
+    ("NVIDIA H100 80GB HBM3", "bfloat16", True, 989e12),
+    ("NVIDIA H100 80GB HBM3", "float32", True, 494e12),  # TF32 tensor cores
+    ("NVIDIA H100 80GB HBM3", "float32", False, 67e12),
+    ("NVIDIA H100 PCIe", "float16", True, 756e12),
+    ("NVIDIA H200", "bfloat16", True, 989e12),
+    ("NVIDIA A100-SXM4-80GB", "float32", True, 156e12),
+    ("Tesla V100-SXM2-16GB", "float16", True, 125e12),
+    ("Tesla V100-SXM2-16GB", "bfloat16", True, 15.7e12),  # no bfloat16 units: counted at float32's peak
+    ("NVIDIA GeForce GTX 1080", "float32", True, None),  # not in the table: MFU is not reported
+])
+def test_gpu_peak_flops(monkeypatch, name, dtype, tf32, peak):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    before = torch.backends.cuda.matmul.allow_tf32  # a settings object monkeypatch cannot undo
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        assert common.peak_flops("cuda:0", dtype) == peak
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_cpu_peak_flops_is_measured_once():
+    common.cpu_matmul_flops.cache_clear()
+    peak = common.peak_flops("cpu", "float32")
+    assert 1e8 < peak < 1e14 and common.peak_flops("cpu", "float32") == peak
+    assert common.cpu_matmul_flops.cache_info().hits == 1
+    assert common.peak_flops("mps", "float32") is None

@@ -1,6 +1,7 @@
 """Tests for train.py: DDP equivalence (torchrun, gloo), gradient accumulation, exact resume, schedule, errors."""
 
 import json
+import math
 import os
 import random
 import shutil
@@ -15,6 +16,7 @@ import torch
 
 import prepare_data
 import train
+from model import GPTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -179,7 +181,8 @@ def test_missing_and_corrupt_checkpoint(data_dir, tmp_path):
 def log_entries(out_dir):
     """log.jsonl without its timings, which differ between any two runs."""
     lines = (Path(out_dir) / "log.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in ("ms_per_iter", "tokens_per_s")} for line in lines]
+    timings = ("ms_per_iter", "tokens_per_s", "mfu")
+    return [{k: v for k, v in json.loads(line).items() if k not in timings} for line in lines]
 
 
 def logged_iters(out_dir):
@@ -285,17 +288,18 @@ def test_resume_across_precisions(data_dir, tmp_path, first, then):
 
 
 def test_resume_takes_this_runs_fused_choice(data_dir, tmp_path):
-    """optimizer.load_state_dict brings back the saved run's `fused`, e.g. a bfloat16 GPU run's True, which must not
-    meet the float16 GradScaler: the resumed run puts back its own choice."""
+    """optimizer.load_state_dict brings back the saved run's `fused`, e.g. an MPS run's False, which a CUDA or CPU
+    run, fused since the optimizer was made, must not take: the resumed run puts back its own choice."""
     out = tmp_path / "run"
     train.main(tiny_args(data_dir, out, max_iters=3))
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    assert [g["fused"] for g in ckpt["optimizer"]["param_groups"]] == [True, True]  # CPU: fused
     for group in ckpt["optimizer"]["param_groups"]:
-        group["fused"] = True
+        group["fused"] = False
     torch.save(ckpt, out / "ckpt.pt")
     train.main(tiny_args(data_dir, out, init_from="resume", dtype="float16"))
     groups = torch.load(out / "ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
-    assert [g["fused"] for g in groups] == [False, False]  # CPU: never fused
+    assert [g["fused"] for g in groups] == [True, True]
 
 
 def test_resume_refuses_a_dataset_with_another_tokenizer(data_dir, tmp_path):
@@ -362,3 +366,119 @@ def test_out_dir_that_cannot_take_checkpoints_fails_before_training(data_dir, tm
     with pytest.raises(SystemExit) as e:
         train.main(tiny_args(data_dir, tmp_path / "locked"))
     assert "out_dir" in str(e.value.code) and "is not writable: Permission denied" in str(e.value.code)
+
+
+# --- MFU, reading the loss at log steps only, compile, wandb --------------------------------------------------------
+
+
+def test_mfu_is_the_model_flops_over_time_and_peak(data_dir, tmp_path, monkeypatch, capsys):
+    from common import train_flops_per_token
+
+    monkeypatch.setattr(train, "peak_flops", lambda device, dtype: 1e9)
+    train.main(tiny_args(data_dir, tmp_path / "run"))
+    steps = read_log(tmp_path / "run")[0]
+    model_args = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["model_args"]
+    flops = train_flops_per_token(GPTConfig(**model_args))
+    for r in steps:
+        assert r["mfu"] == pytest.approx(flops * 4 * 16 / (r["ms_per_iter"] / 1e3) / 1e9, rel=1e-9)
+    assert f"mfu {steps[-1]['mfu']:.2%}" in capsys.readouterr().out
+    monkeypatch.setattr(train, "peak_flops", lambda device, dtype: None)  # a GPU not in the table
+    train.main(tiny_args(data_dir, tmp_path / "unknown", max_iters=2))
+    assert not any("mfu" in r for r in read_log(tmp_path / "unknown")[0])
+    assert "mfu n/a" in capsys.readouterr().out
+
+
+def test_mfu_on_cpu_uses_the_measured_peak(data_dir, tmp_path):
+    """Not asserted below 1: a peak measured while other work holds the CPU reads low (see cpu_matmul_flops)."""
+    from common import peak_flops, train_flops_per_token
+
+    train.main(tiny_args(data_dir, tmp_path / "run", max_iters=3))
+    model_args = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["model_args"]
+    flops = train_flops_per_token(GPTConfig(**model_args))
+    for r in read_log(tmp_path / "run")[0]:
+        assert r["mfu"] == pytest.approx(flops * 4 * 16 / (r["ms_per_iter"] / 1e3) / peak_flops("cpu", "float32"))
+
+
+def test_loss_is_read_at_log_steps_only(data_dir, tmp_path, monkeypatch):
+    """Each logged loss is its own iteration's, and the all-reduce (where the host waits for the device) runs at log
+    steps and evaluations only."""
+    train.main(tiny_args(data_dir, tmp_path / "every"))
+    reduced, real = [], train.all_reduce_sum
+    monkeypatch.setattr(train, "all_reduce_sum", lambda t, ddp: reduced.append(t.numel()) or real(t, ddp))
+    train.main(tiny_args(data_dir, tmp_path / "third", log_interval=3))
+    assert losses(tmp_path / "third") == losses(tmp_path / "every")[::3]
+    assert [r["iter"] for r in read_log(tmp_path / "third")[0]] == [0, 3]
+    assert sorted(reduced) == [1, 1] + [2] * 6  # 2 log steps; 3 evaluations of 2 splits
+
+
+def test_non_finite_loss_between_log_steps_stops_at_the_next(data_dir, tmp_path, monkeypatch):
+    out = tmp_path / "nan"
+    train.main(tiny_args(data_dir, out, max_iters=3, log_interval=2))
+    good = (out / "ckpt.pt").read_bytes()
+    forward = train.GPT.forward
+
+    def poisoned(self, idx, targets=None, **kw):  # from iter 3 on (the resumed run's first step)
+        logits, loss = forward(self, idx, targets, **kw)
+        return logits, (loss * float("nan") if self.training else loss)
+
+    monkeypatch.setattr(train.GPT, "forward", poisoned)
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(data_dir, out, init_from="resume", log_interval=2))
+    assert "non-finite loss nan at iter 4" in str(e.value.code)  # NaN weights since iter 3, which is not logged
+    assert (out / "ckpt.pt").read_bytes() == good
+
+
+def test_float16_skipped_steps_are_counted_over_the_whole_run(data_dir, tmp_path, monkeypatch):
+    """An inf loss at iter 1 (not a log step): the GradScaler skips that step (fused AdamW applies no update), halves
+    its scale, and training goes on. skipped_steps counts from the run's start, across a resume."""
+    forward, calls = train.GPT.forward, []
+
+    def inf_at_iter_1(self, idx, targets=None, **kw):
+        logits, loss = forward(self, idx, targets, **kw)
+        calls.append(self.training)
+        return logits, (loss * float("inf") if self.training and calls.count(True) == 2 else loss)
+
+    monkeypatch.setattr(train.GPT, "forward", inf_at_iter_1)
+    args = dict(dtype="float16", log_interval=2)
+    train.main(tiny_args(data_dir, tmp_path / "straight", **args))
+    steps = read_log(tmp_path / "straight")[0]
+    assert [(r["iter"], r["skipped_steps"]) for r in steps] == [(0, 0), (2, 1), (4, 1)]
+    assert steps[1]["grad_scale"] == steps[0]["grad_scale"] / 2 and all(math.isfinite(r["loss"]) for r in steps)
+    calls.clear()
+    train.main(tiny_args(data_dir, tmp_path / "halves", max_iters=3, **args))
+    train.main(tiny_args(data_dir, tmp_path / "halves", init_from="resume", **args))
+    assert log_entries(tmp_path / "halves") == log_entries(tmp_path / "straight")
+
+
+def test_compile(data_dir, tmp_path):
+    """torch.compile on CPU (inductor builds C++ kernels with the system's compiler): about 30 s cold on
+    2 CPU cores, a few seconds once inductor's cache (/tmp/torchinductor_$USER) holds its kernels."""
+    train.main(tiny_args(data_dir, tmp_path / "run", max_iters=3, compile=True))
+    steps, evals = read_log(tmp_path / "run")
+    assert [r["iter"] for r in steps] == [0, 1, 2] and all(math.isfinite(r["loss"]) for r in steps)
+    assert [r["iter"] for r in evals] == [0, 3] and all(math.isfinite(r["val_loss"]) for r in evals)
+    weights = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["model"]
+    assert not any(k.startswith("_orig_mod.") for k in weights)
+
+
+def test_wandb_log_without_wandb_is_a_one_line_error(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now fails, as when it is not installed
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(data_dir, tmp_path / "run", wandb_log=True))
+    assert e.value.code == "train.py: error: wandb_log=True needs the wandb package: pip install wandb"
+    assert not (tmp_path / "run").exists()
+
+
+def test_wandb_offline(data_dir, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb", reason="wandb is not installed (it is optional)")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    logged, real = [], wandb.Run.log
+    monkeypatch.setattr(wandb.Run, "log", lambda run, data, *a, **kw: logged.append(data) or real(run, data, *a, **kw))
+    train.main(tiny_args(data_dir, tmp_path / "run", wandb_log=True, wandb_run_name="tiny"))
+    steps, evals = read_log(tmp_path / "run")
+    assert logged == [{"iter": e["iter"], "train/loss": e["train_loss"], "val/loss": e["val_loss"],
+                       "lr": train.get_lr(e["iter"], train.load_config(tiny_args(data_dir, tmp_path)))}
+                      if "val_loss" in e else {"iter": e["iter"], "loss": e["loss"], "lr": e["lr"], "mfu": e["mfu"]}
+                      for e in (json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines())]
+    assert len(logged) == len(steps) + len(evals) and list((tmp_path / "wandb").glob("offline-run-*"))

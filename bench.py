@@ -1,0 +1,321 @@
+"""
+Benchmarks on the current device, printed as markdown tables (--json writes every row). A few minutes on CPU.
+
+    python bench.py [--device auto] [--only train,length,decode,dtype] [--json bench.json]
+    python bench.py --loss_check [--iters 500]   # train.py in float32 and in bfloat16 autocast: the loss curves
+
+Sections (each row names its config, dtype and device):
+- train: training ms/iter, tokens/s and MFU for each position scheme, at the nanoGPT comparison's shape; then
+  xPos's overhead against learned positions, for a training step and for a forward pass alone.
+- length: time per token and peak memory of scoring one sequence of 1 .. 64 x block_size tokens: BCA in one
+  piece, BCA streamed through the KV cache (what eval_extrapolate.py does), and plain causal attention (not run
+  where it would not fit). Each measurement runs in a fresh process; memory is the CUDA allocator's peak on GPU,
+  and on CPU the growth of the process's peak RSS (weights and the interpreter excluded).
+- decode: cached generation tokens/s after a context of 1, 8 and 32 x block_size (BCA).
+- dtype: training ms/iter in float32 against bfloat16 autocast at nanoGPT's Shakespeare-char shape.
+Timings are medians over runs that alternate between the things compared, so that a change in the machine's load
+hits both. Speed is measured here, never in the tests.
+"""
+
+import argparse
+import json
+import multiprocessing
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from common import (UserError, autocast, output_path, peak_flops, resolve_device, resolve_dtype,
+                    train_flops_per_token)
+from model import GPT, POSITION_SCHEMES, GPTConfig
+
+SECTIONS = ("train", "length", "decode", "dtype")
+TRAIN_SHAPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=65, bias=False)  # batch 16
+LENGTH_SHAPE = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=256, pos="xpos")  # batch 1
+DTYPE_SHAPE = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, pos="xpos")  # batch 16
+LENGTH_MULTS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def describe(shape, batch):
+    return f"{shape['n_layer']}x{shape['n_embd']}, T {shape['block_size']}, batch {batch}"
+
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def build(shape, device, **overrides):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**(shape | overrides))).to(device)
+
+
+def random_batch(config, batch, device, length=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, config.vocab_size, (batch, (length or config.block_size) + 1), generator=g)
+    return x[:, :-1].to(device), x[:, 1:].to(device)
+
+
+def alternating(runs, rounds, repeats):
+    """{name: median seconds per call} of the callables in runs, called in turn for `rounds` rounds of `repeats`
+    calls each, after one warm-up call of each."""
+    for fn in runs.values():
+        fn()
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def train_step_fn(model, x, y, ctx, device):
+    """One training step as train.py takes it: forward and loss under autocast, backward, AdamW."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+
+    def step():
+        with ctx:
+            _, loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync(device)
+    return step
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sections
+
+
+def bench_train(device, dtype, rounds):
+    ctx, batch = autocast(device, dtype), 16
+    models = {pos: build(TRAIN_SHAPE, device, pos=pos) for pos in POSITION_SCHEMES}
+    x, y = random_batch(models["xpos"].config, batch, device)
+    steps = alternating({pos: train_step_fn(m, x, y, ctx, device) for pos, m in models.items()}, rounds, 3)
+    peak = peak_flops(device, dtype)
+    rows = []
+    for pos, seconds in steps.items():
+        tokens = batch * TRAIN_SHAPE["block_size"]
+        mfu = train_flops_per_token(models[pos].config) * tokens / seconds / peak if peak else None
+        rows.append(dict(section="train", config=describe(TRAIN_SHAPE, batch), pos=pos, dtype=dtype, device=device,
+                         ms_per_iter=seconds * 1e3, tokens_per_s=tokens / seconds, mfu=mfu))
+    print_table(f"training step per position scheme ({describe(TRAIN_SHAPE, batch)}, {dtype}, {device})", rows,
+                ["pos", "ms_per_iter", "tokens_per_s", "mfu"])
+
+    @torch.no_grad()
+    def forward(model):
+        model.eval()
+        return lambda: (model(x, y), sync(device))
+    with ctx:
+        fwd = alternating({pos: forward(models[pos]) for pos in ("learned", "xpos")}, rounds, 5)
+    overhead = [dict(section="overhead", config=describe(TRAIN_SHAPE, batch), measure=measure, dtype=dtype,
+                     device=device, learned_ms=times["learned"] * 1e3, xpos_ms=times["xpos"] * 1e3,
+                     ratio=times["xpos"] / times["learned"])
+                for measure, times in (("training step", steps), ("forward pass", fwd))]
+    print_table("xPos against learned positions (target: training step <= 1.03x)", overhead,
+                ["measure", "learned_ms", "xpos_ms", "ratio"])
+    return rows + overhead
+
+
+def score_once(mode, T, device, dtype):
+    """Run in a fresh process: seconds per call and peak memory (MiB) of scoring one T-token sequence."""
+    torch.set_num_threads(torch.get_num_threads())
+    model = build(LENGTH_SHAPE, device).eval()
+    x, y = random_batch(model.config, 1, device, length=T)
+    block = model.config.block_size
+    run = {"BCA, one piece": lambda: model(x, y, bca=True),
+           "BCA, streamed": lambda: model.token_nll(x, y, bca=True, chunk_tokens=2 * block),
+           "plain causal": lambda: model(x, y, bca=False)}[mode]
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    with torch.no_grad(), autocast(device, dtype):
+        times = []
+        for _ in range(3):  # the first is a warm-up
+            t0 = time.perf_counter()
+            run()
+            sync(device)
+            times.append(time.perf_counter() - t0)
+    if device.startswith("cuda"):
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
+    return statistics.median(times[1:]), peak
+
+
+def bench_length(device, dtype, plain_max_mult):
+    spawn = multiprocessing.get_context("spawn")
+    block, rows = LENGTH_SHAPE["block_size"], []
+    for mult in LENGTH_MULTS:
+        for mode in ("BCA, one piece", "BCA, streamed", "plain causal"):
+            if mode == "plain causal" and mult > plain_max_mult:
+                continue
+            with spawn.Pool(1) as pool:
+                seconds, mib = pool.apply(score_once, (mode, mult * block, device, dtype))
+            rows.append(dict(section="length", config=describe(LENGTH_SHAPE, 1) + ", xpos", mode=mode,
+                             T=mult * block, blocks=mult, dtype=dtype, device=device,
+                             us_per_token=seconds * 1e6 / (mult * block), peak_mib=mib))
+    print_table(f"scoring one sequence against its length ({describe(LENGTH_SHAPE, 1)}, xpos, {dtype}, {device}; "
+                f"streamed in chunks of 2 x block_size; plain causal up to {plain_max_mult} x)", rows,
+                ["mode", "T", "blocks", "us_per_token", "peak_mib"])
+    at = {(r["mode"], r["blocks"]): r for r in rows}
+    summary = dict(section="length_summary", dtype=dtype, device=device,
+                   bca_time_32x_over_2x=at["BCA, one piece", 32]["us_per_token"] / at["BCA, one piece", 2]["us_per_token"],
+                   streamed_time_32x_over_2x=at["BCA, streamed", 32]["us_per_token"]
+                   / at["BCA, streamed", 2]["us_per_token"],
+                   streamed_memory_64x_over_4x=at["BCA, streamed", 64]["peak_mib"] / at["BCA, streamed", 4]["peak_mib"])
+    print(f"BCA time per token, 32x over 2x: one piece {summary['bca_time_32x_over_2x']:.2f}, streamed "
+          f"{summary['streamed_time_32x_over_2x']:.2f} (target <= 1.2); streamed peak memory, 64x over 4x: "
+          f"{summary['streamed_memory_64x_over_4x']:.2f} (target <= 1.25)\n")
+    return rows + [summary]
+
+
+@torch.no_grad()
+def bench_decode(device, dtype, new_tokens=64):
+    model = build(LENGTH_SHAPE, device).eval()
+    block, rows = model.config.block_size, []
+    for mult in (1, 8, 32):
+        x, _ = random_batch(model.config, 1, device, length=mult * block)
+        with autocast(device, dtype):
+            cache = model.new_cache(mult * block + new_tokens, bca=True)
+            logits, _ = model(x, cache=cache)  # prefill, not timed
+            sync(device)
+            t0 = time.perf_counter()
+            for _ in range(new_tokens):
+                logits, _ = model(logits[:, -1].argmax(-1, keepdim=True), cache=cache)
+            sync(device)
+        seconds = time.perf_counter() - t0
+        rows.append(dict(section="decode", config=describe(LENGTH_SHAPE, 1) + ", xpos, BCA", context=mult * block,
+                         blocks=mult, dtype=dtype, device=device, tokens_per_s=new_tokens / seconds))
+    print_table(f"cached decoding, {new_tokens} tokens after a context of 1, 8, 32 x block_size "
+                f"({describe(LENGTH_SHAPE, 1)}, xpos, BCA, {dtype}, {device})", rows,
+                ["context", "blocks", "tokens_per_s"])
+    ratio = rows[-1]["tokens_per_s"] / rows[0]["tokens_per_s"]
+    print(f"decode tokens/s at 32x over 1x: {ratio:.2f} (target >= 0.9)\n")
+    return rows + [dict(section="decode_summary", dtype=dtype, device=device, tokens_per_s_32x_over_1x=ratio)]
+
+
+def bench_dtype(device, rounds):
+    batch, steps, rows = 16, {}, []
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        model = build(DTYPE_SHAPE, device)
+        x, y = random_batch(model.config, batch, device)
+        runs[dtype] = train_step_fn(model, x, y, autocast(device, dtype), device)
+    steps = alternating(runs, rounds, 2)
+    for dtype, seconds in steps.items():
+        rows.append(dict(section="dtype", config=describe(DTYPE_SHAPE, batch) + ", xpos", dtype=dtype, device=device,
+                         ms_per_iter=seconds * 1e3, speedup=steps["float32"] / seconds))
+    print_table(f"training step, float32 against bfloat16 autocast ({describe(DTYPE_SHAPE, batch)}, xpos, {device}; "
+                "target: bfloat16 >= 1.5x)", rows, ["dtype", "ms_per_iter", "speedup"])
+    return rows
+
+
+def loss_check(iters):
+    """train.py on the Shakespeare characters for `iters` iterations, float32 and bfloat16 autocast, same seed."""
+    data = Path("data/shakespeare_char")
+    if not (data / "meta.json").is_file():
+        raise UserError(f"{data} is not prepared: python prepare_data.py --dataset shakespeare --tokenizer char")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for dtype in ("float32", "bfloat16"):
+            out = Path(tmp) / dtype
+            cmd = [sys.executable, "train.py", "config/shakespeare_char.py", f"--dtype={dtype}", f"--out_dir={out}",
+                   f"--max_iters={iters}", f"--lr_decay_iters={iters}", f"--eval_interval={iters}",
+                   "--block_size=256", "--n_layer=6", "--n_head=6", "--n_embd=384", "--batch_size=16",
+                   "--gradient_accumulation_steps=1"]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+            steps = [r["ms_per_iter"] for r in log if "ms_per_iter" in r and r["iter"] > 0]
+            val = next(r["val_loss"] for r in log if r.get("iter") == iters and "val_loss" in r)
+            rows.append(dict(section="loss_check", config=describe(DTYPE_SHAPE, 16) + ", xpos, shakespeare_char",
+                             dtype=dtype, device="cpu", iters=iters, val_loss=val,
+                             ms_per_iter=statistics.median(steps)))
+    rows[1]["val_loss_vs_float32"] = rows[1]["val_loss"] / rows[0]["val_loss"] - 1
+    rows[1]["speedup"] = rows[0]["ms_per_iter"] / rows[1]["ms_per_iter"]
+    print_table(f"train.py end to end, {iters} iterations (target: bfloat16 >= 1.5x faster, val loss within 2%)",
+                rows, ["dtype", "iters", "val_loss", "ms_per_iter", "val_loss_vs_float32", "speedup"])
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def print_table(title, rows, columns):
+    def cell(v):
+        if v is None:
+            return "n/a"
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}"
+        return str(v)
+    print(f"{title}\n| " + " | ".join(columns) + " |\n" + "|---" * len(columns) + "|")
+    for r in rows:
+        print("| " + " | ".join(cell(r.get(c)) for c in columns) + " |")
+    print()
+
+
+def machine(device):
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    return f"CPU, {torch.get_num_threads()} threads"
+
+
+def run(args):
+    json_path = output_path(args.json, "--json")
+    only = args.only.split(",") if args.only else list(SECTIONS)
+    unknown = [s for s in only if s not in SECTIONS]
+    if unknown:
+        raise UserError(f"--only {args.only!r}: unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    print(f"# {machine(device)}, torch {torch.__version__}\n")
+    rows = []
+    if args.loss_check:
+        rows += loss_check(args.iters)
+    else:
+        if "train" in only:
+            rows += bench_train(device, dtype, args.rounds)
+        if "length" in only:
+            rows += bench_length(device, dtype, args.plain_max_mult)
+        if "decode" in only:
+            rows += bench_decode(device, dtype)
+        if "dtype" in only:
+            rows += bench_dtype(device, args.rounds)
+    if json_path:
+        json_path.write_text(json.dumps({"machine": machine(device), "torch": torch.__version__, "rows": rows},
+                                        indent=1) + "\n")
+        print(f"wrote {json_path}")
+    return rows
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="for the train, length and decode sections")
+    p.add_argument("--only", help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds per timing")
+    p.add_argument("--plain_max_mult", type=int, default=16, help="longest plain-causal run, x block_size")
+    p.add_argument("--loss_check", action="store_true", help="instead: train.py float32 against bfloat16 autocast")
+    p.add_argument("--iters", type=int, default=500, help="--loss_check's iterations")
+    p.add_argument("--json")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    try:
+        return run(parse_args(argv))
+    except UserError as e:
+        sys.exit(f"bench.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()
