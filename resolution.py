@@ -1,4 +1,4 @@
-"""
+r"""
 Attention resolution (paper §3.1 Eq. 3, §4.3): the theory curves of Figure 2 and the measured Table 3.
 
     python resolution.py --theory [--head_dim 64] [--gamma 0.4] [--scale_base 512] [--max_dist 4096] \
@@ -18,18 +18,14 @@ Eq. 3 as printed, R(s) = sum_i e^s[i] (e^s[i] - e^s[i+1]) / (sum_i e^s[i])^2, le
 """
 
 import argparse
-import json
 import math
 import sys
-from pathlib import Path
 
 import torch
 
-from common import (UserError, checkpoint_dataset, learned_length_check, load_model, output_path, pyplot, read_tokens,
-                    resolve_device)
+from common import (BCA_MODES, UserError, add_checkpoint_args, checkpoint_dataset, learned_length_check, load_model,
+                    output_path, pyplot, read_tokens, resolve_device, save_figure, write_json)
 from model import GPTConfig, rotary_frequencies
-
-BCA = {"on": [True], "off": [False], "both": [False, True]}
 
 
 def resolution(s):
@@ -63,8 +59,7 @@ def plot_theory(result, path):
     ax.set_title(f"expected attention score vs distance, head dim {result['head_dim']}")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -159,7 +154,6 @@ def run(args):
                   f"{result[name]['R']:.4f} |")
         if plot_path:
             plot_theory(result, plot_path)
-            print(f"wrote {plot_path}")
     else:
         if not args.ckpt or args.length is None:
             raise UserError("give --theory, or --ckpt CKPT --length T")
@@ -175,7 +169,7 @@ def run(args):
         learned_length_check(cfg, args.length, args.ckpt)
         data_dir, meta = checkpoint_dataset(ckpt, args.ckpt, args.data_dir)
         texts = texts_from(meta, data_dir, args.length, args.texts)
-        modes = [measure(model, texts, bca) for bca in BCA[args.bca]]
+        modes = [measure(model, texts, bca) for bca in BCA_MODES[args.bca]]
         for m in modes:
             if not all(math.isfinite(m[k]) for k in ("R", "R_per_head", "R_shared", "R_shared_per_head")):
                 raise UserError(f"non-finite scores for {args.ckpt} at length {args.length} (float32, BCA "
@@ -196,8 +190,7 @@ def run(args):
             print(f"| {label} | {m['R']:.3f} | {m['R_per_head']:.3f} | {m['R_shared']:.3f} | "
                   f"{m['R_shared_per_head']:.3f} | {cells} |")
     if json_path:
-        json_path.write_text(json.dumps(result) + "\n")
-        print(f"wrote {json_path}")
+        write_json(json_path, result)
     return result
 
 
@@ -210,10 +203,8 @@ def parse_args(argv=None):
     p.add_argument("--max_dist", type=int, default=4096)
     p.add_argument("--ckpt")
     p.add_argument("--length", type=int)
-    p.add_argument("--bca", default="both", choices=list(BCA))
     p.add_argument("--texts", type=int, default=8, help="validation texts of --length tokens to average over")
-    p.add_argument("--data_dir", help="default: the checkpoint's data_dir")
-    p.add_argument("--device", default="auto")
+    add_checkpoint_args(p, bca=("on", "off", "both"), bca_default="both", dtype=False)  # scores in float32
     p.add_argument("--json")
     p.add_argument("--plot", help="--theory: draw g for RoPE and xPos (needs matplotlib)")
     return p.parse_args(argv)

@@ -13,10 +13,8 @@ from pathlib import Path
 
 import torch
 
-from common import (UserError, autocast, checkpoint_dataset, learned_length_check, load_model, resolve_device,
-                    resolve_dtype, tokenizer_from_meta)
-
-BCA = {"auto": None, "on": True, "off": False}
+from common import (BCA_MODES, UserError, add_checkpoint_args, autocast, checkpoint_dataset, learned_length_check,
+                    load_model, resolve_device, resolve_dtype, tokenizer_from_meta)
 
 
 def read_prompt(path):
@@ -49,7 +47,7 @@ def sample(args):
     x = torch.tensor([ids], dtype=torch.long, device=device)
     with torch.no_grad(), autocast(device, resolve_dtype(args.dtype, device)):
         for k in range(args.num_samples):
-            y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, bca=BCA[args.bca])
+            y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, bca=BCA_MODES[args.bca][0])
             print(tokenizer.decode(y[0].tolist()))
             print("-" * 40 if k + 1 < args.num_samples else "", flush=True)
 
@@ -63,10 +61,7 @@ def parse_args(argv=None):
     p.add_argument("--top_k", type=int, default=200)
     p.add_argument("--num_samples", type=int, default=1)
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--bca", default="auto", choices=list(BCA))
-    p.add_argument("--data_dir", help="where meta.json (the tokenizer) is; default: the checkpoint's data_dir")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16", "float16"))
+    add_checkpoint_args(p)
     return p.parse_args(argv)
 
 

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (CHECKPOINT_FORMAT, UserError, all_reduce_sum, autocast, check_tokenizer, load_checkpoint,
+from common import (CHECKPOINT_FORMAT, DTYPES, UserError, all_reduce_sum, autocast, check_tokenizer, load_checkpoint,
                     load_meta, load_weights, model_config, peak_flops, read_tokens, resolve_dtype, save_checkpoint,
                     setup_distributed, teardown_distributed, tokenizer_identity, train_flops_per_token,
                     writable_dir)
@@ -88,7 +88,7 @@ DEFAULTS = dict(
     overwrite=False,  # init_from=scratch in an out_dir that holds ckpt.pt: refused unless this is True
 )
 CHOICES = dict(init_from=("scratch", "resume"), lr_schedule=("cosine", "polynomial"),
-               dtype=("auto", "float32", "bfloat16", "float16"))
+               dtype=DTYPES)
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
 finite = lambda low, high=math.inf: lambda v: math.isfinite(v) and low <= v < high  # NaN fails every comparison
 LIMITS = dict(  # numeric keys, checked once the whole configuration is known

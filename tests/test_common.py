@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-from dataclasses import asdict
 
 import numpy as np
 import pytest

@@ -148,7 +148,7 @@ def test_checkpoint_errors(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "learned.pt", tiny_data, pos="learned", block_size=8)
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "learned.pt", "--lengths", "8,16")
-    assert "learned absolute positions, which cannot go past its block_size 8" in str(e.value.code)
+    assert "cannot go past block_size=8 (asked for 16 positions)" in str(e.value.code)
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "missing.pt", "--lengths", "8")
     assert "no checkpoint at" in str(e.value.code)
@@ -191,7 +191,7 @@ def test_every_checkpoint_is_checked_before_any_is_scored(tiny_data, tmp_path, m
     monkeypatch.setattr(eval_extrapolate, "score", None)
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "good.pt", "--ckpt", tmp_path / "learned.pt", "--lengths", "8,16")
-    assert "learned.pt uses learned absolute positions" in str(e.value.code)
+    assert "learned.pt: pos='learned' cannot go past block_size=8" in str(e.value.code)
 
 
 def test_dataset_with_another_tokenizer_is_refused(tiny_data, tmp_path):

@@ -40,7 +40,7 @@ def test_errors(tiny_data, tmp_path):
     sample.main(["--ckpt", str(tmp_path / "learned.pt"), "--start", "abc", "--max_new_tokens", "6"])  # 8 positions
     for argv, message in (
         (["--ckpt", str(tmp_path / "learned.pt"), "--start", "abc", "--max_new_tokens", "7"],
-         "learned absolute positions, which cannot go past its block_size 8 (asked for 9)"),
+         "cannot go past block_size=8 (asked for 9 positions): learned absolute positions cannot extrapolate"),
         (["--ckpt", str(tmp_path / "learned.pt"), "--temperature", "0"], "--temperature 0.0 must be > 0"),
         (["--ckpt", str(tmp_path / "learned.pt"), "--start", "xyz"], "not in this char vocabulary"),
         (["--ckpt", str(tmp_path / "learned.pt"), "--start", "FILE:/no/such/file"], "does not exist"),
