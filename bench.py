@@ -2,7 +2,7 @@
 Benchmarks on the current device, printed as markdown tables (--json writes every row). A few minutes on CPU.
 
     python bench.py [--device auto] [--only train,length,decode,dtype] [--json bench.json]
-    python bench.py --loss_check [--iters 500]   # train.py in float32 and in bfloat16 autocast: the loss curves
+    python bench.py --loss_check [--iters 500]   # train.py on CPU, float32 against bfloat16 autocast
 
 Sections (each row names its config, dtype and device):
 - train: training ms/iter, tokens/s and MFU for each position scheme, at the nanoGPT comparison's shape; then
@@ -10,7 +10,8 @@ Sections (each row names its config, dtype and device):
 - length: time per token and peak memory of scoring one sequence of 1 .. 64 x block_size tokens: BCA in one
   piece, BCA streamed through the KV cache (what eval_extrapolate.py does), and plain causal attention (not run
   where it would not fit). Each measurement runs in a fresh process; memory is the CUDA allocator's peak on GPU,
-  and on CPU the growth of the process's peak RSS (weights and the interpreter excluded).
+  and on CPU the process's peak resident memory above what it held before (weights and the interpreter
+  excluded; Linux's peak is reset first through /proc/self/clear_refs).
 - decode: cached generation tokens/s after a context of 1, 8 and 32 x block_size (BCA).
 - dtype: training ms/iter in float32 against bfloat16 autocast at nanoGPT's Shakespeare-char shape.
 Timings are medians over runs that alternate between the things compared, so that a change in the machine's load
@@ -20,7 +21,6 @@ hits both. Speed is measured here, never in the tests.
 import argparse
 import json
 import multiprocessing
-import resource
 import statistics
 import subprocess
 import sys
@@ -125,10 +125,9 @@ def bench_train(device, dtype, rounds):
     return rows + overhead
 
 
-def score_once(mode, T, device, dtype):
+def score_once(mode, T, device, dtype, shape):
     """Run in a fresh process: seconds per call and peak memory (MiB) of scoring one T-token sequence."""
-    torch.set_num_threads(torch.get_num_threads())
-    model = build(LENGTH_SHAPE, device).eval()
+    model = build(shape, device).eval()
     x, y = random_batch(model.config, 1, device, length=T)
     block = model.config.block_size
     run = {"BCA, one piece": lambda: model(x, y, bca=True),
@@ -136,7 +135,9 @@ def score_once(mode, T, device, dtype):
            "plain causal": lambda: model(x, y, bca=False)}[mode]
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident memory
+    before = process_memory_mib("VmRSS")
     with torch.no_grad(), autocast(device, dtype):
         times = []
         for _ in range(3):  # the first is a warm-up
@@ -147,8 +148,14 @@ def score_once(mode, T, device, dtype):
     if device.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated(device) / 2**20
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
+        peak = process_memory_mib("VmHWM") - before
     return statistics.median(times[1:]), peak
+
+
+def process_memory_mib(key):
+    """VmRSS (resident now) or VmHWM (peak resident) of this process, from /proc/self/status (Linux)."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(key + ":"))
+    return int(line.split()[1]) / 1024
 
 
 def bench_length(device, dtype, plain_max_mult):
@@ -159,22 +166,24 @@ def bench_length(device, dtype, plain_max_mult):
             if mode == "plain causal" and mult > plain_max_mult:
                 continue
             with spawn.Pool(1) as pool:
-                seconds, mib = pool.apply(score_once, (mode, mult * block, device, dtype))
+                seconds, mib = pool.apply(score_once, (mode, mult * block, device, dtype, LENGTH_SHAPE))
             rows.append(dict(section="length", config=describe(LENGTH_SHAPE, 1) + ", xpos", mode=mode,
                              T=mult * block, blocks=mult, dtype=dtype, device=device,
                              us_per_token=seconds * 1e6 / (mult * block), peak_mib=mib))
     print_table(f"scoring one sequence against its length ({describe(LENGTH_SHAPE, 1)}, xpos, {dtype}, {device}; "
                 f"streamed in chunks of 2 x block_size; plain causal up to {plain_max_mult} x)", rows,
                 ["mode", "T", "blocks", "us_per_token", "peak_mib"])
-    at = lambda mode, blocks, key: next(r[key] for r in rows if r["mode"] == mode and r["blocks"] == blocks)
-    time_ratio = lambda mode: at(mode, 32, "us_per_token") / at(mode, 2, "us_per_token")
+    def ratio(mode, key, high, low):  # None where the smaller one measured nothing (peak RSS grows in pages)
+        at = {r["blocks"]: r[key] for r in rows if r["mode"] == mode}
+        return at[high] / at[low] if at[low] > 0 else None
     summary = dict(section="length_summary", dtype=dtype, device=device,
-                   bca_time_32x_over_2x=time_ratio("BCA, one piece"),
-                   streamed_time_32x_over_2x=time_ratio("BCA, streamed"),
-                   streamed_memory_64x_over_4x=at("BCA, streamed", 64, "peak_mib") / at("BCA, streamed", 4, "peak_mib"))
-    print(f"BCA time per token, 32x over 2x: one piece {summary['bca_time_32x_over_2x']:.2f}, streamed "
-          f"{summary['streamed_time_32x_over_2x']:.2f} (target <= 1.2); streamed peak memory, 64x over 4x: "
-          f"{summary['streamed_memory_64x_over_4x']:.2f} (target <= 1.25)\n")
+                   bca_time_32x_over_2x=ratio("BCA, one piece", "us_per_token", 32, 2),
+                   streamed_time_32x_over_2x=ratio("BCA, streamed", "us_per_token", 32, 2),
+                   streamed_memory_64x_over_4x=ratio("BCA, streamed", "peak_mib", 64, 4))
+    show = lambda key: "n/a" if summary[key] is None else f"{summary[key]:.2f}"
+    print(f"BCA time per token, 32x over 2x: one piece {show('bca_time_32x_over_2x')}, streamed "
+          f"{show('streamed_time_32x_over_2x')} (target <= 1.2); streamed peak memory, 64x over 4x: "
+          f"{show('streamed_memory_64x_over_4x')} (target <= 1.25)\n")
     return rows + [summary]
 
 
@@ -206,45 +215,49 @@ def bench_decode(device, dtype, new_tokens=64):
 
 
 def bench_dtype(device, rounds):
-    batch, steps, rows = 16, {}, []
-    runs = {}
+    """float32 against bfloat16 autocast training. On a CPU without bfloat16 instructions a bfloat16 step is many
+    times slower (its matmuls run without vector support), so there it is timed once after a warm-up."""
+    batch, runs = 16, {}
     for dtype in ("float32", "bfloat16"):
         model = build(DTYPE_SHAPE, device)
         x, y = random_batch(model.config, batch, device)
         runs[dtype] = train_step_fn(model, x, y, autocast(device, dtype), device)
-    steps = alternating(runs, rounds, 2)
-    for dtype, seconds in steps.items():
-        rows.append(dict(section="dtype", config=describe(DTYPE_SHAPE, batch) + ", xpos", dtype=dtype, device=device,
-                         ms_per_iter=seconds * 1e3, speedup=steps["float32"] / seconds))
+    matmul = {dtype: peak_flops(device, dtype) for dtype in runs}
+    slow_bf16 = device == "cpu" and matmul["bfloat16"] < matmul["float32"]
+    steps = alternating(runs, 1 if slow_bf16 else rounds, 1 if slow_bf16 else 2)
+    rows = [dict(section="dtype", config=describe(DTYPE_SHAPE, batch) + ", xpos", dtype=dtype, device=device,
+                 ms_per_iter=seconds * 1e3, speedup=steps["float32"] / seconds,
+                 matmul_peak_gflops=matmul[dtype] / 1e9 if matmul[dtype] else None)
+            for dtype, seconds in steps.items()]
     print_table(f"training step, float32 against bfloat16 autocast ({describe(DTYPE_SHAPE, batch)}, xpos, {device}; "
-                "target: bfloat16 >= 1.5x)", rows, ["dtype", "ms_per_iter", "speedup"])
+                "target: bfloat16 >= 1.5x)", rows, ["dtype", "ms_per_iter", "speedup", "matmul_peak_gflops"])
     return rows
 
 
-def loss_check(iters):
-    """train.py on the Shakespeare characters for `iters` iterations, float32 and bfloat16 autocast, same seed."""
-    data = Path("data/shakespeare_char")
-    if not (data / "meta.json").is_file():
-        raise UserError(f"{data} is not prepared: python prepare_data.py --dataset shakespeare --tokenizer char")
+def loss_check(iters, data_dir):
+    """train.py for `iters` iterations in float32 and in bfloat16 autocast (same seed, data and shape as the dtype
+    section, CPU): the validation loss at the end, and the time per iteration."""
+    if not (Path(data_dir) / "meta.json").is_file():
+        raise UserError(f"{data_dir} is not prepared: python prepare_data.py --dataset shakespeare --tokenizer char")
+    shape = [f"--{k}={v}" for k, v in DTYPE_SHAPE.items() if k != "vocab_size"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in ("float32", "bfloat16"):
             out = Path(tmp) / dtype
-            cmd = [sys.executable, "train.py", "config/shakespeare_char.py", f"--dtype={dtype}", f"--out_dir={out}",
-                   f"--max_iters={iters}", f"--lr_decay_iters={iters}", f"--eval_interval={iters}",
-                   "--block_size=256", "--n_layer=6", "--n_head=6", "--n_embd=384", "--batch_size=16",
-                   "--gradient_accumulation_steps=1"]
+            cmd = [sys.executable, "train.py", f"--data_dir={data_dir}", *shape, "--batch_size=16", "--device=cpu",
+                   f"--dtype={dtype}", f"--out_dir={out}", f"--max_iters={iters}", f"--lr_decay_iters={iters}",
+                   f"--eval_interval={iters}", f"--warmup_iters={min(100, iters // 5)}", "--learning_rate=1e-3",
+                   "--min_lr=1e-4", "--beta2=0.99", "--log_interval=1"]
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
             steps = [r["ms_per_iter"] for r in log if "ms_per_iter" in r and r["iter"] > 0]
             val = next(r["val_loss"] for r in log if r.get("iter") == iters and "val_loss" in r)
-            rows.append(dict(section="loss_check", config=describe(DTYPE_SHAPE, 16) + ", xpos, shakespeare_char",
-                             dtype=dtype, device="cpu", iters=iters, val_loss=val,
-                             ms_per_iter=statistics.median(steps)))
+            rows.append(dict(section="loss_check", config=describe(DTYPE_SHAPE, 16) + f", xpos, {data_dir}",
+                             dtype=dtype, device="cpu", iters=iters, val_loss=val, ms_per_iter=statistics.median(steps)))
     rows[1]["val_loss_vs_float32"] = rows[1]["val_loss"] / rows[0]["val_loss"] - 1
     rows[1]["speedup"] = rows[0]["ms_per_iter"] / rows[1]["ms_per_iter"]
-    print_table(f"train.py end to end, {iters} iterations (target: bfloat16 >= 1.5x faster, val loss within 2%)",
-                rows, ["dtype", "iters", "val_loss", "ms_per_iter", "val_loss_vs_float32", "speedup"])
+    print_table(f"train.py end to end on CPU, {iters} iterations (target: bfloat16 >= 1.5x faster, val loss within "
+                "2%)", rows, ["dtype", "iters", "val_loss", "ms_per_iter", "val_loss_vs_float32", "speedup"])
     return rows
 
 
@@ -276,12 +289,12 @@ def run(args):
     unknown = [s for s in only if s not in SECTIONS]
     if unknown:
         raise UserError(f"--only {args.only!r}: unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
-    device = resolve_device(args.device)
+    device = "cpu" if args.loss_check else resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     print(f"# {machine(device)}, torch {torch.__version__}\n")
     rows = []
     if args.loss_check:
-        rows += loss_check(args.iters)
+        rows += loss_check(args.iters, args.data_dir)
     else:
         if "train" in only:
             rows += bench_train(device, dtype, args.rounds)
@@ -306,6 +319,7 @@ def parse_args(argv=None):
     p.add_argument("--plain_max_mult", type=int, default=16, help="longest plain-causal run, x block_size")
     p.add_argument("--loss_check", action="store_true", help="instead: train.py float32 against bfloat16 autocast")
     p.add_argument("--iters", type=int, default=500, help="--loss_check's iterations")
+    p.add_argument("--data_dir", default="data/shakespeare_char", help="--loss_check's dataset")
     p.add_argument("--json")
     return p.parse_args(argv)
 

@@ -1,0 +1,58 @@
+"""Tests for bench.py: every section runs end to end at a tiny scale and reports what it measured. No timing is
+asserted here (speed is measured by bench.py itself, never in tests)."""
+
+import json
+
+import pytest
+
+import bench
+from test_train import words_dataset
+
+TINY = dict(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=11)
+
+
+@pytest.fixture
+def tiny_bench(monkeypatch):
+    monkeypatch.setattr(bench, "TRAIN_SHAPE", TINY | dict(bias=False))
+    monkeypatch.setattr(bench, "LENGTH_SHAPE", TINY | dict(pos="xpos"))
+    monkeypatch.setattr(bench, "DTYPE_SHAPE", TINY | dict(pos="xpos"))
+    monkeypatch.setattr(bench, "LENGTH_MULTS", (1, 2, 4, 32, 64))
+
+
+def test_every_section_reports_its_rows(tiny_bench, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    bench.main(["--device", "cpu", "--rounds", "1", "--plain_max_mult", "4", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    train = [r for r in rows if r["section"] == "train"]
+    assert [r["pos"] for r in train] == ["learned", "sinusoidal", "rope", "alibi", "xpos", "none"]
+    assert all(r["ms_per_iter"] > 0 and r["device"] == "cpu" and r["dtype"] == "float32" for r in train)
+    for r in train:  # tokens/s and MFU follow from the time: 16 sequences of block_size tokens per step
+        assert r["tokens_per_s"] == pytest.approx(16 * 8 / (r["ms_per_iter"] / 1e3))
+        assert r["mfu"] > 0
+    assert {r["measure"] for r in rows if r["section"] == "overhead"} == {"training step", "forward pass"}
+    length = [(r["mode"], r["blocks"]) for r in rows if r["section"] == "length"]
+    assert ("plain causal", 4) in length and ("plain causal", 32) not in length  # skipped past --plain_max_mult
+    assert {m for m, _ in length} == {"BCA, one piece", "BCA, streamed", "plain causal"}
+    summary = next(r for r in rows if r["section"] == "length_summary")
+    assert summary["bca_time_32x_over_2x"] > 0 and summary["streamed_time_32x_over_2x"] > 0
+    assert [r["context"] for r in rows if r["section"] == "decode"] == [8, 64, 256]
+    assert {r["dtype"] for r in rows if r["section"] == "dtype"} == {"float32", "bfloat16"}
+    printed = capsys.readouterr().out
+    assert "| pos | ms_per_iter | tokens_per_s | mfu |" in printed and f"wrote {out}" in printed
+
+
+def test_bad_section_is_one_line():
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--only", "train,speed"])
+    assert "unknown section 'speed'" in str(e.value.code)
+
+
+def test_loss_check_trains_both_precisions(tiny_bench, tmp_path, capsys):
+    data = words_dataset(tmp_path)
+    rows = bench.main(["--loss_check", "--iters", "2", "--data_dir", str(data), "--json", str(tmp_path / "l.json")])
+    assert [(r["dtype"], r["iters"]) for r in rows] == [("float32", 2), ("bfloat16", 2)]
+    assert rows[1]["val_loss_vs_float32"] == pytest.approx(rows[1]["val_loss"] / rows[0]["val_loss"] - 1)
+    assert "val_loss_vs_float32" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--loss_check", "--data_dir", str(tmp_path / "none")])
+    assert "is not prepared" in str(e.value.code)
