@@ -9,9 +9,9 @@ Sections (each row names its config, dtype and device):
   xPos's overhead against learned positions, for a training step and for a forward pass alone.
 - length: time per token and peak memory of scoring one sequence of 1 .. 64 x block_size tokens: BCA in one
   piece, BCA streamed through the KV cache (what eval_extrapolate.py does), and plain causal attention (not run
-  where it would not fit). Each measurement runs in a fresh process; memory is the CUDA allocator's peak on GPU,
-  and on CPU the process's peak resident memory above what it held before (weights and the interpreter
-  excluded; Linux's peak is reset first through /proc/self/clear_refs).
+  where it would not fit). Each measurement runs in a fresh process; memory is the peak above what the process
+  held before (weights and the interpreter excluded): the CUDA allocator's on GPU, the resident set's on CPU
+  (see peak_memory_mib).
 - decode: cached generation tokens/s after a context of 1, 8 and 32 x block_size (BCA).
 - dtype: training ms/iter in float32 against bfloat16 autocast at nanoGPT's Shakespeare-char shape.
 Timings are medians over runs that alternate between the things compared, so that a change in the machine's load
@@ -19,6 +19,7 @@ hits both. Speed is measured here, never in the tests.
 """
 
 import argparse
+import ctypes
 import json
 import multiprocessing
 import statistics
@@ -133,11 +134,6 @@ def score_once(mode, T, device, dtype, shape):
     run = {"BCA, one piece": lambda: model(x, y, bca=True),
            "BCA, streamed": lambda: model.token_nll(x, y, bca=True, chunk_tokens=2 * block),
            "plain causal": lambda: model(x, y, bca=False)}[mode]
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats(device)
-    else:
-        Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident memory
-    before = process_memory_mib("VmRSS")
     with torch.no_grad(), autocast(device, dtype):
         times = []
         for _ in range(3):  # the first is a warm-up
@@ -145,11 +141,27 @@ def score_once(mode, T, device, dtype, shape):
             run()
             sync(device)
             times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:]), peak_memory_mib(run, device)
+
+
+def peak_memory_mib(run, device):
+    """The most memory run() holds above what was held before it. CUDA: the allocator's peak. CPU (Linux, glibc):
+    the peak resident set, reset through /proc/self/clear_refs, with blocks of 128 KiB and more taken from mmap so
+    that a freed tensor leaves the resident set at once (glibc's heap keeps freed memory otherwise, and the peak
+    would grow with the number of allocations, not with what is alive). Measured after the timed runs, which keep
+    the default allocator."""
     if device.startswith("cuda"):
-        peak = torch.cuda.max_memory_allocated(device) / 2**20
-    else:
-        peak = process_memory_mib("VmHWM") - before
-    return statistics.median(times[1:]), peak
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        run()
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+    libc.malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident memory
+    before = process_memory_mib("VmRSS")
+    run()
+    return process_memory_mib("VmHWM") - before
 
 
 def process_memory_mib(key):
@@ -253,7 +265,8 @@ def loss_check(iters, data_dir):
             steps = [r["ms_per_iter"] for r in log if "ms_per_iter" in r and r["iter"] > 0]
             val = next(r["val_loss"] for r in log if r.get("iter") == iters and "val_loss" in r)
             rows.append(dict(section="loss_check", config=describe(DTYPE_SHAPE, 16) + f", xpos, {data_dir}",
-                             dtype=dtype, device="cpu", iters=iters, val_loss=val, ms_per_iter=statistics.median(steps)))
+                             dtype=dtype, device="cpu", iters=iters, val_loss=val,
+                             ms_per_iter=statistics.median(steps)))
     rows[1]["val_loss_vs_float32"] = rows[1]["val_loss"] / rows[0]["val_loss"] - 1
     rows[1]["speedup"] = rows[0]["ms_per_iter"] / rows[1]["ms_per_iter"]
     print_table(f"train.py end to end on CPU, {iters} iterations (target: bfloat16 >= 1.5x faster, val loss within "
