@@ -126,8 +126,13 @@ def bench_train(device, dtype, rounds):
     return rows + overhead
 
 
-def score_once(mode, T, device, dtype, shape):
-    """Run in a fresh process: seconds per call and peak memory (MiB) of scoring one T-token sequence."""
+def score_once(mode, T, device, dtype, shape, measure):
+    """Run in a fresh process: seconds per call (measure="time") or peak memory in MiB ("memory") of scoring one
+    T-token sequence. The two run in separate processes because measuring memory on CPU changes the allocator."""
+    if measure == "memory" and not device.startswith("cuda"):
+        # glibc's heap keeps freed memory, so the resident set would grow with the number of allocations, not with
+        # what is alive: blocks of 128 KiB and more come from mmap instead, and leave the resident set when freed
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
     model = build(shape, device).eval()
     x, y = random_batch(model.config, 1, device, length=T)
     block = model.config.block_size
@@ -135,29 +140,26 @@ def score_once(mode, T, device, dtype, shape):
            "BCA, streamed": lambda: model.token_nll(x, y, bca=True, chunk_tokens=2 * block),
            "plain causal": lambda: model(x, y, bca=False)}[mode]
     with torch.no_grad(), autocast(device, dtype):
+        run()  # warm-up
+        if measure == "memory":
+            return peak_memory_mib(run, device)
         times = []
-        for _ in range(3):  # the first is a warm-up
+        for _ in range(2):
             t0 = time.perf_counter()
             run()
             sync(device)
             times.append(time.perf_counter() - t0)
-        return statistics.median(times[1:]), peak_memory_mib(run, device)
+        return statistics.median(times)
 
 
 def peak_memory_mib(run, device):
-    """The most memory run() holds above what was held before it. CUDA: the allocator's peak. CPU (Linux, glibc):
-    the peak resident set, reset through /proc/self/clear_refs, with blocks of 128 KiB and more taken from mmap so
-    that a freed tensor leaves the resident set at once (glibc's heap keeps freed memory otherwise, and the peak
-    would grow with the number of allocations, not with what is alive). Measured after the timed runs, which keep
-    the default allocator."""
+    """The most memory run() holds above what was held before it: the allocator's peak on CUDA, the resident set's
+    peak on CPU (Linux), reset through /proc/self/clear_refs."""
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
         run()
         return (torch.cuda.max_memory_allocated(device) - before) / 2**20
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
-    libc.malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident memory
     before = process_memory_mib("VmRSS")
     run()
@@ -170,21 +172,26 @@ def process_memory_mib(key):
     return int(line.split()[1]) / 1024
 
 
+def in_fresh_process(fn, *args):
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
 def bench_length(device, dtype, plain_max_mult):
-    spawn = multiprocessing.get_context("spawn")
     block, rows = LENGTH_SHAPE["block_size"], []
     for mult in LENGTH_MULTS:
         for mode in ("BCA, one piece", "BCA, streamed", "plain causal"):
             if mode == "plain causal" and mult > plain_max_mult:
                 continue
-            with spawn.Pool(1) as pool:
-                seconds, mib = pool.apply(score_once, (mode, mult * block, device, dtype, LENGTH_SHAPE))
+            seconds, mib = (in_fresh_process(score_once, mode, mult * block, device, dtype, LENGTH_SHAPE, measure)
+                            for measure in ("time", "memory"))
             rows.append(dict(section="length", config=describe(LENGTH_SHAPE, 1) + ", xpos", mode=mode,
                              T=mult * block, blocks=mult, dtype=dtype, device=device,
                              us_per_token=seconds * 1e6 / (mult * block), peak_mib=mib))
     print_table(f"scoring one sequence against its length ({describe(LENGTH_SHAPE, 1)}, xpos, {dtype}, {device}; "
                 f"streamed in chunks of 2 x block_size; plain causal up to {plain_max_mult} x)", rows,
                 ["mode", "T", "blocks", "us_per_token", "peak_mib"])
+
     def ratio(mode, key, high, low):  # None where the smaller one measured nothing (peak RSS grows in pages)
         at = {r["blocks"]: r[key] for r in rows if r["mode"] == mode}
         return at[high] / at[low] if at[low] > 0 else None

@@ -19,7 +19,7 @@ NOT_RUN = {  # a substring of the command -> why the test does not run it
     "--dataset url": "needs the network",
     "--dataset tiny_shakespeare": "needs the network",
     "--device cuda": "needs a GPU",
-    "benchmarks/": "a benchmark, minutes long",
+    "bench.py": "a benchmark, minutes long (tests/test_bench.py runs it at a tiny scale)",
     "[": "a usage synopsis with placeholders",
 }
 SHORTEN_TRAINING = ["--max_iters=2", "--eval_iters=1"]
