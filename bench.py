@@ -4,18 +4,19 @@ Benchmarks on the current device, printed as markdown tables (--json writes ever
     python bench.py [--device auto] [--only train,length,decode,dtype] [--json bench.json]
     python bench.py --loss_check [--iters 500]   # train.py on CPU, float32 against bfloat16 autocast
 
-Sections (each row names its config, dtype and device):
+Sections (each row names its config, dtype and device; timings are medians):
 - train: training ms/iter, tokens/s and MFU for each position scheme, at the nanoGPT comparison's shape; then
   xPos's overhead against learned positions, for a training step and for a forward pass alone.
 - length: time per token and peak memory of scoring one sequence of 1 .. 64 x block_size tokens: BCA in one
-  piece, BCA streamed through the KV cache (what eval_extrapolate.py does), and plain causal attention (not run
-  where it would not fit). Each measurement runs in a fresh process; memory is the peak above what the process
-  held before (weights and the interpreter excluded): the CUDA allocator's on GPU, the resident set's on CPU
-  (see peak_memory_mib).
-- decode: cached generation tokens/s after a context of 1, 8 and 32 x block_size (BCA).
+  piece, BCA streamed through the KV cache (what eval_extrapolate.py does), and plain causal attention (up to
+  --plain_max_mult x block_size: its time grows with T). Each measurement runs in a fresh process; memory is the
+  peak above what the process held before (weights and the interpreter excluded): the CUDA allocator's on GPU,
+  the resident set's on CPU (see peak_memory_mib).
+- decode: cached generation tokens/s after a context of 1, 8 and 32 x block_size (BCA), over block_size new
+  tokens, so that the window moves on twice.
 - dtype: training ms/iter in float32 against bfloat16 autocast at nanoGPT's Shakespeare-char shape.
-Timings are medians over runs that alternate between the things compared, so that a change in the machine's load
-hits both. Speed is measured here, never in the tests.
+In the train and dtype sections the runs alternate between the things compared, so that a change in the machine's
+load hits both. Speed is measured here, never in the tests.
 """
 
 import argparse
@@ -78,8 +79,9 @@ def alternating(runs, rounds, repeats):
 
 
 def train_step_fn(model, x, y, ctx, device):
-    """One training step as train.py takes it: forward and loss under autocast, backward, AdamW."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    """One training step: forward and loss under autocast, backward, and AdamW fused as train.py has it on CPU and
+    CUDA (train.py adds gradient clipping, and float16's GradScaler)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.split(":")[0] in ("cpu", "cuda"))
     model.train()
 
     def step():
@@ -111,11 +113,10 @@ def bench_train(device, dtype, rounds):
     print_table(f"training step per position scheme ({describe(TRAIN_SHAPE, batch)}, {dtype}, {device})", rows,
                 ["pos", "ms_per_iter", "tokens_per_s", "mfu"])
 
-    @torch.no_grad()
     def forward(model):
         model.eval()
         return lambda: (model(x, y), sync(device))
-    with ctx:
+    with torch.no_grad(), ctx:
         fwd = alternating({pos: forward(models[pos]) for pos in ("learned", "xpos")}, rounds, 5)
     overhead = [dict(section="overhead", config=describe(TRAIN_SHAPE, batch), measure=measure, dtype=dtype,
                      device=device, learned_ms=times["learned"] * 1e3, xpos_ms=times["xpos"] * 1e3,
@@ -207,9 +208,10 @@ def bench_length(device, dtype, plain_max_mult):
 
 
 @torch.no_grad()
-def bench_decode(device, dtype, new_tokens=64):
+def bench_decode(device, dtype):
     model = build(LENGTH_SHAPE, device).eval()
     block, rows = model.config.block_size, []
+    new_tokens = block  # the window moves on every block_size / 2 tokens: twice in the timed stretch
     for mult in (1, 8, 32):
         x, _ = random_batch(model.config, 1, device, length=mult * block)
         with autocast(device, dtype):
@@ -263,7 +265,8 @@ def loss_check(iters, data_dir):
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in ("float32", "bfloat16"):
             out = Path(tmp) / dtype
-            cmd = [sys.executable, "train.py", f"--data_dir={data_dir}", *shape, "--batch_size=16", "--device=cpu",
+            cmd = [sys.executable, str(Path(__file__).with_name("train.py")), f"--data_dir={data_dir}", *shape,
+                   "--batch_size=16", "--device=cpu",
                    f"--dtype={dtype}", f"--out_dir={out}", f"--max_iters={iters}", f"--lr_decay_iters={iters}",
                    f"--eval_interval={iters}", f"--warmup_iters={min(100, iters // 5)}", "--learning_rate=1e-3",
                    "--min_lr=1e-4", "--beta2=0.99", "--log_interval=1"]

@@ -279,8 +279,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 def add_checkpoint_args(parser, bca=("auto", "on", "off"), bca_default="auto", dtype=True):
     """--bca, --data_dir, --device and --dtype, with one meaning in every script."""
-    parser.add_argument("--bca", default=bca_default, choices=bca, help="blockwise causal attention: auto = only "
-                        "past the checkpoint's block_size; on/off force it; both runs each")
+    meaning = dict(auto="only past the checkpoint's block_size", on="always", off="never", both="each way")
+    parser.add_argument("--bca", default=bca_default, choices=bca, help="blockwise causal attention: " + "; ".join(
+        f"{choice} = {meaning[choice]}" for choice in bca))
     parser.add_argument("--data_dir", help="the dataset (its meta.json); default: the one the checkpoint was "
                         "trained on")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
@@ -442,12 +443,12 @@ def train_flops_per_token(config):
     plus 12 L H Q T for attention's scores and weighted sums over T = block_size keys.
 
     N is counted from the config, as model.GPT lays it out: the token embedding once (it is tied to the output
-    layer, whose matmul it is), the learned position table only for pos="learned", per block 12 n_embd^2 weights,
-    2 LayerNorm scales and 11 n_embd biases when bias=True, and the final LayerNorm."""
+    layer, whose matmul it is), per block 12 n_embd^2 weights, 2 LayerNorm scales and 11 n_embd biases when
+    bias=True, and the final LayerNorm. A learned position table is a lookup, not a matmul: not counted, as in
+    nanoGPT."""
     L, C, T, V = config.n_layer, config.n_embd, config.block_size, config.vocab_size
     bias = int(config.bias)
-    n_params = V * C + (T * C if config.pos == "learned" else 0) + L * (12 * C * C + (2 + 11 * bias) * C) \
-        + (1 + bias) * C
+    n_params = V * C + L * (12 * C * C + (2 + 11 * bias) * C) + (1 + bias) * C
     return 6 * n_params + 12 * L * config.n_head * (C // config.n_head) * T
 
 

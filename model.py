@@ -139,8 +139,8 @@ class PositionTable:
         if config.pos in ("rope", "xpos"):
             theta, zeta = rotary_frequencies(config.n_embd // config.n_head, config, device)
             pos = torch.arange(self.rows.start, self.rows.stop, device=device, dtype=torch.float32)[:, None]
-            # float32 angles: in float16 they would be 0.6 rad off at position 4,096
-            self.q_factor = self.k_factor = torch.polar(torch.ones_like(pos * theta), pos * theta)
+            angle = pos * theta  # float32: in float16 the angles would be 0.6 rad off at position 4,096
+            self.q_factor = self.k_factor = torch.polar(torch.ones_like(angle), angle)
             if config.pos == "xpos":
                 centre = (frame.start + frame.stop - 1) // 2
                 scale = zeta ** ((pos - centre) / config.xpos_scale_base)
@@ -277,7 +277,7 @@ class KVCache:
         self.start = 0  # absolute position of the first key held: the frame's origin
         self.n = 0  # keys held
         self.k = self.v = self.raw_k = None  # (B, n_head, capacity, head_dim), allocated on the first store
-        self.observe = None  # observe(scores, queries, keys), absolute positions: see GPT.attention_scores
+        self.observe = None  # observe(scores, queries, keys), absolute positions: see GPT.pre_softmax_scores
 
     def end(self):
         """Absolute position of the next token."""
@@ -342,6 +342,9 @@ class KVCache:
         return y
 
     def store(self, k, v, table, positions):
+        if self.k is not None and (k.size(0) != self.k.size(0) or v.dtype != self.v.dtype):
+            raise ValueError(f"this KV cache holds a batch of {self.k.size(0)} in {self.v.dtype}, got {k.size(0)} in "
+                             f"{v.dtype}: make a new one (new_cache) for another batch size or precision")
         if self.k is None:
             B, nh, _, hd = k.shape
             capacity = 2 * self.half if self.window else self.max_tokens
@@ -469,33 +472,42 @@ class GPT(nn.Module):
         logits = self.head(x)
         return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
 
-    def new_cache(self, max_tokens, bca=None):
-        """An empty KV cache (one KVCache per layer) for a sequence of up to max_tokens tokens. bca as in forward:
-        None turns BCA on when max_tokens > block_size, and then the cache holds at most block_size keys."""
+    def uses_bca(self, n_tokens, bca):
+        """The attention rule for a sequence of n_tokens: bca=None (auto) uses BCA exactly when it is longer than
+        block_size (for shorter ones BCA is plain causal attention anyway); True/False force it on/off."""
         if bca not in (None, True, False):
             raise ValueError(f"bca={bca!r} is not allowed: must be None (auto), True or False")
+        return n_tokens > self.config.block_size if bca is None else bca
+
+    def new_cache(self, max_tokens, bca=None):
+        """An empty KV cache (one KVCache per layer) for a sequence of up to max_tokens tokens, with the attention
+        rule of uses_bca(max_tokens, bca); under BCA it holds at most block_size keys."""
+        window = self.uses_bca(max_tokens, bca)
         check_length(self.config, max_tokens)
-        window = max_tokens > self.config.block_size if bca is None else bca
         return [KVCache(self.config, max_tokens, window) for _ in self.transformer.h]
 
     @torch.no_grad()
     def token_nll(self, idx, targets, *, bca=None, chunk_tokens=16384):
-        """(B, T) next-token NLL, for evaluation, streamed: chunks of chunk_tokens / B positions go through a KV
-        cache in turn. Under BCA the cache holds block_size keys, so memory stays flat at any T: O(block_size) for
-        attention plus one chunk's activations and logits (GPT-2's vocabulary would need 824 MB of float32 logits
-        for one 4,096-token sequence in one piece). The result equals the one-piece forward pass."""
+        """(B, T) next-token NLL, for evaluation, chunk_tokens / B positions at a time. Under BCA a longer sequence
+        is streamed through a KV cache of block_size keys, so memory stays flat at any T: O(block_size) for
+        attention plus one chunk's activations and logits. Otherwise the blocks run in one piece (plain causal
+        attention needs every key anyway) and only the output layer goes chunk by chunk, which still bounds the
+        logits (GPT-2's vocabulary would need 824 MB of float32 logits for one 4,096-token sequence). Either way
+        the result equals the one-piece forward pass."""
         B, T = idx.shape
         step = max(1, chunk_tokens // B)
-        cache = self.new_cache(T, bca)
-        nll = []
-        for i in range(0, T, step):
-            logits = self.head(self.hidden_states(idx[:, i : i + step], cache=cache))
-            nll.append(F.cross_entropy(logits.float().flatten(0, 1), targets[:, i : i + step].flatten(),
-                                       ignore_index=-1, reduction="none").view(B, -1))
+        if self.uses_bca(T, bca) and T > step:
+            cache = self.new_cache(T, bca=True)
+            hidden = (self.hidden_states(idx[:, i : i + step], cache=cache) for i in range(0, T, step))
+        else:
+            x = self.hidden_states(idx, bca)
+            hidden = (x[:, i : i + step] for i in range(0, T, step))
+        nll = [F.cross_entropy(self.head(h).float().flatten(0, 1), targets[:, i : i + step].flatten(), ignore_index=-1,
+                               reduction="none").view(B, -1) for i, h in zip(range(0, T, step), hidden)]
         return torch.cat(nll, dim=1)
 
     @torch.no_grad()
-    def attention_scores(self, idx, observe, bca=None, chunk=None):
+    def pre_softmax_scores(self, idx, observe, bca=None, chunk=None):
         """Calls observe(layer, scores, queries, keys) with the pre-softmax scores (B, n_head, Q, K) of every layer,
         exactly as attention computes them (attention_scores), for chunks of queries at absolute positions
         `queries` against their visible keys `keys` (ranges). Streams through the KV cache in chunks of half a block
@@ -518,9 +530,8 @@ class GPT(nn.Module):
 
     def hidden_states(self, idx, bca=None, cache=None):
         """Embeddings, the blocks and the final LayerNorm: (B, T, n_embd), before the output layer."""
-        if bca not in (None, True, False):
-            raise ValueError(f"bca={bca!r} is not allowed: must be None (auto), True or False")
         B, T = idx.shape
+        use_bca = self.uses_bca(T, bca)
         start = cache[0].end() if cache else 0
         if cache:
             if bca is not None:
@@ -531,7 +542,6 @@ class GPT(nn.Module):
             table = PositionTable(self.config, *cache[0].frame(T), device=idx.device)
         else:
             check_length(self.config, T)
-            use_bca = T > self.config.block_size if bca is None else bca
             frame = range(self.config.block_size) if use_bca else range(T)
             table = PositionTable(self.config, frame, device=idx.device)
         pos = torch.arange(start, start + T, device=idx.device)

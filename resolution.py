@@ -64,7 +64,7 @@ def plot_theory(result, path):
 
 # ---------------------------------------------------------------------------------------------------------------
 # Measured: per-distance sums of each layer's pre-softmax scores, as model.py's attention computes them
-# (GPT.attention_scores streams them one query half-block at a time, so memory never grows with T^2).
+# (GPT.pre_softmax_scores streams them one query half-block at a time, so memory never grows with T^2).
 
 
 def accumulate(sums, counts, scores, q_pos, k_pos):
@@ -90,7 +90,7 @@ def layer_score_sums(model, idx, bca):
         as_tensor = lambda r: torch.arange(r.start, r.stop)
         accumulate(sums[layer], counts if layer == 0 else None, scores[0].cpu(), as_tensor(queries), as_tensor(keys))
 
-    model.attention_scores(idx, observe, bca=bca)
+    model.pre_softmax_scores(idx, observe, bca=bca)
     return sums, counts
 
 

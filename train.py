@@ -345,6 +345,7 @@ def build(run, c, ckpt):
     run.raw_model = GPT(run.gpt_config).to(run.device)
     run.optimizer = make_optimizer(run.raw_model, c, run.device_type)
     run.scaler = torch.amp.GradScaler(run.device_type, enabled=run.dtype == "float16")
+    run.first_nonfinite = torch.full((), -1, device=run.device)  # see note_nonfinite
     run.best_val_loss = float("inf")
     torch.manual_seed(c["seed"] + run.rank)  # dropout differs between ranks
     if ckpt:
@@ -395,9 +396,17 @@ def record(run, entry, wandb_entry):
 
 
 def stop(run, problem):
-    """Stop on a non-finite loss. Every rank gets here at the same iteration, since the loss was all-reduced."""
+    """Stop on a non-finite loss. Every rank gets here at the same iteration, since the check was all-reduced."""
+    finish_logging(run)
     teardown_distributed(run.ddp)
     raise UserError(f"{problem}; stopped, the last good checkpoint ({run.ckpt_path}) is kept")
+
+
+def finish_logging(run):
+    if run.master:
+        run.log.close()
+        if run.wandb_run:
+            run.wandb_run.finish()
 
 
 def train_step(run, c, iter_num):
@@ -428,17 +437,30 @@ def train_step(run, c, iter_num):
     return loss_sum
 
 
+def note_nonfinite(run, iter_num, loss_sum):
+    """Remember, on the device (no wait for it), the first iteration whose loss was not finite. With float16's
+    GradScaler that is a skipped step, not an error: the scaler already left the weights alone."""
+    if not run.scaler.is_enabled():
+        first = (run.first_nonfinite < 0) & ~torch.isfinite(loss_sum)
+        run.first_nonfinite = torch.where(first, iter_num, run.first_nonfinite)
+
+
 def log_step(run, c, iter_num, loss_sum, dt):
-    """Read the iteration's loss, the mean over its micro-steps and the ranks (every rank takes part in the
-    all-reduce, at the same iterations), stop on a non-finite one, and log it with the learning rate, the time since
-    the previous iteration ended, MFU and the GradScaler's state."""
-    loss = (all_reduce_sum(loss_sum, run.ddp) / (run.micro_steps * run.world)).item()
-    if not math.isfinite(loss):
-        stop(run, f"non-finite loss {loss} at iter {iter_num}")
+    """Read the iteration's loss, the mean over its micro-steps and the ranks, stop if any loss since the last log
+    step was not finite (every rank takes part in the all-reduce at the same iterations, so all stop together),
+    and log it with the learning rate, the time since the previous iteration ended, MFU and the GradScaler's
+    state."""
+    total = all_reduce_sum(torch.stack((loss_sum, (run.first_nonfinite >= 0).float())), run.ddp).tolist()
+    loss, ranks_nonfinite = total[0] / (run.micro_steps * run.world), total[1]
+    if ranks_nonfinite:
+        first = int(run.first_nonfinite)
+        stop(run, f"non-finite loss at iter {first}" if first >= 0 else
+             f"non-finite loss on another rank, after iter {iter_num - c['log_interval']}")
     if not run.master:
         return
     tokens = c["batch_size"] * c["gradient_accumulation_steps"] * c["block_size"]  # the global batch
-    entry = {"iter": iter_num, "loss": loss, "lr": get_lr(iter_num, c), "ms_per_iter": dt * 1e3,
+    entry = {"iter": iter_num, "loss": loss if math.isfinite(loss) else None,  # null: a step the GradScaler skipped
+             "lr": get_lr(iter_num, c), "ms_per_iter": dt * 1e3,
              "tokens_per_s": tokens / dt}
     if run.peak_flops:  # the global batch ran on world devices, each with this peak
         entry["mfu"] = run.flops_per_token * tokens / dt / (run.world * run.peak_flops)
@@ -508,16 +530,15 @@ def train(c):
         if iter_num >= c["max_iters"]:
             break
         loss_sum = train_step(run, c, iter_num)
+        note_nonfinite(run, iter_num, loss_sum)
         t1 = time.perf_counter()  # before the log step reads the loss, as nanoGPT: no wait for the device here
         dt, t0 = t1 - t0, t1
         if iter_num % c["log_interval"] == 0:
             log_step(run, c, iter_num, loss_sum, dt)
         iter_num += 1
 
+    finish_logging(run)
     if run.master:
-        run.log.close()
-        if run.wandb_run:
-            run.wandb_run.finish()
         print(f"done: {run.ckpt_path} (iter {iter_num}, best val loss {run.best_val_loss:.4f})")
     teardown_distributed(run.ddp)
 

@@ -335,6 +335,8 @@ def test_cache_errors():
         m.new_cache(10, bca="yes")
     with pytest.raises(ValueError, match="cannot extrapolate"):
         tiny("learned").new_cache(9)
+    with pytest.raises(ValueError, match="holds a batch of 2 in torch.float32, got 1 in torch.float32"):
+        m(tokens(1, batch=1), cache=cache)
 
 
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
@@ -353,8 +355,8 @@ def test_attention_scores_are_what_attention_computes(pos):
 
 
 @pytest.mark.parametrize("bca", [False, True])
-def test_model_attention_scores_match_a_brute_force_score_matrix(bca):
-    """GPT.attention_scores against scores written out from the hidden states: xPos at absolute positions (every
+def test_model_pre_softmax_scores_match_a_brute_force_score_matrix(bca):
+    """GPT.pre_softmax_scores against scores written out from the hidden states: xPos at absolute positions (every
     score depends on distance only), ALiBi's bias by hand, BCA's closed-form window."""
     for pos in ("xpos", "alibi"):
         m = tiny(pos, n_layer=1)
@@ -365,7 +367,7 @@ def test_model_attention_scores_match_a_brute_force_score_matrix(bca):
         def observe(layer, s, queries, keys):
             got[:, queries.start : queries.stop, keys.start : keys.stop] = s[0]
 
-        m.attention_scores(idx, observe, bca=bca)
+        m.pre_softmax_scores(idx, observe, bca=bca)
         x = m.transformer.h[0].ln_1(m.transformer.wte(idx))
         q, k, _ = m.transformer.h[0].attn.c_attn(x).view(1, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
         if pos == "xpos":
