@@ -9,9 +9,9 @@ Sections (each row names its config, dtype and device; timings are medians):
   xPos's overhead against learned positions, for a training step and for a forward pass alone.
 - length: time per token (the best of two passes) and peak memory of scoring one sequence of 1 .. 64 x
   block_size tokens: BCA in one piece, BCA streamed through the KV cache (what eval_extrapolate.py does), and
-  plain causal attention (up to --plain_max_mult x block_size: its time grows with T). Each measurement runs in a fresh process; memory is the
-  peak above what the process held before (weights and the interpreter excluded): the CUDA allocator's on GPU,
-  the resident set's on CPU (see peak_memory_mib).
+  plain causal attention (up to --plain_max_mult x block_size: its time grows with T). Each measurement runs in a
+  fresh process; memory is the peak above what the process held before (weights and the interpreter excluded):
+  the CUDA allocator's on GPU, the resident set's on CPU (see peak_memory_mib).
 - decode: cached generation tokens/s after a context of 1, 8 and 32 x block_size (BCA), over block_size new
   tokens, so that the window moves on twice.
 - dtype: training ms/iter in float32 against bfloat16 autocast at nanoGPT's Shakespeare-char shape.
@@ -41,6 +41,7 @@ TRAIN_SHAPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=6
 LENGTH_SHAPE = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=256, pos="xpos")  # batch 1
 DTYPE_SHAPE = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, pos="xpos")  # batch 16
 LENGTH_MULTS = (1, 2, 4, 8, 16, 32, 64)
+LENGTH_PASSES = 2
 
 
 def describe(shape, batch):
@@ -178,12 +179,12 @@ def in_fresh_process(fn, *args):
         return pool.apply(fn, args)
 
 
-def bench_length(device, dtype, plain_max_mult, rounds=2):
+def bench_length(device, dtype, plain_max_mult):
     block = LENGTH_SHAPE["block_size"]
     runs = [(mode, mult) for mult in LENGTH_MULTS for mode in ("BCA, one piece", "BCA, streamed", "plain causal")
             if mode != "plain causal" or mult <= plain_max_mult]
     times = {run: [] for run in runs}
-    for _ in range(rounds):  # whole passes, each row's fastest kept: a burst of load slows one pass, not the row
+    for _ in range(LENGTH_PASSES):  # whole passes, each row's fastest kept: a burst of load slows one pass, not the row
         for mode, mult in runs:
             times[mode, mult].append(in_fresh_process(score_once, mode, mult * block, device, dtype, LENGTH_SHAPE,
                                                       "time"))
