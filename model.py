@@ -305,10 +305,10 @@ class KVCache:
         if self.window and self.observe is None:
             to_boundary = min(T, -t0 % self.half)
             bulk = T - to_boundary if T - to_boundary >= self.half else 0
-        ys = [self.attend_pieces(q[:, :, : T - bulk], k[:, :, : T - bulk], v[:, :, : T - bulk], table)] \
-            if T > bulk else []
+        head, tail = slice(0, T - bulk), slice(T - bulk, T)
+        ys = [self.attend_pieces(q[:, :, head], k[:, :, head], v[:, :, head], table)] if T > bulk else []
         if bulk:
-            ys.append(self.attend_bulk(q[:, :, T - bulk :], k[:, :, T - bulk :], v[:, :, T - bulk :], table, attend))
+            ys.append(self.attend_bulk(q[:, :, tail], k[:, :, tail], v[:, :, tail], table, attend))
         return torch.cat(ys, dim=2)
 
     def attend_pieces(self, q, k, v, table):
@@ -538,8 +538,7 @@ class GPT(nn.Module):
                 raise ValueError("bca is fixed when the cache is made (new_cache); pass bca=None with a cache")
             if start + T > cache[0].max_tokens:
                 raise ValueError(f"the KV cache was made for {cache[0].max_tokens} tokens, asked for {start + T}")
-            use_bca = cache[0].window
-            table = PositionTable(self.config, *cache[0].frame(T), device=idx.device)
+            table = PositionTable(self.config, *cache[0].frame(T), device=idx.device)  # the cache's rule applies
         else:
             check_length(self.config, T)
             frame = range(self.config.block_size) if use_bca else range(T)
