@@ -138,9 +138,9 @@ def score_once(mode, T, device, dtype, shape, measure):
     model = build(shape, device).eval()
     x, y = random_batch(model.config, 1, device, length=T)
     block = model.config.block_size
-    run = {"BCA, one piece": lambda: model(x, y, bca=True),
-           "BCA, streamed": lambda: model.token_nll(x, y, bca=True, chunk_tokens=2 * block),
-           "plain causal": lambda: model(x, y, bca=False)}[mode]
+    run = {"BCA, one piece": lambda: model(x, y, attention="bca"),
+           "BCA, streamed": lambda: model.token_nll(x, y, attention="bca", chunk_tokens=2 * block),
+           "plain causal": lambda: model(x, y, attention="causal")}[mode]
     with torch.no_grad(), autocast(device, dtype):
         run()  # warm-up
         if measure == "memory":
@@ -218,7 +218,7 @@ def bench_decode(device, dtype):
     for mult in (1, 8, 32):
         x, _ = random_batch(model.config, 1, device, length=mult * block)
         with autocast(device, dtype):
-            cache = model.new_cache(mult * block + new_tokens + 8, bca=True)
+            cache = model.new_cache(mult * block + new_tokens + 8, attention="bca")
             logits, _ = model(x, cache=cache)  # prefill and a few tokens of warm-up, not timed
             for _ in range(8):
                 logits, _ = model(logits[:, -1].argmax(-1, keepdim=True), cache=cache)

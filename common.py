@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, check_length
+from model import ATTENTION_RULES, GPT, ROPE_SCALINGS, AttentionRule, GPTConfig, RopeScaling, check_length
 
 
 class UserError(Exception):
@@ -273,21 +273,109 @@ def learned_length_check(config, length, path):
 # ---------------------------------------------------------------------------------------------------------------
 # Command-line flags shared by the scripts that read checkpoints, and their outputs
 
-BCA_MODES = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}  # --bca: the modes a run covers
+BCA_MODES = {"auto": ["auto"], "on": ["bca"], "off": ["causal"], "both": ["causal", "bca"]}  # --bca as --attention
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-def add_checkpoint_args(parser, bca=("auto", "on", "off"), bca_default="auto", dtype=True):
-    """--bca, --data_dir, --device and --dtype, with one meaning in every script."""
+def add_checkpoint_args(parser, bca=("auto", "on", "off"), bca_default="auto", dtype=True, several=False):
+    """--bca, --attention, --window, --sinks, --rope_scaling, --rope_factor, --data_dir, --device and --dtype, with
+    one meaning in every script. several: --attention and --rope_scaling take comma-separated lists."""
     meaning = dict(auto="only past the checkpoint's block_size", on="always", off="never", both="each way")
-    parser.add_argument("--bca", default=bca_default, choices=bca, help="blockwise causal attention: " + "; ".join(
-        f"{choice} = {meaning[choice]}" for choice in bca))
+    parser.add_argument("--bca", choices=bca, help="blockwise causal attention: " + "; ".join(
+        f"{choice} = {meaning[choice]}" for choice in bca) + f" (default: {bca_default}; a shorthand for --attention)")
+    parser.set_defaults(bca_default=bca_default)
+    lists = " (comma-separated: each)" if several else ""
+    parser.add_argument("--attention", help=f"which keys a query sees{lists}: {' | '.join(ATTENTION_RULES)} (model.py's "
+                        "rule table); default: from --bca")
+    parser.add_argument("--window", type=int, help="W, the keys a query sees under sliding and sinks (default: "
+                        "block_size)")
+    parser.add_argument("--sinks", type=int, help="S, the attention sinks kept under sinks (default: 4)")
+    parser.add_argument("--rope_scaling", default="none", help=f"RoPE interpolation for rope and xpos{lists}: "
+                        f"{' | '.join(ROPE_SCALINGS)}")
+    parser.add_argument("--rope_factor", type=float, help="s for pi, ntk and yarn (default: the most positions a "
+                        "query sees / block_size; every method is the identity at s <= 1)")
     parser.add_argument("--data_dir", help="the dataset (its meta.json); default: the one the checkpoint was "
                         "trained on")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     if dtype:
         parser.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on GPUs of compute "
                             "capability >= 8.0, float16 on older ones, float32 on CPU (see common.resolve_dtype)")
+
+
+def parse_names(text, flag, allowed, several):
+    names = [x.strip() for x in text.split(",")]
+    bad = [x for x in names if x not in allowed]
+    if bad or not names:
+        raise UserError(f"{flag} {text!r} is not allowed: must be one of {', '.join(allowed)}"
+                        + (", comma-separated" if several else ""))
+    if len(names) > 1 and not several:
+        raise UserError(f"{flag} {text!r}: this script takes one value")
+    return list(dict.fromkeys(names))
+
+
+def attention_options(args, several=False):
+    """The AttentionRules and RopeScalings a run covers, from --attention (or --bca), --window, --sinks,
+    --rope_scaling and --rope_factor, checked before any work."""
+    if args.attention is None:
+        names = BCA_MODES[args.bca or args.bca_default]
+    elif args.bca is not None:
+        raise UserError(f"--bca {args.bca} and --attention {args.attention} both given: use --attention alone "
+                        "(--bca on is --attention bca, off is causal, both is causal,bca)")
+    else:
+        names = parse_names(args.attention, "--attention", ATTENTION_RULES, several)
+    for flag, rules in (("--window", ("sliding", "sinks")), ("--sinks", ("sinks",))):
+        if getattr(args, flag[2:]) is not None and not set(rules) & set(names):
+            raise UserError(f"{flag} {getattr(args, flag[2:])} applies to --attention {' or '.join(rules)} only")
+    methods = parse_names(args.rope_scaling, "--rope_scaling", ROPE_SCALINGS, several)
+    takes_factor = [m for m in methods if m in ("pi", "ntk", "yarn")]
+    if args.rope_factor is not None and not takes_factor:
+        raise UserError(f"--rope_factor {args.rope_factor} applies to --rope_scaling pi, ntk or yarn only")
+    try:
+        rules = [AttentionRule(n, args.window if n in ("sliding", "sinks") else None, args.sinks or 4) for n in names]
+        scalings = [RopeScaling(m, args.rope_factor if m in takes_factor else None) for m in methods]
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    return rules, scalings
+
+
+def check_rule(rule, length, block_size, path):
+    """AttentionRule.resolve's checks (sinks < window) for a checkpoint, as a one-line error."""
+    try:
+        rule.resolve(length, block_size)
+    except ValueError as e:
+        raise UserError(f"{path}: {e}") from None
+
+
+def pointless(config, rule, scaling):
+    """Why a combination of scheme, attention rule and RoPE interpolation makes no sense (None if it does)."""
+    if scaling.method == "none":
+        return None
+    if not (config.pos == "rope" or config.pos == "xpos" and config.xpos_rotate):
+        without = " without rotation" if config.pos == "xpos" else ""
+        return f"{scaling.method} rescales rotary angles, and pos={config.pos}{without} has none"
+    short = rule.name in ("auto", "bca") or (rule.window or config.block_size) <= config.block_size
+    if scaling.factor is None and rule.name != "causal" and short:
+        return (f"{scaling.method} is the identity under {rule.name}: no query sees more than block_size "
+                f"({config.block_size}) positions, so s <= 1 (--rope_factor forces a factor)")
+    return None
+
+
+def rule_fields(rule, scaling, block_size, length):
+    """The attention/scaling fields of a result row: attention, bca, window, sinks, rope_scaling, rope_factor."""
+    resolved = rule.resolve(length, block_size)
+    return dict(attention=rule.name, bca="auto" if rule.name == "auto" else rule.name == "bca",
+                window=resolved.window, sinks=resolved.n_sinks or None, rope_scaling=scaling.method,
+                rope_factor=scaling.factor)
+
+
+def rule_label(pos, rule, scaling, block_size):
+    """A scheme's name with its attention rule and RoPE interpolation, for tables and legends."""
+    window = rule.window or block_size
+    label = pos + {"auto": f" (BCA > {block_size})", "causal": "", "bca": " + BCA", "sliding": f" + sliding W={window}",
+                   "sinks": f" + sinks S={rule.sinks} W={window}"}[rule.name]
+    if scaling.method != "none":
+        label += f" + {scaling.method}" + (f" s={scaling.factor:g}" if scaling.factor is not None else "")
+    return label
 
 
 def write_json(path, obj):

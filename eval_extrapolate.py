@@ -1,9 +1,11 @@
 r"""
-Perplexity against evaluation length, the paper's Table 2 (and Table 5 with --bca both), for any checkpoints.
+Perplexity against evaluation length, the paper's Table 2 (and Table 5 with --bca both), for any checkpoints, and
+against what people use instead: windows (sliding, attention sinks) and RoPE interpolation (PI, NTK, YaRN).
 
     python eval_extrapolate.py --ckpt out/a/ckpt.pt [--ckpt out/b/ckpt.pt ...] --lengths 256,512,1024,2048,4096 \
-        [--bca auto|on|off|both] [--protocol lex|chunks|sliding] [--max_len N] [--stride S] [--data_dir D] \
-        [--json out.json] [--plot out.png]
+        [--bca auto|on|off|both | --attention causal,bca,sliding,sinks [--window W] [--sinks S]] \
+        [--rope_scaling none,pi,ntk,dynamic_ntk,yarn [--rope_factor F]] [--protocol lex|chunks|sliding] \
+        [--max_len N] [--stride S] [--data_dir D] [--json out.json] [--plot out.png]
 
 Protocols, all on the validation split:
 - lex (paper §4.2, default): every validation document with at least max_len+1 tokens contributes its first
@@ -15,9 +17,12 @@ Protocols, all on the validation split:
   previous windows did not (the last S), so every token is scored once, and every token after the first window
   with at least length-S tokens of context (the first window's tokens have less, as in any protocol).
 BCA: auto uses it only for lengths beyond the checkpoint's block_size (the paper's Table 2); on/off force it;
-both reports every checkpoint and length with and without it (Table 5). Runs under torchrun too: segments are
-shared out among the ranks and the sums all-reduced. Every checkpoint, dataset and length is checked before the
-first one is scored; a non-finite NLL stops with an error instead of a NaN in the table.
+both reports every checkpoint and length with and without it (Table 5). --attention and --rope_scaling take
+comma-separated lists instead: one row per checkpoint x attention rule x interpolation, and the combinations that
+make no sense (interpolation on ALiBi or learned positions, or where no query sees past block_size) are skipped
+and listed. Runs under torchrun too: segments are shared out among the ranks and the sums all-reduced. Every
+checkpoint, dataset, rule and length is checked before the first one is scored; a non-finite NLL stops with an
+error instead of a NaN in the table.
 """
 
 import argparse
@@ -27,9 +32,13 @@ import sys
 import numpy as np
 import torch
 
-from common import (BCA_MODES, UserError, add_checkpoint_args, all_reduce_sum, autocast, checkpoint_dataset,
-                    learned_length_check, load_checkpoint, load_model, model_config, output_path, pyplot, read_tokens,
-                    resolve_dtype, save_figure, setup_distributed, teardown_distributed, write_json)
+from common import (BCA_MODES, UserError, add_checkpoint_args, all_reduce_sum, attention_options, autocast,
+                    check_rule, checkpoint_dataset, learned_length_check, load_checkpoint, load_model, model_config,
+                    output_path, pointless, pyplot, read_tokens, resolve_dtype, rule_fields, rule_label, save_figure,
+                    setup_distributed, teardown_distributed, write_json)
+
+
+RULE_FIELDS = ("attention", "bca", "window", "sinks", "rope_scaling", "rope_factor")
 
 
 def parse_lengths(text):
@@ -71,7 +80,7 @@ def segments(protocol, length, n_tokens, docs, max_len, stride):
 
 
 @torch.no_grad()
-def score(model, stream, segs, length, bca, batch_tokens, device, ctx, rank, world, ddp):
+def score(model, stream, segs, length, rule, scaling, batch_tokens, device, ctx, rank, world, ddp):
     """Sum of NLL, tokens scored, and per-position sums and counts, over this rank's share of segs. Memory: at most
     batch_tokens tokens per forward pass; a longer sequence is streamed through the KV cache batch_tokens tokens at
     a time, which under BCA keeps memory flat at any length."""
@@ -87,7 +96,7 @@ def score(model, stream, segs, length, bca, batch_tokens, device, ctx, rank, wor
             x = torch.from_numpy(np.stack([stream[s : s + size] for s, _, _ in batch]).astype(np.int64)).to(device)
             y = torch.from_numpy(np.stack([stream[s + 1 : s + 1 + size] for s, _, _ in batch]).astype(np.int64))
             with ctx:
-                nll = model.token_nll(x, y.to(device), bca=bca, chunk_tokens=batch_tokens)
+                nll = model.token_nll(x, y.to(device), attention=rule, rope_scaling=scaling, chunk_tokens=batch_tokens)
             scored = torch.arange(size, device=device)[None, :] >= torch.tensor([f for _, _, f in batch],
                                                                               device=device)[:, None]
             nll = nll.double() * scored
@@ -99,7 +108,8 @@ def score(model, stream, segs, length, bca, batch_tokens, device, ctx, rank, wor
 
 
 def markdown_table(rows, lengths):
-    """Rows: checkpoint's scheme (with "+ BCA"), columns: lengths; an up-arrow where perplexity rises."""
+    """Rows: checkpoint's scheme with its attention rule and interpolation, columns: lengths; an up-arrow where
+    perplexity rises."""
     lines = ["| model | " + " | ".join(str(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
     for label in dict.fromkeys(r["label"] for r in rows):
         ppl = {r["length"]: r["ppl"] for r in rows if r["label"] == label}
@@ -130,10 +140,6 @@ def plot(rows, lengths, block_sizes, path):
     save_figure(fig, path)
 
 
-def label_for(pos, bca, block_size):
-    return {None: f"{pos} (BCA > {block_size})", True: f"{pos} + BCA", False: pos}[bca]
-
-
 def check_args(args):
     """Everything about the command line that can be checked before a checkpoint is read."""
     lengths = parse_lengths(args.lengths)
@@ -146,32 +152,46 @@ def check_args(args):
                         "first max_len tokens into segments")
     if args.stride is not None and args.stride > lengths[0]:
         raise UserError(f"--stride {args.stride} is longer than length {lengths[0]}")
-    return lengths, max_len, output_path(args.json, "--json"), output_path(args.plot, "--plot", plot=True)
+    rules, scalings = attention_options(args, several=True)
+    return lengths, max_len, rules, scalings, output_path(args.json, "--json"), output_path(args.plot, "--plot",
+                                                                                            plot=True)
 
 
-def plan(args, ckpt_path, lengths, max_len):
-    """One checkpoint's checks, before any scoring: its model, its dataset and every length. Returns
-    (data_dir, meta, lex documents, skipped count)."""
+def plan(args, ckpt_path, lengths, max_len, rules, scalings):
+    """One checkpoint's checks, before any scoring: its model, its dataset, every rule and every length. Returns
+    (data_dir, meta, lex documents, skipped count, [(rule, scaling)] to score, [combinations skipped, and why])."""
     ckpt = load_checkpoint(ckpt_path, mmap=True)  # lazily: the weights are read when the model is scored
     config = model_config(ckpt, ckpt_path)
     learned_length_check(config, lengths[-1], ckpt_path)
+    for rule in rules:
+        check_rule(rule, lengths[-1], config.block_size, ckpt_path)
+    runs, pointless_runs = [], []
+    for rule in rules:
+        for scaling in scalings:
+            why = pointless(config, rule, scaling)
+            if why:
+                pointless_runs.append(f"{ckpt_path}: skipped {rule_label(config.pos, rule, scaling, config.block_size)}"
+                                      f": {why}")
+            else:
+                runs.append((rule, scaling))
     data_dir, meta = checkpoint_dataset(ckpt, ckpt_path, args.data_dir)
     n_tokens = meta["files"]["val"]["tokens"]
     if args.protocol != "lex" and lengths[-1] >= n_tokens:
         raise UserError(f"length {lengths[-1]} needs {lengths[-1] + 1} validation tokens, but {data_dir} has "
                         f"{n_tokens}: lower --lengths")
     docs, skipped = lex_documents(meta, max_len) if args.protocol == "lex" else (None, 0)
-    return data_dir, meta, docs, skipped
+    return data_dir, meta, docs, skipped, runs, pointless_runs
 
 
 def evaluate(args):
-    lengths, max_len, json_path, plot_path = check_args(args)
+    lengths, max_len, rules, scalings, json_path, plot_path = check_args(args)
     ddp, rank, world, device = setup_distributed(args.device)
     dtype = resolve_dtype(args.dtype, device)
     ctx = autocast(device, dtype)
-    plans = [(ckpt_path, *plan(args, ckpt_path, lengths, max_len)) for ckpt_path in args.ckpt]
+    plans = [(ckpt_path, *plan(args, ckpt_path, lengths, max_len, rules, scalings)) for ckpt_path in args.ckpt]
     rows, curves, notes, block_sizes = [], [], [], set()
-    for ckpt_path, data_dir, meta, docs, skipped in plans:
+    skipped_runs = [line for p in plans for line in p[-1]]
+    for ckpt_path, data_dir, meta, docs, skipped, runs, _ in plans:
         model, ckpt = load_model(ckpt_path, device)
         cfg = model.config
         block_sizes.add(cfg.block_size)
@@ -179,36 +199,37 @@ def evaluate(args):
         if args.protocol == "lex":
             notes.append(f"{ckpt_path}: lex protocol, {len(docs)} validation documents x {max_len} tokens "
                          f"({skipped} shorter than {max_len + 1} skipped)")
-        for bca in BCA_MODES[args.bca]:
+        for rule, scaling in runs:
+            label = rule_label(cfg.pos, rule, scaling, cfg.block_size)
             for length in lengths:
                 segs = segments(args.protocol, length, len(stream), docs, max_len, args.stride or max(1, length // 2))
                 batch_tokens = args.batch_tokens or min(16384, 2**27 // cfg.vocab_size)
-                sums = score(model, stream, segs, length, bca, batch_tokens, device, ctx, rank, world, ddp)
+                sums = score(model, stream, segs, length, rule, scaling, batch_tokens, device, ctx, rank, world, ddp)
                 nll = (sums[0] / sums[1]).item()
                 if not math.isfinite(nll):  # all-reduced: every rank stops here together
                     teardown_distributed(ddp)
                     way_out = "evaluate in float32 (--dtype float32), or" if dtype != "float32" else \
                         "the checkpoint's weights may hold inf or NaN; or try"
                     raise UserError(f"non-finite NLL ({nll}) for {ckpt_path} at length {length} in {dtype}: "
-                                    f"{way_out} with BCA (--bca on)")
-                row = dict(ckpt=str(ckpt_path), pos=cfg.pos, bca=bca if bca is not None else "auto", length=length,
-                           ppl=math.exp(nll), nll=nll, tokens=int(sums[1]), label=label_for(cfg.pos, bca,
-                                                                                                cfg.block_size))
+                                    f"{way_out} with BCA (--bca on); the row: {label}")
+                row = dict(ckpt=str(ckpt_path), pos=cfg.pos, **rule_fields(rule, scaling, cfg.block_size, length),
+                           length=length, ppl=math.exp(nll), nll=nll, tokens=int(sums[1]), label=label)
                 rows.append(row)
                 counts = sums[2 + length :]
                 curve = (sums[2 : 2 + length] / counts.clamp(min=1)).tolist()
-                curves.append({k: row[k] for k in ("ckpt", "pos", "bca", "length")} | {"mean_nll": curve})
+                curves.append({k: row[k] for k in ("ckpt", "pos", *RULE_FIELDS, "length")} | {"mean_nll": curve})
                 if rank == 0 and args.verbose:
                     print(f"{row['label']:>24} {length:>6}: ppl {row['ppl']:.3f} over {row['tokens']:,} tokens",
                           file=sys.stderr)
     if rank == 0:
         print("\n".join(notes))
+        print("\n".join(skipped_runs))
         print(f"perplexity ({args.protocol} protocol, {dtype}; ↑ = higher than at the previous length)\n")
         print(markdown_table(rows, lengths))
         if json_path:
             write_json(json_path, {"protocol": args.protocol, "max_len": max_len, "rows": [
-                {k: r[k] for k in ("ckpt", "pos", "bca", "length", "ppl", "nll", "tokens")} for r in rows],
-                "curves": curves})
+                {k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "length", "ppl", "nll", "tokens", "label")}
+                for r in rows], "curves": curves, "skipped": skipped_runs})
         if plot_path:
             plot(rows, lengths, block_sizes, plot_path)
     teardown_distributed(ddp)
@@ -225,7 +246,7 @@ def parse_args(argv=None):
     p.add_argument("--batch_tokens", type=int, help="tokens per forward pass: short sequences are batched up to it, "
                    "a longer one is streamed through the KV cache in chunks of it (default: 16384, fewer for large "
                    "vocabularies so that one chunk of float32 logits stays under 512 MiB)")
-    add_checkpoint_args(p, bca=tuple(BCA_MODES))
+    add_checkpoint_args(p, bca=tuple(BCA_MODES), several=True)
     p.add_argument("--json")
     p.add_argument("--plot")
     p.add_argument("--verbose", action="store_true", help="a line per (model, length) as it finishes")

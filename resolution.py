@@ -3,7 +3,8 @@ Attention resolution (paper §3.1 Eq. 3, §4.3): the theory curves of Figure 2 a
 
     python resolution.py --theory [--head_dim 64] [--gamma 0.4] [--scale_base 512] [--max_dist 4096] \
         [--json out.json] [--plot out.png]
-    python resolution.py --ckpt CKPT --length T [--bca on|off|both] [--texts 8] [--json out.json]
+    python resolution.py --ckpt CKPT --length T [--bca on|off|both | --attention causal,bca,sliding,sinks \
+        [--window W] [--sinks S]] [--rope_scaling none,pi,...] [--texts 8] [--json out.json]
 
 Eq. 3 as printed, R(s) = sum_i e^s[i] (e^s[i] - e^s[i+1]) / (sum_i e^s[i])^2, leaves choices open; made here:
 - s is indexed by distance n = 0 .. N with N = max_dist (theory) or T-1 (measured); the numerator runs over the
@@ -12,8 +13,8 @@ Eq. 3 as printed, R(s) = sum_i e^s[i] (e^s[i] - e^s[i+1]) / (sum_i e^s[i])^2, le
   cannot come from Eq. 3 as printed.
 - Measured s-hat[n] (Eq. 11) is the mean pre-softmax score (with 1/sqrt(d) and ALiBi's bias, as the model
   computes it) over the visible query/key pairs at distance n, per layer and head, pooled over the texts (every
-  text has the same pairs, so this is the average over texts of the per-text means). A distance that BCA's mask
-  hides entirely counts as e^s = 0. R is reported per layer two ways: heads averaged before R, and R per head
+  text has the same pairs, so this is the average over texts of the per-text means). A distance that the attention
+  rule hides entirely (BCA's, a window's) counts as e^s = 0; attention sinks count at their true distance. R is reported per layer two ways: heads averaged before R, and R per head
   then averaged; the headline is the layer average of each.
 """
 
@@ -23,8 +24,9 @@ import sys
 
 import torch
 
-from common import (BCA_MODES, UserError, add_checkpoint_args, checkpoint_dataset, learned_length_check, load_model,
-                    output_path, pyplot, read_tokens, resolve_device, save_figure, write_json)
+from common import (UserError, add_checkpoint_args, attention_options, check_rule, checkpoint_dataset,
+                    learned_length_check, load_model, output_path, pointless, pyplot, read_tokens, resolve_device,
+                    rule_fields, rule_label, save_figure, write_json)
 from model import GPTConfig, rotary_frequencies
 
 
@@ -69,9 +71,9 @@ def plot_theory(result, path):
 
 def accumulate(sums, counts, scores, q_pos, k_pos):
     """Add one text's scores (n_head, Q, K) at query/key positions into sums[head, distance]; count the visible
-    (causal) pairs per distance into counts unless it is None."""
+    pairs (finite scores: the rule's mask makes the others -inf) per distance into counts unless it is None."""
     distance = q_pos[:, None] - k_pos[None, :]
-    visible = distance >= 0
+    visible = torch.isfinite(scores[0]) & (distance >= 0)
     index = distance[visible]
     sums.index_add_(1, index, scores[:, visible].double())
     if counts is not None:
@@ -79,7 +81,7 @@ def accumulate(sums, counts, scores, q_pos, k_pos):
 
 
 @torch.no_grad()
-def layer_score_sums(model, idx, bca):
+def layer_score_sums(model, idx, rule, scaling):
     """sums (n_layer, n_head, T) and counts (T) of the pre-softmax scores at each distance, for one text idx (1, T)."""
     cfg = model.config
     T = idx.size(1)
@@ -90,7 +92,7 @@ def layer_score_sums(model, idx, bca):
         as_tensor = lambda r: torch.arange(r.start, r.stop)
         accumulate(sums[layer], counts if layer == 0 else None, scores[0].cpu(), as_tensor(queries), as_tensor(keys))
 
-    model.pre_softmax_scores(idx, observe, bca=bca)
+    model.pre_softmax_scores(idx, observe, attention=rule, rope_scaling=scaling)
     return sums, counts
 
 
@@ -106,18 +108,19 @@ def texts_from(meta, data_dir, length, max_texts):
     return [torch.from_numpy(stream[s : s + length].astype("int64")) for s in starts[:max_texts]]
 
 
-def measure(model, texts, bca):
+def measure(model, texts, rule, scaling):
     cfg = model.config
     sums = torch.zeros(cfg.n_layer, cfg.n_head, len(texts[0]), dtype=torch.float64)
     counts = torch.zeros(len(texts[0]), dtype=torch.float64)
     device = next(model.parameters()).device
     for text in texts:
-        s, c = layer_score_sums(model, text[None].to(device), bca)
+        s, c = layer_score_sums(model, text[None].to(device), rule, scaling)
         sums += s
         counts += c
     s_hat = (sums / counts.clamp(min=1)).masked_fill(counts == 0, float("-inf"))  # hidden distances: e^s = 0
     as_list = lambda t: [None if math.isinf(v) else v for v in t.tolist()]
-    return {"bca": bca, **layer_average(s_hat), **layer_average(s_hat[..., : cfg.block_size], "_shared"),
+    return {**rule_fields(rule, scaling, cfg.block_size, len(texts[0])),
+            "label": rule_label(cfg.pos, rule, scaling, cfg.block_size), **layer_average(s_hat), **layer_average(s_hat[..., : cfg.block_size], "_shared"),
             "s_hat": [as_list(s_hat[layer].mean(0)) for layer in range(cfg.n_layer)],
             "s_hat_heads": [[as_list(h) for h in s_hat[layer]] for layer in range(cfg.n_layer)],
             "pairs": counts.tolist()}
@@ -163,31 +166,38 @@ def run(args):
             raise UserError(f"--texts {args.texts} is not allowed: must be >= 1")
         if args.plot:
             raise UserError("--plot draws the theory curves (--theory); measured curves are in --json's s_hat")
+        rules, scalings = attention_options(args, several=True)
         device = resolve_device(args.device)
         model, ckpt = load_model(args.ckpt, device)
         cfg = model.config
         learned_length_check(cfg, args.length, args.ckpt)
+        for rule in rules:
+            check_rule(rule, args.length, cfg.block_size, args.ckpt)
+        runs = [(rule, scaling) for rule in rules for scaling in scalings]
+        for rule, scaling in runs:
+            why = pointless(cfg, rule, scaling)
+            if why:
+                raise UserError(f"{args.ckpt}: {rule_label(cfg.pos, rule, scaling, cfg.block_size)}: {why}")
         data_dir, meta = checkpoint_dataset(ckpt, args.ckpt, args.data_dir)
         texts = texts_from(meta, data_dir, args.length, args.texts)
-        modes = [measure(model, texts, bca) for bca in BCA_MODES[args.bca]]
+        modes = [measure(model, texts, rule, scaling) for rule, scaling in runs]
         for m in modes:
             if not all(math.isfinite(m[k]) for k in ("R", "R_per_head", "R_shared", "R_shared_per_head")):
-                raise UserError(f"non-finite scores for {args.ckpt} at length {args.length} (float32, BCA "
-                                f"{'on' if m['bca'] else 'off'}): the checkpoint's weights may hold inf or NaN "
-                                "(evaluate it with eval_extrapolate.py); with BCA off, try --bca on")
+                raise UserError(f"non-finite scores for {args.ckpt} at length {args.length} (float32, {m['label']}): "
+                                "the checkpoint's weights may hold inf or NaN (evaluate it with eval_extrapolate.py); "
+                                "without BCA, try --bca on")
         result = {"ckpt": args.ckpt, "pos": cfg.pos, "length": args.length, "block_size": cfg.block_size,
                   "texts": len(texts), "modes": modes}
         print(f"resolution (Eq. 3 on Eq. 11) of {args.ckpt} ({cfg.pos}, block_size {cfg.block_size}) at length "
               f"{args.length}, {len(texts)} validation texts; R_shared: distances 0..{cfg.block_size - 1} only, "
-              "which both modes see")
+              "which every mode sees")
         layers = " | ".join(f"layer {i}" for i in range(cfg.n_layer))
         print(f"| model | R (heads averaged first) | R (per head, averaged) | R_shared | R_shared (per head) | "
               f"{layers} |")
         print("|---" * (5 + cfg.n_layer) + "|")
         for m in modes:
-            label = cfg.pos + (" + BCA" if m["bca"] else "")
             cells = " | ".join(f"{r:.3f}" for r in m["R_layers"])
-            print(f"| {label} | {m['R']:.3f} | {m['R_per_head']:.3f} | {m['R_shared']:.3f} | "
+            print(f"| {m['label']} | {m['R']:.3f} | {m['R_per_head']:.3f} | {m['R_shared']:.3f} | "
                   f"{m['R_shared_per_head']:.3f} | {cells} |")
     if json_path:
         write_json(json_path, result)
@@ -204,7 +214,7 @@ def parse_args(argv=None):
     p.add_argument("--ckpt")
     p.add_argument("--length", type=int)
     p.add_argument("--texts", type=int, default=8, help="validation texts of --length tokens to average over")
-    add_checkpoint_args(p, bca=("on", "off", "both"), bca_default="both", dtype=False)  # scores in float32
+    add_checkpoint_args(p, bca=("on", "off", "both"), bca_default="both", dtype=False, several=True)  # float32
     p.add_argument("--json")
     p.add_argument("--plot", help="--theory: draw g for RoPE and xPos (needs matplotlib)")
     return p.parse_args(argv)

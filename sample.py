@@ -4,7 +4,9 @@ Sample from a trained checkpoint with model.py's cached generate; past block_siz
     python sample.py --ckpt out/shakespeare_char_xpos/ckpt.pt --start "ROMEO:" --max_new_tokens 2000
     python sample.py --ckpt CKPT --start FILE:prompt.txt --num_samples 3 --temperature 0.8 --top_k 50 --seed 7
 
---bca auto (default) switches blockwise causal attention on once the text is longer than block_size.
+--bca auto (default) switches blockwise causal attention on once the text is longer than block_size; --attention
+sliding|sinks (with --window, --sinks) and --rope_scaling pi|ntk|dynamic_ntk|yarn (with --rope_factor) decode with
+those instead (model.py's AttentionRule and RopeScaling).
 """
 
 import argparse
@@ -13,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from common import (BCA_MODES, UserError, add_checkpoint_args, autocast, checkpoint_dataset, learned_length_check,
-                    load_model, resolve_device, resolve_dtype, tokenizer_from_meta)
+from common import (UserError, add_checkpoint_args, attention_options, autocast, check_rule, checkpoint_dataset,
+                    learned_length_check, load_model, pointless, resolve_device, resolve_dtype, tokenizer_from_meta)
 
 
 def read_prompt(path):
@@ -36,18 +38,24 @@ def sample(args):
         raise UserError(f"--temperature {args.temperature} must be > 0 (use --top_k 1 for greedy decoding)")
     if args.top_k is not None and args.top_k < 1:
         raise UserError(f"--top_k {args.top_k} must be >= 1")
+    (rule,), (scaling,) = attention_options(args)
     model, ckpt = load_model(args.ckpt, device)
+    why = pointless(model.config, rule, scaling)
+    if why:
+        raise UserError(f"{args.ckpt}: {why}")
     tokenizer = tokenizer_from_meta(checkpoint_dataset(ckpt, args.ckpt, args.data_dir)[1])
     start = args.start
     if start.startswith("FILE:"):
         start = read_prompt(Path(start[5:]))
     ids = tokenizer.encode(start) or [tokenizer.eot if tokenizer.eot is not None else tokenizer.encode("\n")[0]]
     learned_length_check(model.config, len(ids) + args.max_new_tokens - 1, args.ckpt)
+    check_rule(rule, len(ids) + args.max_new_tokens - 1, model.config.block_size, args.ckpt)
     torch.manual_seed(args.seed)
     x = torch.tensor([ids], dtype=torch.long, device=device)
     with torch.no_grad(), autocast(device, resolve_dtype(args.dtype, device)):
         for k in range(args.num_samples):
-            y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, bca=BCA_MODES[args.bca][0])
+            y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, attention=rule,
+                               rope_scaling=scaling)
             print(tokenizer.decode(y[0].tolist()))
             print("-" * 40 if k + 1 < args.num_samples else "", flush=True)
 

@@ -91,6 +91,6 @@ def test_xpos_float16_without_bca_stays_finite():
         m.transformer.h[0].attn.c_attn.weight.mul_(30)
     idx = torch.randint(0, 101, (1, 16384), device="cuda")
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
-        logits, loss = m(idx, idx, bca=False)
+        logits, loss = m(idx, idx, attention="causal")
     assert torch.isfinite(logits).all() and torch.isfinite(loss)
     assert model.xpos_largest_scale(16384, m.config) > 2**8  # the float32 guard was needed here

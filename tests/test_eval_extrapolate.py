@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import eval_extrapolate
 import prepare_data
 from conftest import CHARS, make_checkpoint
+from model import AttentionRule
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAM_LENGTH = 75  # 40 + 25 + 10 validation tokens
@@ -29,10 +30,10 @@ def stream(data_dir):
     return torch.from_numpy(np.fromfile(Path(data_dir) / meta["files"]["val"]["file"], np.uint16).astype(np.int64))
 
 
-def nll_of(model, tokens, first_scored=0, bca=False):
+def nll_of(model, tokens, first_scored=0, attention="causal", rope_scaling=None):
     """Reference: summed NLL of predicting tokens[1:] from tokens[:-1], scoring positions >= first_scored."""
     with torch.no_grad():
-        logits, _ = model(tokens[None, :-1], tokens[None, 1:], bca=bca)
+        logits, _ = model(tokens[None, :-1], tokens[None, 1:], attention=attention, rope_scaling=rope_scaling)
     nll = F.cross_entropy(logits[0].double(), tokens[1:], reduction="none")
     return nll[first_scored:].sum().item(), len(tokens) - 1 - first_scored
 
@@ -99,12 +100,15 @@ def test_bca_both_json_and_plot(tiny_data, tmp_path):
     rows = result["rows"]
     assert [(r["bca"], r["length"]) for r in rows] == [(False, 4), (False, 8), (False, 32), (True, 4), (True, 8),
                                                       (True, 32)]
-    assert set(rows[0]) == {"ckpt", "pos", "bca", "length", "ppl", "nll", "tokens"}
+    assert set(rows[0]) == {"ckpt", "pos", "bca", "attention", "window", "sinks", "rope_scaling", "rope_factor",
+                            "length", "ppl", "nll", "tokens", "label"}
+    assert [(r["attention"], r["window"], r["label"]) for r in rows[2:4]] == [("causal", None, "xpos"),
+                                                                            ("bca", 8, "xpos + BCA")]
     by = {(r["bca"], r["length"]): r["nll"] for r in rows}
     assert by[(False, 4)] == pytest.approx(by[(True, 4)], abs=1e-6)  # within block_size BCA changes nothing
     assert by[(False, 8)] == pytest.approx(by[(True, 8)], abs=1e-6)
     assert by[(False, 32)] != pytest.approx(by[(True, 32)], abs=1e-6)
-    n, c = nll_of(model, stream(tiny_data)[:33], bca=True)
+    n, c = nll_of(model, stream(tiny_data)[:33], attention="bca")
     assert by[(True, 32)] == pytest.approx(n / c, rel=1e-6)
     curves = result["curves"]
     assert len(curves) == 6 and [len(c["mean_nll"]) for c in curves] == [4, 8, 32] * 2
@@ -225,3 +229,56 @@ def test_logits_in_chunks_give_the_same_numbers(tiny_data, tmp_path):
     assert [r["tokens"] for r in whole] == [r["tokens"] for r in chunked]
     for a, b in zip(whole, chunked):
         assert a["nll"] == pytest.approx(b["nll"], rel=1e-6)
+
+
+def test_one_command_compares_rules_and_interpolations(tiny_data, tmp_path, capsys):
+    """Rows are checkpoint x attention x scaling; pointless combinations are skipped and listed; each row's NLL is
+    the model's own under that rule, by hand."""
+    rope = make_checkpoint(tmp_path / "rope.pt", tiny_data, pos="rope")
+    make_checkpoint(tmp_path / "alibi.pt", tiny_data, pos="alibi")
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    run("--ckpt", tmp_path / "rope.pt", "--ckpt", tmp_path / "alibi.pt", "--lengths", "8,32", "--max_len", 32,
+        "--attention", "causal,sliding,sinks", "--window", 6, "--sinks", 2, "--rope_scaling", "none,yarn",
+        "--json", out, "--plot", png)
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    combos = [(Path(r["ckpt"]).stem, r["attention"], r["rope_scaling"]) for r in result["rows"] if r["length"] == 32]
+    assert combos == [("rope", "causal", "none"), ("rope", "causal", "yarn"), ("rope", "sliding", "none"),
+                      ("rope", "sinks", "none"), ("alibi", "causal", "none"), ("alibi", "sliding", "none"),
+                      ("alibi", "sinks", "none")]
+    skipped = result["skipped"]
+    assert len(skipped) == 5 and all(line in printed for line in skipped)
+    assert sum("yarn is the identity under sliding" in line for line in skipped) == 1
+    assert sum("yarn rescales rotary angles, and pos=alibi has none" in line for line in skipped) == 3
+    row = {(Path(r["ckpt"]).stem, r["attention"], r["rope_scaling"], r["length"]): r for r in result["rows"]}
+    sinks = row["rope", "sinks", "none", 32]
+    assert (sinks["window"], sinks["sinks"], sinks["bca"], sinks["label"]) == (6, 2, False, "rope + sinks S=2 W=6")
+    assert "| rope + sinks S=2 W=6 |" in printed and "| rope + yarn |" in printed
+    tokens = stream(tiny_data)[:33]  # the lex protocol's one 32-token segment (the 40-token document)
+    for attention, scaling in ((AttentionRule("sinks", 6, 2), None), (AttentionRule("sliding", 6), None),
+                               ("causal", "yarn")):
+        n, c = nll_of(rope, tokens, attention=attention, rope_scaling=scaling)
+        key = ("rope", getattr(attention, "name", attention), scaling or "none", 32)
+        assert row[key]["nll"] == pytest.approx(n / c, rel=1e-6) and row[key]["tokens"] == c
+    assert len({r["nll"] for r in result["rows"] if r["length"] == 32 and r["ckpt"].endswith("rope.pt")}) == 4
+    curves = {(Path(c["ckpt"]).stem, c["attention"], c["rope_scaling"], c["length"]) for c in result["curves"]}
+    assert set(row) == curves and png.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bca", "on", "--attention", "sliding"], "--bca on and --attention sliding both given: use --attention"),
+    (["--attention", "bca,window"], "--attention 'bca,window' is not allowed: must be one of auto, causal, bca"),
+    (["--window", 4], "--window 4 applies to --attention sliding or sinks only"),
+    (["--attention", "sliding", "--sinks", 2], "--sinks 2 applies to --attention sinks only"),
+    (["--attention", "sinks", "--sinks", 8], "sinks=8 is not allowed with window=8"),
+    (["--attention", "sliding", "--window", 0], "window=0 is not allowed: must be a positive integer"),
+    (["--rope_scaling", "linear"], "--rope_scaling 'linear' is not allowed: must be one of none, pi, ntk"),
+    (["--rope_scaling", "none,dynamic_ntk", "--rope_factor", 2], "--rope_factor 2.0 applies to --rope_scaling pi"),
+    (["--rope_scaling", "pi", "--rope_factor", -1], "rope_factor=-1.0 is not allowed: must be a number > 0"),
+])
+def test_attention_flags_errors(tiny_data, tmp_path, monkeypatch, argv, message):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    monkeypatch.setattr(eval_extrapolate, "score", None)  # checked before any scoring
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--lengths", "8,16", *argv)
+    assert message in str(e.value.code)

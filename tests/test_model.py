@@ -42,8 +42,8 @@ def test_xpos_without_decay_is_rope_exactly():
     rope, xpos = tiny("rope"), tiny("xpos", xpos_scale_base=float("inf"))
     xpos.load_state_dict(rope.state_dict())
     idx = tokens(29)
-    for bca in (False, True):
-        assert torch.equal(rope(idx, idx, bca=bca)[0], xpos(idx, idx, bca=bca)[0])
+    for rule in ("causal", "bca", "sliding", "sinks"):
+        assert torch.equal(rope(idx, idx, attention=rule)[0], xpos(idx, idx, attention=rule)[0])
     # and the decay really is on by default: the same q, k score differently at a distance
     torch.manual_seed(0)
     q, k, pos = torch.randn(1, 1, 600, 16), torch.randn(1, 1, 600, 16), range(600)
@@ -105,72 +105,275 @@ def test_rope_rotation_matches_complex_multiplication():
     torch.testing.assert_close(qr.double(), want, rtol=1e-5, atol=1e-5)
 
 
-# --- blockwise causal attention -----------------------------------------------------------------------------------
+# --- attention rules: bca, sliding, sinks -------------------------------------------------------------------------
+# Each rule is written out here from its definition (the paper §3.3 for BCA, StreamingLLM for sinks): which keys query
+# t sees, and at what distance a relative scheme sees each of them. The model must match a brute-force T x T
+# attention built from that alone.
+
+SINKS_6_2 = model.AttentionRule("sinks", window=6, sinks=2)
+SLIDING_5 = model.AttentionRule("sliding", window=5)
 
 
-def brute_force_bca(config):
-    """Reference BCA: the explicit T x T boolean mask of the closed form, absolute positions, softmax by hand."""
-    def bca(q, k, v, half, attend):
-        T = q.size(2)
-        pos = torch.arange(T)
-        t, n = pos[:, None], pos[None, :]
-        visible = (n <= t) & (n >= ((t // half - 1) * half).clamp(min=0))
-        q, k = positioned(q, k, range(T), range(T), config)
-        s = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
-        if config.pos == "alibi":
-            s = s - alibi_slopes(q.size(1))[:, None, None] * (t - n)
-        return torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1) @ v
-    return bca
+def rule_table(rule, T, block_size=8):
+    """(visible, distance), both T x T, for `rule` (a name or an AttentionRule) written from its definition."""
+    rule = rule if isinstance(rule, model.AttentionRule) else model.AttentionRule(rule)
+    W, S, H = rule.window or block_size, rule.sinks, block_size // 2
+    t, n = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    past = n <= t
+    distance = (t - n).expand(T, T)
+    if rule.name == "causal":
+        return past, distance
+    if rule.name == "bca":  # the whole previous half-block and its own
+        return past & (n >= ((t // H - 1) * H).clamp(min=0)), distance
+    if rule.name == "sliding":
+        return past & (t - n < W), distance
+    # sinks: the first S tokens and the W-S most recent; the query stands at min(t, W-1) as seen from the sinks
+    sink = n < S
+    return past & (sink | (t - n < W - S)), torch.where(sink, t.clamp(max=W - 1) - n, distance)
+
+
+def reference_scores(q, k, distance, config, theta=None, sharpen=1.0):
+    """Pre-softmax scores from the schemes' formulas at the given distances, float64: RoPE/xPos as complex numbers
+    (pair j of q times conj(k) times e^(i*D*theta_j) * zeta_j^(D/scale_base)), ALiBi's bias -slope*D, else q.k."""
+    d = q.size(-1)
+    j = torch.arange(d // 2, dtype=torch.float64)
+    D = distance.double()
+    if config.pos in ("rope", "xpos"):
+        theta = 1.0 / config.rope_base ** (2 * j / d) if theta is None else theta.double()
+        zeta = (2 * j + config.xpos_gamma * d) / ((1 + config.xpos_gamma) * d) if config.pos == "xpos" else j * 0 + 1
+        qc = torch.complex(q[..., 0::2].double(), q[..., 1::2].double())
+        kc = torch.complex(k[..., 0::2].double(), k[..., 1::2].double())
+        rel = torch.exp(1j * D[..., None] * theta) * zeta ** (D[..., None] / config.xpos_scale_base)
+        s = (qc[..., :, None, :] * kc[..., None, :, :].conj() * rel).real.sum(-1) * sharpen**2
+    else:
+        s = q.double() @ k.double().transpose(-1, -2)
+    s = s / math.sqrt(d)
+    if config.pos == "alibi":
+        s = s - alibi_slopes(q.size(1)).double()[:, None, None] * D
+    return s
+
+
+def brute_force_attention(rule, **reference):
+    """A CausalSelfAttention.forward that attends through the T x T reference above."""
+    def forward(self, x, table, cache=None):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).view(B, T, 3, self.config.n_head, C // self.config.n_head).permute(2, 0, 3, 1, 4)
+        visible, distance = rule_table(rule, T, self.config.block_size)
+        s = reference_scores(q, k, distance, self.config, **reference).masked_fill(~visible, float("-inf"))
+        y = (torch.softmax(s, dim=-1) @ v.double()).float()
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+    return forward
 
 
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
-def test_bca_is_plain_causal_up_to_block_size(pos):
+def test_every_rule_is_plain_causal_up_to_its_first_block(pos):
     m = tiny(pos)
-    for T in (1, 3, 4, 5, 8):
-        idx = tokens(T)
-        torch.testing.assert_close(m(idx, idx, bca=True)[0], m(idx, idx, bca=False)[0], rtol=1e-5, atol=1e-5)
+    for rule, T_max in (("bca", 8), ("sliding", 8), ("sinks", 8), (SLIDING_5, 5), (SINKS_6_2, 6)):
+        for T in (1, 3, T_max):
+            idx = tokens(T)
+            torch.testing.assert_close(m(idx, idx, attention=rule)[0], m(idx, idx, attention="causal")[0],
+                                       rtol=1e-5, atol=1e-5)
     idx = tokens(8)
-    assert torch.equal(m(idx, idx)[0], m(idx, idx, bca=False)[0])  # auto is off at T = block_size
+    assert torch.equal(m(idx, idx)[0], m(idx, idx, attention="causal")[0])  # auto is causal at T = block_size
 
 
 @pytest.mark.parametrize("pos", RELATIVE_OR_NONE)
-def test_bca_matches_brute_force_closed_form(pos, monkeypatch):
+@pytest.mark.parametrize("rule", ["bca", "sliding", "sinks", SLIDING_5, SINKS_6_2, None])
+def test_rules_match_a_brute_force_mask(pos, rule, monkeypatch):
     m = tiny(pos)
-    idx = tokens(5 * 4 + 3)  # 5 half-blocks + 3, not a multiple of H = 4
-    fast = m(idx, idx)[0]  # auto: T > block_size turns BCA on
-    monkeypatch.setattr(model, "blockwise_causal_attention", brute_force_bca(m.config))
-    slow = m(idx, idx, bca=True)[0]
-    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
-    assert (fast - m(idx, idx, bca=False)[0]).abs().max() > 1e-4  # BCA changes something
+    idx = tokens(5 * 4 + 3)  # not a multiple of any block here (4, 5, 6, 8)
+    fast = m(idx, idx, attention=rule)[0]  # None: auto, BCA at T > block_size
+    assert (fast - m(idx, idx, attention="causal")[0]).abs().max() > 1e-4  # the rule changes something
+    monkeypatch.setattr(model.CausalSelfAttention, "forward", brute_force_attention(rule or "bca"))
+    torch.testing.assert_close(fast, m(idx, idx)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_causal_attention_matches_the_brute_force_too(monkeypatch):
+    for pos in RELATIVE_OR_NONE:
+        m = tiny(pos)
+        idx = tokens(23)
+        fast = m(idx, idx, attention="causal")[0]
+        monkeypatch.setattr(model.CausalSelfAttention, "forward", brute_force_attention("causal"))
+        torch.testing.assert_close(fast, m(idx, idx)[0], rtol=1e-5, atol=1e-5)
+        monkeypatch.undo()
 
 
 @pytest.mark.parametrize("pos", RELATIVE_OR_NONE)
-def test_bca_window_in_one_layer(pos):
-    """With one layer, token s reaches position t exactly when (t//H - 1)*H <= s <= t."""
+@pytest.mark.parametrize("rule", ["bca", SLIDING_5, SINKS_6_2])
+def test_rule_reach_in_one_layer(pos, rule):
+    """With one layer, token s reaches position t exactly when the rule lets t see s."""
     m = tiny(pos, n_layer=1)
     idx = tokens(31, batch=1)
-    base = m(idx, idx, bca=True)[0]
-    for s in (0, 3, 4, 9, 17):
+    base = m(idx, idx, attention=rule)[0]
+    visible, _ = rule_table(rule, 31)
+    for s in (0, 1, 3, 4, 9, 17):
         changed = idx.clone()
         changed[0, s] = (changed[0, s] + 1) % 23
-        moved = (m(changed, changed, bca=True)[0] - base).abs().amax(-1)[0] > 1e-6
-        want = torch.tensor([model.bca_window_start(t, 4) <= s <= t for t in range(31)])
-        assert torch.equal(moved, want), s
+        moved = (m(changed, changed, attention=rule)[0] - base).abs().amax(-1)[0] > 1e-6
+        assert torch.equal(moved, visible[:, s]), s
 
 
-def test_bca_never_builds_a_t_by_t_matrix(monkeypatch):
+@pytest.mark.parametrize("rule, most_keys", [("bca", 16), (model.AttentionRule("sliding", 12), 24),
+                                             (model.AttentionRule("sinks", 12, 4), 28)])
+def test_windows_never_build_a_t_by_t_matrix(rule, most_keys, monkeypatch):
     m = tiny("xpos", block_size=16)
     seen = []
     sdpa = F.scaled_dot_product_attention
 
     def spy(q, k, v, **kw):
-        seen.append((q.size(-2), k.size(-2)))
+        seen.append(k.size(-2))
         return sdpa(q, k, v, **kw)
 
     monkeypatch.setattr(model.F, "scaled_dot_product_attention", spy)
     idx = tokens(64 * 16, batch=1)
-    m(idx)
-    assert seen and max(k for _, k in seen) == 16 and max(q for q, _ in seen) == 8
+    m(idx, attention=rule)
+    assert seen and max(seen) == most_keys  # two blocks, and the sinks
+    seen.clear()
+    m.token_nll(idx, idx, attention=rule, chunk_tokens=50)  # streamed through a cache of one window
+    assert seen and max(seen) == most_keys
+
+
+def test_attention_rule_errors():
+    with pytest.raises(ValueError, match="attention='window' is not allowed: must be one of auto, causal, bca"):
+        tiny("xpos")(tokens(4), attention="window")
+    with pytest.raises(ValueError, match="window=0 is not allowed"):
+        model.AttentionRule("sliding", 0)
+    with pytest.raises(ValueError, match="sinks=8 is not allowed with window=8"):
+        tiny("xpos")(tokens(4), attention=model.AttentionRule("sinks", sinks=8))
+    with pytest.raises(ValueError, match="attention=True is not allowed"):
+        tiny("xpos")(tokens(4), attention=True)
+
+
+# --- RoPE interpolation: PI, NTK, dynamic NTK, YaRN ------------------------------------------------------------------
+# Each method's theta'_j written out here from its paper's formula, independently of model.py.
+
+
+def paper_theta(method, s, d=64, base=10000.0, l=1024):
+    j = torch.arange(d // 2, dtype=torch.float64)
+    theta = base ** (-2 * j / d)
+    if method == "pi":  # Chen et al.: position m -> m / s
+        return theta / s
+    if method in ("ntk", "dynamic_ntk"):  # base -> base * s^(d/(d-2))
+        return (base * s ** (d / (d - 2))) ** (-2 * j / d)
+    wavelength = 2 * math.pi / theta  # YaRN: r = l / lambda, ramp from alpha = 1 to beta = 32 turns
+    ramp = ((l / wavelength - 1) / (32 - 1)).clamp(0, 1)
+    return (1 - ramp) * theta / s + ramp * theta
+
+
+SCALINGS = ("pi", "ntk", "dynamic_ntk", "yarn")
+
+
+def sharpened(m):
+    """Sharper attention than at initialisation, as after training, so that positions matter more."""
+    with torch.no_grad():
+        for block in m.transformer.h:
+            block.attn.c_attn.weight.mul_(4)
+    return m
+BIG = dict(block_size=1024, n_head=1, n_embd=64, pos="rope")
+
+
+@pytest.mark.parametrize("method", SCALINGS)
+def test_interpolated_frequencies_match_the_papers_formulas(method):
+    cfg = GPTConfig(**BIG)
+    for s in (1.5, 4.0, 32.0):
+        theta, _ = model.rotary_frequencies(64, cfg, scaling=model.RopeScaling(method), s=s)
+        torch.testing.assert_close(theta.double(), paper_theta(method, s), rtol=1e-6, atol=0)
+    if method == "yarn":  # the three regimes are all there at these defaults
+        ramp = ((1024 * paper_theta("none", 1) / (2 * math.pi) - 1) / 31)
+        assert (ramp <= 0).any() and (ramp >= 1).any() and ((ramp > 0) & (ramp < 1)).any()
+
+
+@pytest.mark.parametrize("method", SCALINGS)
+def test_the_pass_uses_the_factor_of_its_length(method):
+    """s = T / block_size under causal attention (or the given factor): the table's angles are position * theta'_j,
+    and YaRN's factors have modulus 0.1 ln s + 1 on q and k alike."""
+    m = GPT(GPTConfig(**BIG, vocab_size=7, n_layer=1))
+    for T, factor in ((4096, None), (2000, None), (1500, 3.0)):
+        scaling = model.RopeScaling(method, factor if method != "dynamic_ntk" else None)
+        table = m.position_table(T, "causal", scaling)
+        s = factor if scaling.factor else T / 1024
+        angle = torch.arange(T, dtype=torch.float64)[:, None] * paper_theta(method, s)
+        got = table.q_factor.angle().double()
+        torch.testing.assert_close(torch.remainder(got - angle + math.pi, 2 * math.pi) - math.pi,
+                                   torch.zeros_like(angle), rtol=0, atol=2e-3)  # float32 angles up to 4096 rad
+        modulus = 0.1 * math.log(s) + 1 if method == "yarn" else 1.0
+        torch.testing.assert_close(table.q_factor.abs(), torch.full_like(table.q_factor.abs(), modulus))
+        torch.testing.assert_close(table.k_factor.abs(), torch.full_like(table.k_factor.abs(), modulus))
+
+
+@pytest.mark.parametrize("method", SCALINGS)
+@pytest.mark.parametrize("pos", ["rope", "xpos", "alibi", "learned"])
+def test_every_method_is_the_identity_at_s_at_most_one(method, pos):
+    cfg = GPTConfig(**(BIG | dict(pos=pos if pos in ("rope", "xpos") else "rope")))
+    plain = model.rotary_frequencies(64, cfg)
+    for s in (1.0, 0.5, 1 / 3):
+        got = model.rotary_frequencies(64, cfg, scaling=model.RopeScaling(method), s=s)
+        assert all(torch.equal(a, b) for a, b in zip(got, plain))
+    m = tiny(pos)
+    idx = tokens(8)  # T = block_size: s = 1
+    base = m(idx, idx)[0]
+    assert torch.equal(m(idx, idx, rope_scaling=method)[0], base)
+    if method != "dynamic_ntk":
+        for factor in (1.0, 0.25):
+            assert torch.equal(m(idx, idx, rope_scaling=model.RopeScaling(method, factor))[0], base)
+
+
+@pytest.mark.parametrize("pos", ["rope", "xpos"])
+@pytest.mark.parametrize("method, factor", [("pi", 2.5), ("ntk", None), ("yarn", None), ("yarn", 3.0)])
+def test_interpolated_model_matches_the_brute_force(pos, method, factor, monkeypatch):
+    m = sharpened(tiny(pos, block_size=8, n_embd=32))  # head_dim 16
+    T = 23
+    scaling = model.RopeScaling(method, factor)
+    fast = m(tokens(T), tokens(T), attention="causal", rope_scaling=scaling)[0]
+    assert (fast - m(tokens(T), tokens(T), attention="causal")[0]).abs().max() > 1e-4  # it changes something
+    s = factor or T / 8
+    theta = paper_theta(method, s, d=16, l=8)
+    sharpen = 0.1 * math.log(s) + 1 if method == "yarn" else 1.0
+    monkeypatch.setattr(model.CausalSelfAttention, "forward", brute_force_attention("causal", theta=theta,
+                                                                                   sharpen=sharpen))
+    torch.testing.assert_close(fast, m(tokens(T), tokens(T))[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pos", ["rope", "xpos"])
+@pytest.mark.parametrize("rule", ["causal", model.AttentionRule("sliding", 12)])  # sliding: s grows until 12 / 8
+def test_dynamic_ntk_decoding_equals_the_full_pass_over_each_prefix(pos, rule):
+    """s follows the current length while decoding; the keys already cached are positioned again each time (left
+    at their old angles, they would be off by about 1e-5 here: hence the tight tolerance)."""
+    m = tiny(pos)
+    seq = tokens(27)
+    cache = m.new_cache(27, rule, "dynamic_ntk")
+    cached, _ = m(seq[:, :3], cache=cache)
+    for t in range(3, 28):
+        full, _ = m(seq[:, :t], attention=rule, rope_scaling="dynamic_ntk")
+        torch.testing.assert_close(cached[:, -1], full[:, -1], rtol=0, atol=1e-6, msg=f"step {t}")
+        if t < 27:
+            cached, _ = m(seq[:, t : t + 1], cache=cache)
+    # and the factor did change: at full length s = 27/8 (causal) or 12/8 (sliding), not 1
+    assert (full - m(seq, attention=rule)[0]).abs().max() > 1e-6
+
+
+def test_dynamic_ntk_token_nll_predicts_each_token_at_its_own_length():
+    m = tiny("rope")
+    seq = tokens(20)
+    got = m.token_nll(seq, seq, attention="causal", rope_scaling="dynamic_ntk")
+    for t in (0, 7, 8, 13, 19):
+        logits, _ = m(seq[:, : t + 1], attention="causal", rope_scaling="dynamic_ntk")
+        want = F.cross_entropy(logits[:, -1], seq[:, t], reduction="none")
+        torch.testing.assert_close(got[:, t], want, rtol=1e-5, atol=1e-5)
+
+
+def test_rope_scaling_errors():
+    with pytest.raises(ValueError, match="rope_scaling='linear' is not allowed: must be one of none, pi, ntk"):
+        tiny("rope")(tokens(4), rope_scaling="linear")
+    with pytest.raises(ValueError, match="rope_factor=0 is not allowed: must be a number > 0"):
+        model.RopeScaling("pi", 0)
+    with pytest.raises(ValueError, match="rope_factor=2.0 does not apply to rope_scaling='dynamic_ntk'"):
+        model.RopeScaling("dynamic_ntk", 2.0)
+    with pytest.raises(ValueError, match="rope_factor=2.0 does not apply to rope_scaling='none'"):
+        model.RopeScaling("none", 2.0)
+
+
+# --- precision ------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -179,9 +382,9 @@ def test_xpos_low_precision_finite_at_64_blocks(dtype, scale_base):
     # scale_base 16 with block_size 32 has the paper's ratio (512 at l = 1024): T = 2048 stands for 64k tokens
     m = tiny("xpos", block_size=32, n_embd=32, n_head=2, xpos_scale_base=scale_base)
     idx = tokens(64 * 32, batch=1)
-    for bca in (None, False):  # BCA by default past block_size, and without it (float16: float32 attention)
+    for rule in (None, "causal", "sinks"):  # BCA by default past block_size; without it (float16: float32 attention)
         with torch.autocast("cpu", dtype=dtype):
-            logits, loss = m(idx, idx, bca=bca)
+            logits, loss = m(idx, idx, attention=rule)
         assert torch.isfinite(logits).all() and torch.isfinite(loss)
 
 
@@ -193,10 +396,10 @@ def test_xpos_float16_without_bca_at_16k_with_the_papers_defaults(monkeypatch):
         m.transformer.h[0].attn.c_attn.weight.mul_(1000)  # |q|, |k| of about 20, as in a trained model
     idx = tokens(16384, batch=1)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
-        logits, loss = m(idx, idx, bca=False)
+        logits, loss = m(idx, idx, attention="causal")
         assert torch.isfinite(logits).all() and torch.isfinite(loss)
         monkeypatch.setattr(model, "xpos_largest_scale", lambda n_keys, config: 1.0)  # the guard off: it overflows
-        assert not torch.isfinite(m(idx, idx, bca=False)[0]).all()
+        assert not torch.isfinite(m(idx, idx, attention="causal")[0]).all()
 
 
 def test_xpos_float32_only_where_float16_cannot_hold_the_scales():
@@ -227,16 +430,16 @@ def test_output_layer_in_float32_outside_training():
 
 
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
-@pytest.mark.parametrize("bca", [False, True])
-def test_causality(pos, bca):
+@pytest.mark.parametrize("rule", ["causal", "bca", "sliding", SINKS_6_2])
+def test_causality(pos, rule):
     m = tiny(pos)
     T = 8 if pos == "learned" else 21
     idx = tokens(T)
-    base = m(idx, idx, bca=bca)[0]
+    base = m(idx, idx, attention=rule)[0]
     for t in (0, 5, T - 1):
         changed = idx.clone()
         changed[:, t] = (changed[:, t] + 1) % 23
-        logits = m(changed, changed, bca=bca)[0]
+        logits = m(changed, changed, attention=rule)[0]
         torch.testing.assert_close(logits[:, :t], base[:, :t], rtol=0, atol=1e-6)
         assert not torch.allclose(logits[:, t], base[:, t])
 
@@ -268,38 +471,43 @@ def test_nothing_length_dependent_in_state():
 # --- cached decoding ------------------------------------------------------------------------------------------------
 
 
+RULES = [None, "causal", "bca", "sliding", "sinks", SLIDING_5, SINKS_6_2]  # None: auto
+
+
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
-@pytest.mark.parametrize("bca", [None, True, False])
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("prompt", [3, 13])
-def test_cached_decoding_matches_full_forward(pos, bca, prompt):
+def test_cached_decoding_matches_full_forward(pos, rule, prompt):
     m = tiny(pos)
-    total = 8 if pos == "learned" else 27  # H = 4: crosses five half-block boundaries
+    total = 8 if pos == "learned" else 27  # blocks of 4, 5, 6 and 8: crosses several window moves for each
     if prompt >= total:
         return
     seq = tokens(total)
-    cache = m.new_cache(total, bca)
+    cache = m.new_cache(total, rule)
     cached, _ = m(seq[:, :prompt], cache=cache)
     buffers = cache[0].k.data_ptr(), cache[0].v.data_ptr()
+    resolved = m.attention_rule(total, rule)
     for t in range(prompt, total + 1):
-        full, _ = m(seq[:, :t], bca=bca)
+        full, _ = m(seq[:, :t], attention=resolved)
         torch.testing.assert_close(cached[:, -1], full[:, -1], rtol=1e-5, atol=1e-5, msg=f"step {t}")
-        if bca is True or (bca is None and total > m.config.block_size):  # the window's keys only
-            assert cache[0].k.size(2) == m.config.block_size and cache[0].n <= m.config.block_size
+        if resolved.block:  # bounded: one window's keys, and the sinks
+            assert cache[0].k.size(2) == 2 * resolved.block and cache[0].n <= 2 * resolved.block
+            assert cache[0].sink_k is None if resolved.name != "sinks" else cache[0].sink_k.size(2) == resolved.sinks
         if t < total:
             cached, _ = m(seq[:, t : t + 1], cache=cache)
     assert (cache[0].k.data_ptr(), cache[0].v.data_ptr()) == buffers  # preallocated: nothing reallocated per token
 
 
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
-@pytest.mark.parametrize("bca", [True, False])
-def test_chunked_prefill_matches_full_forward(pos, bca):
-    """A cache takes chunks of any size: within a half-block, across one or several boundaries, after a decode."""
+@pytest.mark.parametrize("rule", RULES[1:])
+def test_chunked_prefill_matches_full_forward(pos, rule):
+    """A cache takes chunks of any size: within a block, across one or several boundaries, after a decode."""
     m = tiny(pos)
     total = 8 if pos == "learned" else 37
     seq = tokens(total)
-    full, _ = m(seq, seq, bca=bca)
+    full, _ = m(seq, seq, attention=rule)
     for chunks in ([1, 2, 5, 13], [7, 1, 9], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [total]):
-        cache, logits, t = m.new_cache(total, bca), [], 0
+        cache, logits, t = m.new_cache(total, rule), [], 0
         for size in chunks:
             if t < total:
                 logits.append(m.head(m.hidden_states(seq[:, t : t + size], cache=cache)))
@@ -308,31 +516,18 @@ def test_chunked_prefill_matches_full_forward(pos, bca):
         torch.testing.assert_close(got, full[:, : got.size(1)], rtol=1e-5, atol=1e-5, msg=str(chunks))
 
 
-def test_streaming_bca_attends_to_at_most_one_window(monkeypatch):
-    m = tiny("xpos", block_size=16)
-    seen = []
-    sdpa = F.scaled_dot_product_attention
-
-    def spy(q, k, v, **kw):
-        seen.append(k.size(-2))
-        return sdpa(q, k, v, **kw)
-
-    monkeypatch.setattr(model.F, "scaled_dot_product_attention", spy)
-    idx = tokens(20 * 16, batch=1)
-    m.token_nll(idx, idx, chunk_tokens=50)
-    assert seen and max(seen) == 16
-
-
 def test_cache_errors():
     m = tiny("xpos")
     cache = m.new_cache(10)
     m(tokens(6), cache=cache)
     with pytest.raises(ValueError, match="made for 10 tokens, asked for 11"):
         m(tokens(5), cache=cache)
-    with pytest.raises(ValueError, match="bca is fixed when the cache is made"):
-        m(tokens(1), bca=True, cache=cache)
-    with pytest.raises(ValueError, match="bca='yes'"):
-        m.new_cache(10, bca="yes")
+    with pytest.raises(ValueError, match="attention and rope_scaling are fixed when the cache is made"):
+        m(tokens(1), attention="bca", cache=cache)
+    with pytest.raises(ValueError, match="attention and rope_scaling are fixed when the cache is made"):
+        m(tokens(1), rope_scaling="yarn", cache=cache)
+    with pytest.raises(ValueError, match="attention='yes'"):
+        m.new_cache(10, attention="yes")
     with pytest.raises(ValueError, match="cannot extrapolate"):
         tiny("learned").new_cache(9)
     with pytest.raises(ValueError, match="holds a batch of 2 in torch.float32, got 1 in torch.float32"):
@@ -354,33 +549,27 @@ def test_attention_scores_are_what_attention_computes(pos):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=str((queries, keys)))
 
 
-@pytest.mark.parametrize("bca", [False, True])
-def test_model_pre_softmax_scores_match_a_brute_force_score_matrix(bca):
-    """GPT.pre_softmax_scores against scores written out from the hidden states: xPos at absolute positions (every
-    score depends on distance only), ALiBi's bias by hand, BCA's closed-form window."""
+@pytest.mark.parametrize("rule", ["causal", "bca", SLIDING_5, SINKS_6_2])
+def test_model_pre_softmax_scores_match_a_brute_force_score_matrix(rule):
+    """GPT.pre_softmax_scores against scores written out from the hidden states with the schemes' formulas at the
+    rule's distances (the sinks' re-indexed ones included), and its visible keys only."""
     for pos in ("xpos", "alibi"):
         m = tiny(pos, n_layer=1)
-        T, H = 21, 4
+        T = 21
         idx = tokens(T, batch=1)
         got = torch.full((2, T, T), float("nan"))
 
-        def observe(layer, s, queries, keys):
-            got[:, queries.start : queries.stop, keys.start : keys.stop] = s[0]
+        def observe(layer, s, queries, keys):  # hidden keys come as -inf (or not at all): keep NaN there
+            cells = got[:, queries.start : queries.stop, keys.start : keys.stop]
+            cells.copy_(torch.where(torch.isfinite(s[0]), s[0], cells))
 
-        m.pre_softmax_scores(idx, observe, bca=bca)
+        m.pre_softmax_scores(idx, observe, attention=rule)
         x = m.transformer.h[0].ln_1(m.transformer.wte(idx))
         q, k, _ = m.transformer.h[0].attn.c_attn(x).view(1, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
-        if pos == "xpos":
-            q, k = positioned(q, k, range(T), range(T), m.config)
-        want = (q @ k.transpose(-1, -2))[0] / math.sqrt(8)
-        t, n = torch.arange(T)[:, None], torch.arange(T)[None, :]
-        if pos == "alibi":
-            want = want - alibi_slopes(2)[:, None, None] * (t - n)
-        first = ((t // H - 1) * H).clamp(min=0) if bca else torch.zeros_like(t)
-        visible = (n <= t) & (n >= first)
+        visible, distance = rule_table(rule, T)
+        want = reference_scores(q, k, distance, m.config)[0].float()
         torch.testing.assert_close(got[:, visible], want[:, visible], rtol=1e-4, atol=1e-4)
-        assert not torch.isfinite(got[:, n > t]).any()  # future keys: -inf, or not handed over (NaN)
-        assert torch.isnan(got[:, n < first]).all()  # before the window: never handed over
+        assert not torch.isfinite(got[:, ~visible]).any()  # hidden keys: -inf, or never handed over (NaN)
 
 
 @pytest.mark.parametrize("pos", RELATIVE_OR_NONE)
@@ -506,5 +695,5 @@ def test_odd_head_dim_rejected_for_rotary_only():
 
 
 def test_bad_bca_value():
-    with pytest.raises(ValueError, match="bca='on'"):
-        tiny("xpos")(tokens(4), bca="on")
+    with pytest.raises(ValueError, match="attention='on'"):
+        tiny("xpos")(tokens(4), attention="on")

@@ -8,7 +8,7 @@ import torch
 
 import resolution
 from conftest import make_checkpoint
-from model import PositionTable, alibi_slopes
+from model import AttentionRule, PositionTable, RopeScaling, alibi_slopes
 
 
 def test_resolution_hand_computed():
@@ -41,7 +41,7 @@ def test_measured_scores_match_a_full_score_matrix(tiny_data, tmp_path, pos):
     model = make_checkpoint(tmp_path / "m.pt", tiny_data, pos=pos, block_size=8, n_layer=1)
     T = 24
     idx = torch.randint(0, 11, (1, T), generator=torch.Generator().manual_seed(0))
-    sums, counts = resolution.layer_score_sums(model, idx, bca=False)
+    sums, counts = resolution.layer_score_sums(model, idx, AttentionRule("causal"), RopeScaling())
     with torch.no_grad():
         x = model.transformer.h[0].ln_1(model.transformer.wte(idx))
         q, k, _ = model.transformer.h[0].attn.c_attn(x).view(1, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
@@ -152,3 +152,19 @@ def test_non_finite_scores_are_an_error(tiny_data, tmp_path):
     with pytest.raises(SystemExit) as e:
         resolution.main(["--ckpt", str(tmp_path / "nan.pt"), "--length", "16", "--bca", "off"])
     assert "non-finite scores for" in str(e.value.code) and "at length 16" in str(e.value.code)
+
+
+def test_windows_hide_what_they_hide_and_sinks_count_at_their_true_distance(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "m.pt", tiny_data, block_size=8)
+    out = tmp_path / "r.json"
+    resolution.main(["--ckpt", str(tmp_path / "m.pt"), "--length", "32", "--attention", "sliding,sinks",
+                     "--window", "6", "--sinks", "2", "--json", str(out)])
+    sliding, sinks = json.loads(out.read_text())["modes"]
+    assert (sliding["label"], sinks["label"]) == ("xpos + sliding W=6", "xpos + sinks S=2 W=6")
+    assert sliding["pairs"] == [32 - n for n in range(6)] + [0] * 26  # query t sees t-5 .. t
+    # sinks: recent keys at distance 0..3, every query t >= 6 sees keys 0 and 1 at distances t and t-1
+    t = torch.arange(32)[:, None]
+    n = torch.arange(32)[None, :]
+    visible = (n <= t) & ((n < 2) | (t - n < 4))
+    want = [int(((t - n) == d)[visible].sum()) for d in range(32)]
+    assert sinks["pairs"] == want

@@ -66,3 +66,22 @@ def test_bad_inputs(tiny_data, tmp_path):
         with pytest.raises(SystemExit) as e:
             sample.main(["--ckpt", str(tmp_path / "m.pt"), *argv])
         assert message in str(e.value.code)
+
+
+@pytest.mark.parametrize("argv", [["--attention", "sliding", "--window", 5], ["--attention", "sinks", "--sinks", 2],
+                                  ["--rope_scaling", "yarn", "--attention", "causal"],
+                                  ["--rope_scaling", "dynamic_ntk", "--attention", "causal"]])
+def test_generates_with_windows_and_interpolation(tiny_data, tmp_path, capsys, argv):
+    make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope", block_size=8)
+    out = generate(capsys, "--ckpt", tmp_path / "m.pt", "--start", "abc", "--max_new_tokens", 30, *argv)
+    text = out.split("\n")[0]
+    assert text.startswith("abc") and len(text) == 33 and set(text) <= set("abcdefghijk")
+
+
+def test_pointless_or_several_rules_are_errors(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "alibi.pt", tiny_data, pos="alibi", block_size=8)
+    for argv, message in ((["--rope_scaling", "yarn"], "yarn rescales rotary angles, and pos=alibi has none"),
+                          (["--attention", "bca,sliding"], "--attention 'bca,sliding': this script takes one value")):
+        with pytest.raises(SystemExit) as e:
+            sample.main(["--ckpt", str(tmp_path / "alibi.pt"), "--max_new_tokens", "5", *argv])
+        assert message in str(e.value.code)
