@@ -8,8 +8,9 @@ Sections (each row names its config, dtype and device; timings are medians):
 - train: training ms/iter, tokens/s and MFU for each position scheme, at the nanoGPT comparison's shape; then
   xPos's overhead against learned positions, for a training step and for a forward pass alone.
 - length: time per token (the best of two passes) and peak memory of scoring one sequence of 1 .. 64 x
-  block_size tokens: BCA in one piece, BCA streamed through the KV cache (what eval_extrapolate.py does), and
-  plain causal attention (up to --plain_max_mult x block_size: its time grows with T). Each measurement runs in a
+  block_size tokens: BCA in one piece, BCA streamed through the KV cache (what eval_extrapolate.py does), the
+  other window rules in one piece (sliding, sinks, W = block_size), and plain causal attention (up to
+  --plain_max_mult x block_size: its time grows with T). Each measurement runs in a
   fresh process; memory is the peak above what the process held before (weights and the interpreter excluded):
   the CUDA allocator's on GPU, the resident set's on CPU (see peak_memory_mib).
 - decode: cached generation tokens/s after a context of 1, 8 and 32 x block_size (BCA), over block_size new
@@ -42,6 +43,7 @@ LENGTH_SHAPE = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=
 DTYPE_SHAPE = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, pos="xpos")  # batch 16
 LENGTH_MULTS = (1, 2, 4, 8, 16, 32, 64)
 LENGTH_PASSES = 2
+LENGTH_MODES = ("BCA, one piece", "BCA, streamed", "sliding, one piece", "sinks, one piece", "plain causal")
 
 
 def describe(shape, batch):
@@ -140,6 +142,8 @@ def score_once(mode, T, device, dtype, shape, measure):
     block = model.config.block_size
     run = {"BCA, one piece": lambda: model(x, y, attention="bca"),
            "BCA, streamed": lambda: model.token_nll(x, y, attention="bca", chunk_tokens=2 * block),
+           "sliding, one piece": lambda: model(x, y, attention="sliding"),
+           "sinks, one piece": lambda: model(x, y, attention="sinks"),
            "plain causal": lambda: model(x, y, attention="causal")}[mode]
     with torch.no_grad(), autocast(device, dtype):
         run()  # warm-up
@@ -181,7 +185,7 @@ def in_fresh_process(fn, *args):
 
 def bench_length(device, dtype, plain_max_mult):
     block = LENGTH_SHAPE["block_size"]
-    runs = [(mode, mult) for mult in LENGTH_MULTS for mode in ("BCA, one piece", "BCA, streamed", "plain causal")
+    runs = [(mode, mult) for mult in LENGTH_MULTS for mode in LENGTH_MODES
             if mode != "plain causal" or mult <= plain_max_mult]
     times = {run: [] for run in runs}
     for _ in range(LENGTH_PASSES):  # whole passes, each row's fastest kept: a burst of load slows one pass, not the row
@@ -202,11 +206,14 @@ def bench_length(device, dtype, plain_max_mult):
     summary = dict(section="length_summary", dtype=dtype, device=device,
                    bca_time_32x_over_2x=ratio("BCA, one piece", "us_per_token", 32, 2),
                    streamed_time_32x_over_2x=ratio("BCA, streamed", "us_per_token", 32, 2),
+                   sliding_time_32x_over_2x=ratio("sliding, one piece", "us_per_token", 32, 2),
+                   sinks_time_32x_over_2x=ratio("sinks, one piece", "us_per_token", 32, 2),
                    streamed_memory_64x_over_4x=ratio("BCA, streamed", "peak_mib", 64, 4))
     show = lambda key: "n/a" if summary[key] is None else f"{summary[key]:.2f}"
     print(f"BCA time per token, 32x over 2x: one piece {show('bca_time_32x_over_2x')}, streamed "
           f"{show('streamed_time_32x_over_2x')} (target <= 1.2); streamed peak memory, 64x over 4x: "
-          f"{show('streamed_memory_64x_over_4x')} (target <= 1.25)\n")
+          f"{show('streamed_memory_64x_over_4x')} (target <= 1.25); sliding and sinks time per token, 32x over 2x: "
+          f"{show('sliding_time_32x_over_2x')}, {show('sinks_time_32x_over_2x')}\n")
     return rows + [summary]
 
 

@@ -33,9 +33,10 @@ def test_every_section_reports_its_rows(tiny_bench, tmp_path, capsys):
     assert {r["measure"] for r in rows if r["section"] == "overhead"} == {"training step", "forward pass"}
     length = [(r["mode"], r["blocks"]) for r in rows if r["section"] == "length"]
     assert ("plain causal", 2) in length and ("plain causal", 4) not in length  # skipped past --plain_max_mult
-    assert {m for m, _ in length} == {"BCA, one piece", "BCA, streamed", "plain causal"}
+    assert {m for m, _ in length} == {"BCA, one piece", "BCA, streamed", "sliding, one piece", "sinks, one piece",
+                                      "plain causal"}
     summary = next(r for r in rows if r["section"] == "length_summary")
-    assert summary["bca_time_32x_over_2x"] > 0 and summary["streamed_time_32x_over_2x"] > 0
+    assert all(summary[f"{m}_time_32x_over_2x"] > 0 for m in ("bca", "streamed", "sliding", "sinks"))
     assert [r["context"] for r in rows if r["section"] == "decode"] == [8, 64, 256]
     assert {r["dtype"] for r in rows if r["section"] == "dtype"} == {"float32", "bfloat16"}
     printed = capsys.readouterr().out

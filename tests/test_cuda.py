@@ -55,34 +55,52 @@ def test_plain_causal_training_takes_the_flash_path(pos):
     assert torch.isfinite(loss)
 
 
+RULES = [None, "sliding", model.AttentionRule("sinks", window=48, sinks=4)]  # None: auto, BCA past block_size
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("pos", ["xpos", "rope", "alibi"])
-def test_bca_at_16_blocks_in_half_precision(pos, dtype):
+@pytest.mark.parametrize("rule", RULES)
+def test_windows_at_16_blocks_in_half_precision(pos, dtype, rule):
     m = tiny(pos).eval()
     with torch.no_grad():
         m.transformer.h[0].attn.c_attn.weight.mul_(30)  # |q|, |k| as large as a trained model's
     idx = torch.randint(0, 101, (2, 16 * 64), device="cuda")
     with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
-        logits, loss = m(idx, idx)  # auto: BCA past block_size
-        streamed = m.token_nll(idx, idx, chunk_tokens=300)
+        logits, loss = m(idx, idx, attention=rule)
+        streamed = m.token_nll(idx, idx, attention=rule, chunk_tokens=300)
     assert torch.isfinite(logits).all() and torch.isfinite(loss) and torch.isfinite(streamed).all()
     full = F.cross_entropy(logits.flatten(0, 1), idx.flatten(), reduction="none").view(2, -1)
     torch.testing.assert_close(streamed, full, rtol=0.05, atol=0.05)
 
 
 @pytest.mark.parametrize("pos", ["xpos", "rope", "alibi", "sinusoidal"])
-def test_cached_decoding_matches_full_forward(pos, monkeypatch):
+@pytest.mark.parametrize("rule", RULES)
+def test_cached_decoding_matches_full_forward(pos, rule, monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # train.py's runs above turn it on
     m = tiny(pos).eval()
     seq = torch.randint(0, 101, (2, 200), device="cuda")
-    cache = m.new_cache(200)
+    cache = m.new_cache(199, rule)
     with torch.no_grad():
         cached = [m(seq[:, :37], cache=cache)[0][:, -1]]
         for t in range(37, 199):
             cached.append(m(seq[:, t : t + 1], cache=cache)[0][:, -1])
-        full = m(seq[:, :199], seq[:, 1:200])[0]
+        full = m(seq[:, :199], seq[:, 1:200], attention=rule)[0]
     torch.testing.assert_close(torch.stack(cached, 1), full[:, 36:], rtol=1e-4, atol=1e-4)
-    assert cache[0].n <= m.config.block_size  # BCA's window: at most block_size keys held
+    assert cache[0].n <= 2 * cache[0].block  # one window's keys held
+
+
+@pytest.mark.parametrize("method", ["pi", "ntk", "yarn"])
+def test_interpolation_in_half_precision(method):
+    m = tiny("rope").eval()
+    with torch.no_grad():
+        m.transformer.h[0].attn.c_attn.weight.mul_(30)
+    idx = torch.randint(0, 101, (1, 16 * 64), device="cuda")
+    with torch.no_grad():
+        want = m(idx, idx, attention="causal", rope_scaling=method)[1]
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = m(idx, idx, attention="causal", rope_scaling=method)[1]
+    assert torch.isfinite(loss) and abs(loss.item() - want.item()) < 0.02
 
 
 def test_xpos_float16_without_bca_stays_finite():
