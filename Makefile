@@ -43,8 +43,9 @@ gpu-check:
 		--dtype bfloat16 --verbose
 
 # The main job, on CPU: prepare the offline Shakespeare corpus (characters), train tiny xPos and RoPE models
-# (block_size 128), then measure perplexity against length up to 8x the training length with BCA off and on,
-# attention resolution, and the theory curves. About 11 minutes on 2 CPU cores.
+# (block_size 128), then measure perplexity against length up to 8x the training length with plain causal
+# attention, BCA, a sliding window, attention sinks and YaRN, attention resolution, and the theory curves. About
+# 12 minutes on 2 CPU cores.
 DEMO := out/demo
 XPOS := out/shakespeare_char_xpos/ckpt.pt
 ROPE := out/shakespeare_char_rope/ckpt.pt
@@ -53,7 +54,8 @@ demo: $(VENV)/installed
 	$(PY) train.py config/shakespeare_char.py --overwrite=True
 	$(PY) train.py config/shakespeare_char_rope.py --overwrite=True
 	$(PY) eval_extrapolate.py --ckpt $(XPOS) --ckpt $(ROPE) --lengths 32,64,128,256,512,1024 --max_len 16384 \
-		--bca both --json $(DEMO)/extrapolation.json --plot $(DEMO)/extrapolation.png
+		--attention causal,bca,sliding,sinks --rope_scaling none,yarn --json $(DEMO)/extrapolation.json \
+		--plot $(DEMO)/extrapolation.png
 	$(PY) resolution.py --ckpt $(XPOS) --length 256 --bca both --json $(DEMO)/resolution_xpos.json
 	$(PY) resolution.py --ckpt $(ROPE) --length 256 --bca both --json $(DEMO)/resolution_rope.json
 	$(PY) resolution.py --theory --plot $(DEMO)/theory.png --json $(DEMO)/theory.json

@@ -140,8 +140,10 @@ def interpolated(theta, j, head_dim, method, s, block_size):
         return theta * s ** (-2 * j / (head_dim - 2)) if head_dim > 2 else theta
     # yarn: pair j turns r_j = l / lambda_j times over the training length l (wavelength lambda_j = 2 pi / theta_j).
     # Below alpha turns, training never showed it a full turn: interpolate (theta_j / s). Above beta turns it saw
-    # every angle: keep theta_j. In between, a linear ramp gamma_j = (r_j - alpha) / (beta - alpha). (The official
-    # code rounds the ramp's ends to whole pairs; this is the paper's continuous ramp.)
+    # every angle: keep theta_j. In between, the paper's linear ramp gamma_j = (r_j - alpha) / (beta - alpha). (The
+    # official code ramps linearly in the pair index instead, between the pairs where r_j = beta and r_j = alpha,
+    # rounded outwards.) At a small l every pair may fall below beta: at l = 128 and d = 32 the fastest pair turns
+    # 20 times, so YaRN interpolates every pair there, partly.
     ramp = ((block_size * theta / (2 * math.pi) - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0, 1)
     return (1 - ramp) * theta / s + ramp * theta
 
