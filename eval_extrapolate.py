@@ -124,8 +124,9 @@ def markdown_table(rows, lengths):
 
 def plot(rows, lengths, block_sizes, path):
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label in dict.fromkeys(r["label"] for r in rows):
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    fig, ax = plt.subplots(figsize=(6 + 2.5 * (len(labels) > 4), 4))
+    for label in labels:
         ppl = [next(r["ppl"] for r in rows if r["label"] == label and r["length"] == n) for n in lengths]
         ax.plot(lengths, ppl, marker="o", label=label)
     for block_size in sorted(block_sizes):
@@ -135,7 +136,10 @@ def plot(rows, lengths, block_sizes, path):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity")
-    ax.legend()
+    if len(labels) > 4:  # many rows: the legend beside the axes, not over the curves
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    else:
+        ax.legend()
     ax.grid(alpha=0.3)
     save_figure(fig, path)
 

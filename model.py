@@ -1,13 +1,15 @@
 """
-lex-gpt: one GPT in nanoGPT's layout with six position schemes, xPos, and blockwise causal attention (BCA).
+lex-gpt: one GPT in nanoGPT's layout with six position schemes, xPos, and blockwise causal attention (BCA), and the
+inference-time alternatives people compare it with: a sliding window, attention sinks, and RoPE interpolation (PI,
+NTK, dynamic NTK, YaRN).
 
 Paper: "A Length-Extrapolatable Transformer" (Sun et al.). xPos is §3.2 (Eq. 10, Algorithm 1), BCA is §3.3.
-Read top to bottom: config -> position schemes (PositionTable) -> the one attention function -> BCA -> KV cache
--> GPT.
+Read top to bottom: config -> position schemes and RoPE interpolation -> attention rules (which keys a query sees)
+-> PositionTable -> the one attention function -> windows (BCA, sliding, sinks) -> KV cache -> GPT.
 
 Conventions used throughout:
 - Attention tensors are (batch, n_head, time, head_dim).
-- Positions are integer ranges in a frame: absolute (0 .. T-1), or a BCA window's 0 .. block_size-1. Angles, xPos
+- Positions are integer ranges in a frame: absolute (0 .. T-1), or a window's 0 .. 2b-1. Angles, xPos
   scales and masks are computed from them once per forward pass (PositionTable) and shared by all layers; nothing
   length-dependent lives in the state_dict or among the module buffers (checkpoints work at any length).
 - Rotary pairs are interleaved, (x0, x1), (x2, x3), ..., as in the paper's Algorithm 1.
@@ -178,6 +180,90 @@ def alibi_slopes(n_head):
     return torch.tensor(geometric(p) + geometric(2 * p)[0::2][: n_head - p])
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Attention rules: which keys query t sees, the one table of them. Each is inference-time only (training is plain
+# causal attention at length l = block_size), and each window rule runs in O(T * W) time and memory.
+#
+#   rule     query t sees                            positions, for relative schemes
+#   causal   0 .. t                                  absolute
+#   bca      (t//H - 1)*H .. t, H = l/2              rebased into the window 0 .. l-1     (paper §3.3)
+#   sliding  t-W+1 .. t                              rebased: no distance exceeds W-1
+#   sinks    0 .. S-1, and t-(W-S)+1 .. t            the sinks at 0 .. S-1 and the recent keys right after them,
+#                                                    the query at min(t, W-1)            (StreamingLLM, Xiao et al.)
+#
+# BCA (the LeX Transformer's): queries are cut into half-blocks, and a query sees the whole previous half-block
+# plus its own causally, H+1 ... l keys; every layer does this, so information still travels n_layer*H tokens back
+# through depth. StreamingLLM's sinks: the first tokens soak up attention a softmax must put somewhere, and dropping
+# them is what breaks a plain sliding window; the re-indexing keeps every distance below W.
+#
+# All three windows are one mechanism (windowed_attention, KVCache): queries cut into blocks of b (H for bca, W for
+# sliding and sinks); a query in block i sees keys of blocks i-1 and i only, positioned in the window frame
+# 0 .. 2b-1 that every window shares; the rule's reach (W for sliding, W-S for the sinks' recent keys) trims the
+# window past the first block, and the sinks join it. Up to T = b every rule is plain causal attention.
+
+ATTENTION_RULES = ("auto", "causal", "bca", "sliding", "sinks")
+
+
+@dataclass(frozen=True)
+class AttentionRule:
+    """One rule of the table above; auto is bca for a sequence longer than block_size, causal otherwise."""
+    name: str = "auto"
+    window: int = None  # W for sliding and sinks (None: block_size); bca's is always block_size
+    sinks: int = 4  # S for sinks (StreamingLLM's default)
+
+    def __post_init__(self):
+        positive = lambda x: isinstance(x, int) and not isinstance(x, bool) and x > 0
+        if self.name not in ATTENTION_RULES:
+            raise ValueError(f"attention={self.name!r} is not allowed: must be one of {', '.join(ATTENTION_RULES)}")
+        if self.window is not None and not positive(self.window):
+            raise ValueError(f"window={self.window!r} is not allowed: must be a positive integer")
+        if not positive(self.sinks):
+            raise ValueError(f"sinks={self.sinks!r} is not allowed: must be a positive integer")
+
+    def resolve(self, n_tokens, block_size):
+        """The rule for a sequence of n_tokens: auto decided, W filled in."""
+        name = self.name if self.name != "auto" else "bca" if n_tokens > block_size else "causal"
+        window = {"bca": block_size, "sliding": self.window or block_size, "sinks": self.window or block_size}
+        rule = AttentionRule(name, window.get(name), self.sinks)
+        if name == "sinks" and rule.sinks >= rule.window:
+            raise ValueError(f"sinks={rule.sinks} is not allowed with window={rule.window}: the window holds the "
+                             "sinks and at least one recent key, so sinks must be < window")
+        return rule
+
+    @property
+    def block(self):
+        """b: a query in block i sees keys of blocks i-1 and i only (None under causal attention)."""
+        return None if self.name == "causal" else self.window // 2 if self.name == "bca" else self.window
+
+    @property
+    def reach(self):
+        """Past the first block, a query sees keys at distance < reach (None: every key of its window)."""
+        return self.window if self.name == "sliding" else self.window - self.sinks if self.name == "sinks" else None
+
+    @property
+    def n_sinks(self):
+        return self.sinks if self.name == "sinks" else 0
+
+    def span(self, n_tokens):
+        """The most positions one query sees in a sequence of n_tokens: what RoPE interpolation scales against."""
+        return n_tokens if self.name == "causal" else min(n_tokens, self.window)
+
+
+def options(attention, rope_scaling):
+    """(AttentionRule, RopeScaling) from None (the defaults), a name, or one already made."""
+    def made(value, kind, name):
+        if value is None or isinstance(value, str):
+            return kind() if value is None else kind(value)
+        if not isinstance(value, kind):
+            raise ValueError(f"{name}={value!r} is not allowed: must be None, a name or a {kind.__name__}")
+        return value
+    return made(attention, AttentionRule, "attention"), made(rope_scaling, RopeScaling, "rope_scaling")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The position table: what attention needs of the scheme and of the rule, computed once per forward pass.
+
+
 class PositionTable:
     """Everything position-dependent that attention needs, for one frame of integer positions and one attention
     rule, computed once per forward pass and shared by all layers (and by all windows, which share one frame).
@@ -298,83 +384,7 @@ def attention_scores(q, k, table, queries, keys, sinks=False, head_dim=None):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Attention rules: which keys query t sees, the one table of them. Each is inference-time only (training is plain
-# causal attention at length l = block_size), and each window rule runs in O(T * W) time and memory.
-#
-#   rule     query t sees                            positions, for relative schemes
-#   causal   0 .. t                                  absolute
-#   bca      (t//H - 1)*H .. t, H = l/2              rebased into the window 0 .. l-1     (paper §3.3)
-#   sliding  t-W+1 .. t                              rebased: no distance exceeds W-1
-#   sinks    0 .. S-1, and t-(W-S)+1 .. t            the sinks at 0 .. S-1 and the recent keys right after them,
-#                                                    the query at min(t, W-1)            (StreamingLLM, Xiao et al.)
-#
-# BCA (the LeX Transformer's): queries are cut into half-blocks, and a query sees the whole previous half-block
-# plus its own causally, H+1 ... l keys; every layer does this, so information still travels n_layer*H tokens back
-# through depth. StreamingLLM's sinks: the first tokens soak up attention a softmax must put somewhere, and dropping
-# them is what breaks a plain sliding window; the re-indexing keeps every distance below W.
-#
-# All three windows are one mechanism (windowed_attention, KVCache): queries cut into blocks of b (H for bca, W for
-# sliding and sinks); a query in block i sees keys of blocks i-1 and i only, positioned in the window frame
-# 0 .. 2b-1 that every window shares; the rule's reach (W for sliding, W-S for the sinks' recent keys) trims the
-# window past the first block, and the sinks join it. Up to T = b every rule is plain causal attention.
-
-ATTENTION_RULES = ("auto", "causal", "bca", "sliding", "sinks")
-
-
-@dataclass(frozen=True)
-class AttentionRule:
-    """One rule of the table above; auto is bca for a sequence longer than block_size, causal otherwise."""
-    name: str = "auto"
-    window: int = None  # W for sliding and sinks (None: block_size); bca's is always block_size
-    sinks: int = 4  # S for sinks (StreamingLLM's default)
-
-    def __post_init__(self):
-        positive = lambda x: isinstance(x, int) and not isinstance(x, bool) and x > 0
-        if self.name not in ATTENTION_RULES:
-            raise ValueError(f"attention={self.name!r} is not allowed: must be one of {', '.join(ATTENTION_RULES)}")
-        if self.window is not None and not positive(self.window):
-            raise ValueError(f"window={self.window!r} is not allowed: must be a positive integer")
-        if not positive(self.sinks):
-            raise ValueError(f"sinks={self.sinks!r} is not allowed: must be a positive integer")
-
-    def resolve(self, n_tokens, block_size):
-        """The rule for a sequence of n_tokens: auto decided, W filled in."""
-        name = self.name if self.name != "auto" else "bca" if n_tokens > block_size else "causal"
-        window = {"bca": block_size, "sliding": self.window or block_size, "sinks": self.window or block_size}
-        rule = AttentionRule(name, window.get(name), self.sinks)
-        if name == "sinks" and rule.sinks >= rule.window:
-            raise ValueError(f"sinks={rule.sinks} is not allowed with window={rule.window}: the window holds the "
-                             "sinks and at least one recent key, so sinks must be < window")
-        return rule
-
-    @property
-    def block(self):
-        """b: a query in block i sees keys of blocks i-1 and i only (None under causal attention)."""
-        return None if self.name == "causal" else self.window // 2 if self.name == "bca" else self.window
-
-    @property
-    def reach(self):
-        """Past the first block, a query sees keys at distance < reach (None: every key of its window)."""
-        return self.window if self.name == "sliding" else self.window - self.sinks if self.name == "sinks" else None
-
-    @property
-    def n_sinks(self):
-        return self.sinks if self.name == "sinks" else 0
-
-    def span(self, n_tokens):
-        """The most positions one query sees in a sequence of n_tokens: what RoPE interpolation scales against."""
-        return n_tokens if self.name == "causal" else min(n_tokens, self.window)
-
-
-def options(attention, rope_scaling):
-    """(AttentionRule, RopeScaling) from None (the defaults), a name, or one already made."""
-    def made(value, kind, name):
-        if value is None or isinstance(value, str):
-            return kind() if value is None else kind(value)
-        if not isinstance(value, kind):
-            raise ValueError(f"{name}={value!r} is not allowed: must be None, a name or a {kind.__name__}")
-        return value
-    return made(attention, AttentionRule, "attention"), made(rope_scaling, RopeScaling, "rope_scaling")
+# Windows: the vectorised pass every window rule shares (bca, sliding, sinks), and the sinks' join.
 
 
 def window_start(t, block):
