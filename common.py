@@ -285,8 +285,8 @@ def add_checkpoint_args(parser, bca=("auto", "on", "off"), bca_default="auto", d
         f"{choice} = {meaning[choice]}" for choice in bca) + f" (default: {bca_default}; a shorthand for --attention)")
     parser.set_defaults(bca_default=bca_default)
     lists = " (comma-separated: each)" if several else ""
-    parser.add_argument("--attention", help=f"which keys a query sees{lists}: {' | '.join(ATTENTION_RULES)} (model.py's "
-                        "rule table); default: from --bca")
+    parser.add_argument("--attention", help=f"which keys a query sees{lists}: {' | '.join(ATTENTION_RULES)} "
+                        "(model.py's rule table); default: from --bca")
     parser.add_argument("--window", type=int, help="W, the keys a query sees under sliding and sinks (default: "
                         "block_size)")
     parser.add_argument("--sinks", type=int, help="S, the attention sinks kept under sinks (default: 4)")
@@ -331,7 +331,8 @@ def attention_options(args, several=False):
     if args.rope_factor is not None and not takes_factor:
         raise UserError(f"--rope_factor {args.rope_factor} applies to --rope_scaling pi, ntk or yarn only")
     try:
-        rules = [AttentionRule(n, args.window if n in ("sliding", "sinks") else None, args.sinks or 4) for n in names]
+        sinks = 4 if args.sinks is None else args.sinks
+        rules = [AttentionRule(n, args.window if n in ("sliding", "sinks") else None, sinks) for n in names]
         scalings = [RopeScaling(m, args.rope_factor if m in takes_factor else None) for m in methods]
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -353,10 +354,13 @@ def pointless(config, rule, scaling):
     if not (config.pos == "rope" or config.pos == "xpos" and config.xpos_rotate):
         without = " without rotation" if config.pos == "xpos" else ""
         return f"{scaling.method} rescales rotary angles, and pos={config.pos}{without} has none"
+    if scaling.factor is not None and scaling.factor <= 1:
+        return f"{scaling.method} at s = {scaling.factor:g} is the identity: every method is, at s <= 1"
     short = rule.name in ("auto", "bca") or (rule.window or config.block_size) <= config.block_size
     if scaling.factor is None and rule.name != "causal" and short:
+        force = " (--rope_factor forces a factor)" if scaling.method != "dynamic_ntk" else ""
         return (f"{scaling.method} is the identity under {rule.name}: no query sees more than block_size "
-                f"({config.block_size}) positions, so s <= 1 (--rope_factor forces a factor)")
+                f"({config.block_size}) positions, so s <= 1{force}")
     return None
 
 

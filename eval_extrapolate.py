@@ -215,7 +215,7 @@ def evaluate(args):
                     way_out = "evaluate in float32 (--dtype float32), or" if dtype != "float32" else \
                         "the checkpoint's weights may hold inf or NaN; or try"
                     raise UserError(f"non-finite NLL ({nll}) for {ckpt_path} at length {length} in {dtype}: "
-                                    f"{way_out} with BCA (--bca on); the row: {label}")
+                                    f"{way_out} with BCA (--attention bca); the row: {label}")
                 row = dict(ckpt=str(ckpt_path), pos=cfg.pos, **rule_fields(rule, scaling, cfg.block_size, length),
                            length=length, ppl=math.exp(nll), nll=nll, tokens=int(sums[1]), label=label)
                 rows.append(row)

@@ -110,8 +110,9 @@ class RopeScaling:
             raise ValueError(f"rope_scaling={self.method!r} is not allowed: must be one of {', '.join(ROPE_SCALINGS)}")
         if self.factor is None:
             return
-        if not (isinstance(self.factor, (int, float)) and not isinstance(self.factor, bool) and self.factor > 0):
-            raise ValueError(f"rope_factor={self.factor!r} is not allowed: must be a number > 0")
+        number = isinstance(self.factor, (int, float)) and not isinstance(self.factor, bool)
+        if not (number and 0 < self.factor < math.inf):
+            raise ValueError(f"rope_factor={self.factor!r} is not allowed: must be a finite number > 0")
         if self.method in ("none", "dynamic_ntk"):
             raise ValueError(f"rope_factor={self.factor!r} does not apply to rope_scaling={self.method!r}: "
                              + ("it recomputes s from the current length" if self.method != "none" else
@@ -145,7 +146,7 @@ def interpolated(theta, j, head_dim, method, s, block_size):
     # every angle: keep theta_j. In between, the paper's linear ramp gamma_j = (r_j - alpha) / (beta - alpha). (The
     # official code ramps linearly in the pair index instead, between the pairs where r_j = beta and r_j = alpha,
     # rounded outwards.) At a small l every pair may fall below beta: at l = 128 and d = 32 the fastest pair turns
-    # 20 times, so YaRN interpolates every pair there, partly.
+    # 20 times and keeps 62% of its angle unscaled, and 10 of the 16 pairs are interpolated fully.
     ramp = ((block_size * theta / (2 * math.pi) - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0, 1)
     return (1 - ramp) * theta / s + ramp * theta
 
@@ -488,8 +489,8 @@ class KVCache:
         were given, so its cached and uncached outputs differ.)"""
         dynamic = self.scaling.method == "dynamic_ntk"
         s = self.scaling.s(self.rule.span(self.end() + n_new if dynamic else self.max_tokens), self.config.block_size)
-        if self.block:
-            frame, rows = range(2 * self.block), None
+        if self.block:  # (a window longer than the sequence never moves: the sequence is the frame)
+            frame, rows = range(min(2 * self.block, self.max_tokens)), None
         else:
             frame, rows = range(self.max_tokens), range(0 if dynamic else self.end(), self.end() + n_new)
         return PositionTable(self.config, frame, rows, device, self.rule, self.scaling, s)
@@ -566,7 +567,7 @@ class KVCache:
     def store(self, k, v, table, positions):
         if self.k is None:
             B, nh, _, hd = k.shape
-            capacity = 2 * self.block if self.block else self.max_tokens
+            capacity = min(2 * self.block, self.max_tokens) if self.block else self.max_tokens
             placed_dtype = torch.float32 if k.dtype == torch.float16 and table.float16_overflows else k.dtype
             self.k = k.new_empty(B, nh, capacity, hd, dtype=placed_dtype)
             self.v = v.new_empty(B, nh, capacity, hd)
@@ -719,7 +720,7 @@ class GPT(nn.Module):
         """The PositionTable of a full forward pass over n_tokens: the absolute frame under causal attention, the
         window frame 0 .. 2b-1 under a window rule, and the interpolation factor for the positions a query sees."""
         rule, scaling = self.attention_rule(n_tokens, attention), options(None, rope_scaling)[1]
-        frame = range(2 * rule.block) if rule.block else range(n_tokens)
+        frame = range(2 * rule.block) if rule.block and n_tokens > rule.block else range(n_tokens)
         s = scaling.s(rule.span(n_tokens), self.config.block_size)
         return PositionTable(self.config, frame, device=device, rule=rule, scaling=scaling, s=s)
 
@@ -737,13 +738,15 @@ class GPT(nn.Module):
         attention plus one chunk's activations and logits. Under causal attention the blocks run in one piece
         (every key is needed anyway) and only the output layer goes chunk by chunk, which still bounds the logits
         (GPT-2's vocabulary would need 824 MB of float32 logits for one 4,096-token sequence). Either way the result
-        equals the one-piece forward pass. Dynamic NTK is the exception: past block_size it decodes token by token,
-        so that each token is predicted at the factor of its own length, as in generation (one pass per token)."""
+        equals the one-piece forward pass. Dynamic NTK is the exception: where it scales anything (a query sees more
+        than block_size positions) it decodes token by token past block_size, so that each token is predicted at the
+        factor of its own length, as in generation (one pass per token)."""
         B, T = idx.shape
         step = max(1, chunk_tokens // B)
         rule, scaling = self.attention_rule(T, attention), options(None, rope_scaling)[1]
         sizes = None
-        if scaling.method == "dynamic_ntk" and T > self.config.block_size:
+        rotary = self.config.pos in ("rope", "xpos")
+        if scaling.method == "dynamic_ntk" and rotary and rule.span(T) > self.config.block_size:
             sizes = [self.config.block_size] + [1] * (T - self.config.block_size)
         elif rule.block and T > step:
             sizes = [min(step, T - i) for i in range(0, T, step)]

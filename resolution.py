@@ -14,8 +14,9 @@ Eq. 3 as printed, R(s) = sum_i e^s[i] (e^s[i] - e^s[i+1]) / (sum_i e^s[i])^2, le
 - Measured s-hat[n] (Eq. 11) is the mean pre-softmax score (with 1/sqrt(d) and ALiBi's bias, as the model
   computes it) over the visible query/key pairs at distance n, per layer and head, pooled over the texts (every
   text has the same pairs, so this is the average over texts of the per-text means). A distance that the attention
-  rule hides entirely (BCA's, a window's) counts as e^s = 0; attention sinks count at their true distance. R is reported per layer two ways: heads averaged before R, and R per head
-  then averaged; the headline is the layer average of each.
+  rule hides entirely (BCA's, a window's) counts as e^s = 0; attention sinks count at their true distance. R is
+  reported per layer two ways: heads averaged before R, and R per head then averaged; the headline is the layer
+  average of each.
 """
 
 import argparse
@@ -120,7 +121,8 @@ def measure(model, texts, rule, scaling):
     s_hat = (sums / counts.clamp(min=1)).masked_fill(counts == 0, float("-inf"))  # hidden distances: e^s = 0
     as_list = lambda t: [None if math.isinf(v) else v for v in t.tolist()]
     return {**rule_fields(rule, scaling, cfg.block_size, len(texts[0])),
-            "label": rule_label(cfg.pos, rule, scaling, cfg.block_size), **layer_average(s_hat), **layer_average(s_hat[..., : cfg.block_size], "_shared"),
+            "label": rule_label(cfg.pos, rule, scaling, cfg.block_size), **layer_average(s_hat),
+            **layer_average(s_hat[..., : cfg.block_size], "_shared"),
             "s_hat": [as_list(s_hat[layer].mean(0)) for layer in range(cfg.n_layer)],
             "s_hat_heads": [[as_list(h) for h in s_hat[layer]] for layer in range(cfg.n_layer)],
             "pairs": counts.tolist()}
@@ -128,9 +130,10 @@ def measure(model, texts, rule, scaling):
 
 def layer_average(s_hat, suffix=""):
     """R per layer two ways, heads averaged before R and R per head then averaged, and the layer average of each.
-    suffix "_shared": s_hat cut to the distances 0 .. block_size-1, which every attention mode sees. BCA hides the
-    longer ones (e^s = 0), and hiding alone raises R even when no score changes, so R_shared compares modes like
-    for like."""
+    suffix "_shared": s_hat cut to the distances 0 .. block_size-1, which causal attention and BCA both see. BCA
+    hides the longer ones (e^s = 0), and hiding alone raises R even when no score changes, so R_shared compares
+    them like for like. (A window narrower than block_size hides some of these distances too, and sinks fill the
+    long distances with their scores alone: compare those with care.)"""
     n_layer, n_head = s_hat.shape[:2]
     heads_first = [resolution(s_hat[layer].mean(0)) for layer in range(n_layer)]
     per_head = [sum(resolution(h) for h in s_hat[layer]) / n_head for layer in range(n_layer)]
@@ -185,12 +188,12 @@ def run(args):
             if not all(math.isfinite(m[k]) for k in ("R", "R_per_head", "R_shared", "R_shared_per_head")):
                 raise UserError(f"non-finite scores for {args.ckpt} at length {args.length} (float32, {m['label']}): "
                                 "the checkpoint's weights may hold inf or NaN (evaluate it with eval_extrapolate.py); "
-                                "without BCA, try --bca on")
+                                "without BCA, try it (--attention bca)")
         result = {"ckpt": args.ckpt, "pos": cfg.pos, "length": args.length, "block_size": cfg.block_size,
                   "texts": len(texts), "modes": modes}
         print(f"resolution (Eq. 3 on Eq. 11) of {args.ckpt} ({cfg.pos}, block_size {cfg.block_size}) at length "
               f"{args.length}, {len(texts)} validation texts; R_shared: distances 0..{cfg.block_size - 1} only, "
-              "which every mode sees")
+              "which causal attention and BCA both see")
         layers = " | ".join(f"layer {i}" for i in range(cfg.n_layer))
         print(f"| model | R (heads averaged first) | R (per head, averaged) | R_shared | R_shared (per head) | "
               f"{layers} |")

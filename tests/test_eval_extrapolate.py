@@ -216,7 +216,7 @@ def test_non_finite_nll_is_an_error(tiny_data, tmp_path):
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "inf.pt", "--lengths", "4,8", "--max_len", 8)
     assert f"non-finite NLL (nan) for {tmp_path / 'inf.pt'} at length 4 in float32" in str(e.value.code)
-    assert "weights may hold inf or NaN" in str(e.value.code) and "--bca on" in str(e.value.code)
+    assert "weights may hold inf or NaN" in str(e.value.code) and "--attention bca" in str(e.value.code)
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "inf.pt", "--lengths", "4,8", "--max_len", 8, "--dtype", "bfloat16")
     assert "in bfloat16: evaluate in float32 (--dtype float32)" in str(e.value.code)
@@ -274,7 +274,9 @@ def test_one_command_compares_rules_and_interpolations(tiny_data, tmp_path, caps
     (["--attention", "sliding", "--window", 0], "window=0 is not allowed: must be a positive integer"),
     (["--rope_scaling", "linear"], "--rope_scaling 'linear' is not allowed: must be one of none, pi, ntk"),
     (["--rope_scaling", "none,dynamic_ntk", "--rope_factor", 2], "--rope_factor 2.0 applies to --rope_scaling pi"),
-    (["--rope_scaling", "pi", "--rope_factor", -1], "rope_factor=-1.0 is not allowed: must be a number > 0"),
+    (["--rope_scaling", "pi", "--rope_factor", -1], "rope_factor=-1.0 is not allowed: must be a finite number > 0"),
+    (["--rope_scaling", "yarn", "--rope_factor", "inf"], "rope_factor=inf is not allowed: must be a finite number"),
+    (["--attention", "sinks", "--sinks", 0], "sinks=0 is not allowed: must be a positive integer"),
 ])
 def test_attention_flags_errors(tiny_data, tmp_path, monkeypatch, argv, message):
     make_checkpoint(tmp_path / "m.pt", tiny_data)

@@ -5,6 +5,7 @@ import pytest
 import prepare_data
 import sample
 from conftest import make_checkpoint
+from model import GPT, AttentionRule, RopeScaling
 
 
 def generate(capsys, *argv):
@@ -68,14 +69,24 @@ def test_bad_inputs(tiny_data, tmp_path):
         assert message in str(e.value.code)
 
 
-@pytest.mark.parametrize("argv", [["--attention", "sliding", "--window", 5], ["--attention", "sinks", "--sinks", 2],
-                                  ["--rope_scaling", "yarn", "--attention", "causal"],
-                                  ["--rope_scaling", "dynamic_ntk", "--attention", "causal"]])
-def test_generates_with_windows_and_interpolation(tiny_data, tmp_path, capsys, argv):
+@pytest.mark.parametrize("argv, attention, rope_scaling", [
+    (["--attention", "sliding", "--window", 5], AttentionRule("sliding", 5), RopeScaling()),
+    (["--attention", "sinks", "--sinks", 2], AttentionRule("sinks", sinks=2), RopeScaling()),
+    (["--rope_scaling", "yarn", "--attention", "causal"], AttentionRule("causal"), RopeScaling("yarn")),
+    (["--rope_scaling", "pi", "--rope_factor", 3, "--attention", "causal"], AttentionRule("causal"),
+     RopeScaling("pi", 3.0)),
+    (["--rope_scaling", "dynamic_ntk", "--attention", "causal"], AttentionRule("causal"), RopeScaling("dynamic_ntk"))])
+def test_generates_with_windows_and_interpolation(tiny_data, tmp_path, capsys, monkeypatch, argv, attention,
+                                                  rope_scaling):
+    """The flags reach model.generate as the rule and interpolation they name, and generation runs with them."""
     make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope", block_size=8)
     out = generate(capsys, "--ckpt", tmp_path / "m.pt", "--start", "abc", "--max_new_tokens", 30, *argv)
     text = out.split("\n")[0]
     assert text.startswith("abc") and len(text) == 33 and set(text) <= set("abcdefghijk")
+    seen = []
+    monkeypatch.setattr(GPT, "generate", lambda self, x, n, t, k, **kw: seen.append(kw) or x)
+    generate(capsys, "--ckpt", tmp_path / "m.pt", "--start", "abc", "--max_new_tokens", 30, *argv)
+    assert seen == [dict(attention=attention, rope_scaling=rope_scaling)]
 
 
 def test_pointless_or_several_rules_are_errors(tiny_data, tmp_path):
