@@ -5,7 +5,7 @@ against what people use instead: windows (sliding, attention sinks) and RoPE int
     python eval_extrapolate.py --ckpt out/a/ckpt.pt [--ckpt out/b/ckpt.pt ...] --lengths 256,512,1024,2048,4096 \
         [--bca auto|on|off|both | --attention causal,bca,sliding,sinks [--window W] [--sinks S]] \
         [--rope_scaling none,pi,ntk,dynamic_ntk,yarn [--rope_factor F]] [--protocol lex|chunks|sliding] \
-        [--max_len N] [--stride S] [--data_dir D] [--json out.json] [--plot out.png]
+        [--max_len N] [--stride S] [--data_dir D] [--json out.json] [--plot out.png] [--plot_positions pos.png]
 
 Protocols, all on the validation split:
 - lex (paper §4.2, default): every validation document with at least max_len+1 tokens contributes its first
@@ -144,6 +144,33 @@ def plot(rows, lengths, block_sizes, path):
     save_figure(fig, path)
 
 
+def plot_positions(rows, curves, block_sizes, path):
+    """Mean loss against position within the sequence, at the largest length, per row label: does the loss keep
+    falling past block_size? Positions are averaged in bins evenly spaced on the log axis (each position alone is
+    a mean over few segments, and noisy)."""
+    plt = pyplot()
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    fig, ax = plt.subplots(figsize=(6 + 2.5 * (len(labels) > 4), 4))
+    longest = max(c["length"] for c in curves)
+    for label, curve in zip((r["label"] for r in rows), curves):
+        if curve["length"] != longest:
+            continue
+        nll = np.array(curve["mean_nll"])
+        edges = np.unique(np.geomspace(1, longest + 1, 48).astype(int))
+        centres = [(a + b - 1) / 2 for a, b in zip(edges, edges[1:])]
+        ax.plot(centres, [nll[a - 1 : b - 1].mean() for a, b in zip(edges, edges[1:])], label=label)
+    for block_size in sorted(block_sizes):
+        ax.axvline(block_size, color="grey", ls="--", lw=1)
+        ax.annotate(f"trained at {block_size}", (block_size, 0.98), xycoords=("data", "axes fraction"),
+                    ha="right", va="top", rotation=90, fontsize=8, color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"position in the sequence (segments of {longest} tokens)")
+    ax.set_ylabel("mean loss (nats per token)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1)) if len(labels) > 4 else ax.legend()
+    ax.grid(alpha=0.3)
+    save_figure(fig, path)
+
+
 def check_args(args):
     """Everything about the command line that can be checked before a checkpoint is read."""
     lengths = parse_lengths(args.lengths)
@@ -157,8 +184,8 @@ def check_args(args):
     if args.stride is not None and args.stride > lengths[0]:
         raise UserError(f"--stride {args.stride} is longer than length {lengths[0]}")
     rules, scalings = attention_options(args, several=True)
-    return lengths, max_len, rules, scalings, output_path(args.json, "--json"), output_path(args.plot, "--plot",
-                                                                                            plot=True)
+    return (lengths, max_len, rules, scalings, output_path(args.json, "--json"), output_path(args.plot, "--plot",
+            plot=True), output_path(args.plot_positions, "--plot_positions", plot=True))
 
 
 def plan(args, ckpt_path, lengths, max_len, rules, scalings):
@@ -188,7 +215,7 @@ def plan(args, ckpt_path, lengths, max_len, rules, scalings):
 
 
 def evaluate(args):
-    lengths, max_len, rules, scalings, json_path, plot_path = check_args(args)
+    lengths, max_len, rules, scalings, json_path, plot_path, positions_path = check_args(args)
     ddp, rank, world, device = setup_distributed(args.device)
     dtype = resolve_dtype(args.dtype, device)
     ctx = autocast(device, dtype)
@@ -236,6 +263,8 @@ def evaluate(args):
                 for r in rows], "curves": curves, "skipped": skipped_runs})
         if plot_path:
             plot(rows, lengths, block_sizes, plot_path)
+        if positions_path:
+            plot_positions(rows, curves, block_sizes, positions_path)
     teardown_distributed(ddp)
     return rows
 
@@ -253,6 +282,8 @@ def parse_args(argv=None):
     add_checkpoint_args(p, bca=tuple(BCA_MODES), several=True)
     p.add_argument("--json")
     p.add_argument("--plot")
+    p.add_argument("--plot_positions", help="draw the mean loss against position within the sequence at the largest "
+                   "length (from the per-position curves), block_size marked")
     p.add_argument("--verbose", action="store_true", help="a line per (model, length) as it finishes")
     return p.parse_args(argv)
 

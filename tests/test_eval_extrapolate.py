@@ -284,3 +284,18 @@ def test_attention_flags_errors(tiny_data, tmp_path, monkeypatch, argv, message)
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "m.pt", "--lengths", "8,16", *argv)
     assert message in str(e.value.code)
+
+
+def test_plot_positions(tiny_data, tmp_path, capsys, monkeypatch):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    drawn = []
+    real = eval_extrapolate.plot_positions
+    monkeypatch.setattr(eval_extrapolate, "plot_positions", lambda *a: drawn.append(a) or real(*a))
+    run("--ckpt", tmp_path / "m.pt", "--lengths", "8,32", "--max_len", 32, "--bca", "both", "--plot_positions",
+        tmp_path / "pos")
+    assert f"wrote {tmp_path / 'pos.png'}" in capsys.readouterr().out and (tmp_path / "pos.png").stat().st_size > 1000
+    rows, curves, block_sizes, _ = drawn[0]
+    assert [len(c["mean_nll"]) for c in curves] == [8, 32, 8, 32] and block_sizes == {8}
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--plot_positions", tmp_path)
+    assert f"--plot_positions {tmp_path} is a directory" in str(e.value.code)

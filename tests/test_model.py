@@ -224,6 +224,25 @@ def test_rule_reach_in_one_layer(pos, rule):
         assert torch.equal(moved, visible[:, s]), s
 
 
+@pytest.mark.parametrize("pos", RELATIVE_OR_NONE)
+def test_bca_reach_through_the_layers_is_bounded_exactly(pos):
+    """Information moves back at most one half-block per layer under BCA: a token before (t//H - n_layer)*H cannot
+    change the logits at t, bitwise; the token at that edge does."""
+    m = tiny(pos, n_layer=3)  # H = 4
+    with torch.no_grad():  # a trained model's attention passes more on than one at initialisation
+        for block in m.transformer.h:
+            block.attn.c_proj.weight.mul_(30)
+    idx = tokens(45, batch=1)
+    base = m(idx, idx, attention="bca")[0]
+    for t in (23, 30, 37, 44):
+        edge = (t // 4 - 3) * 4
+        for s, moves in ((edge - 1, False), (edge, True)):
+            changed = idx.clone()
+            changed[0, s] = (changed[0, s] + 1) % 23
+            logits = m(changed, changed, attention="bca")[0]
+            assert torch.equal(logits[0, t], base[0, t]) != moves, (t, s)
+
+
 @pytest.mark.parametrize("rule, most_keys", [("bca", 16), (model.AttentionRule("sliding", 12), 24),
                                              (model.AttentionRule("sinks", 12, 4), 28)])
 def test_windows_never_build_a_t_by_t_matrix(rule, most_keys, monkeypatch):

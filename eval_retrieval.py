@@ -1,0 +1,263 @@
+r"""
+Does the model use the longer context? Retrieval probes for any checkpoints, under every attention rule and RoPE
+interpolation that eval_extrapolate.py has.
+
+    python eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe repeat [--span 32] [--distances 0,64,...] \
+        [--sequences 64] [--seed 0] [--attention ...] [--rope_scaling ...] [--json F] [--plot F]
+
+Repeat probe (no training change): each sequence is a span of r validation tokens, d tokens of filler from other
+validation text, then the same span again. Its control is the same sequence with the first copy replaced by other
+text of the same length, so everything but the chance to copy is the same. The loss is the mean NLL of the second
+copy's tokens after its first (those a model can predict by copying); the retrieval gain at distance d is
+1 - loss / control loss, with its standard error over the sequences (the delta method on the paired losses). The
+effective context is the largest d before the gain first falls below half its value at the shortest distance.
+Under BCA information travels back at most one half-block per layer: changing a token before (t//H - n_layer)*H
+cannot change the logits at t, so the gain must vanish by about n_layer * block_size / 2, which is printed beside
+it (n_layer * (W - 1) for a sliding window; sinks also keep the first S tokens in sight).
+
+Span, filler and the control's text are drawn (seeded) from the validation stream at non-overlapping places, so the
+second copy can only be predicted from the first. A distance needs 2 * (2r + d) validation tokens.
+"""
+
+import argparse
+import math
+import sys
+
+import numpy as np
+import torch
+
+from common import (UserError, add_checkpoint_args, attention_options, autocast, check_rule, checkpoint_dataset,
+                    learned_length_check, load_checkpoint, load_model, model_config, output_path, pointless, pyplot,
+                    read_tokens, resolve_device, resolve_dtype, rule_fields, rule_label, save_figure, write_json)
+
+PROBES = ("repeat",)
+RULE_FIELDS = ("attention", "bca", "window", "sinks", "rope_scaling", "rope_factor")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The repeat probe's sequences.
+
+
+def disjoint_starts(rng, n_tokens, sizes, tries=1000):
+    """Random starts for stretches of the given sizes in a stream of n_tokens, pairwise non-overlapping."""
+    for _ in range(tries):
+        starts = [int(rng.integers(0, n_tokens - size + 1)) for size in sizes]
+        spans = sorted(zip(starts, sizes))
+        if all(a + size <= b for (a, size), (b, _) in zip(spans, spans[1:])):
+            return starts
+    raise UserError(f"could not place stretches of {sizes} tokens apart in {n_tokens} validation tokens")
+
+
+def repeat_sequences(stream, span, distance, n, seed):
+    """(probe, control), each (n, 2*span + distance) int64: [span][filler][span] and [other][filler][span]."""
+    rng = np.random.default_rng([seed, distance])
+    probe, control = [], []
+    for _ in range(n):
+        a, b, c = disjoint_starts(rng, len(stream), (span, distance, span))
+        first, filler, other = stream[a : a + span], stream[b : b + distance], stream[c : c + span]
+        probe.append(np.concatenate((first, filler, first)))
+        control.append(np.concatenate((other, filler, first)))
+    return torch.from_numpy(np.stack(probe).astype(np.int64)), torch.from_numpy(np.stack(control).astype(np.int64))
+
+
+def second_copy_nll(model, seqs, span, rule, scaling, batch_tokens, device, ctx):
+    """Per sequence, the mean NLL of the second copy's tokens after its first (predicted from inside the copy)."""
+    T = seqs.size(1) - 1
+    per_batch = max(1, batch_tokens // T)
+    out = []
+    for i in range(0, len(seqs), per_batch):
+        batch = seqs[i : i + per_batch].to(device)
+        with torch.no_grad(), ctx:
+            nll = model.token_nll(batch[:, :-1], batch[:, 1:], attention=rule, rope_scaling=scaling,
+                                  chunk_tokens=batch_tokens)
+        out.append(nll[:, T - span + 1 :].double().mean(1).cpu())  # targets: the second copy's tokens 1 .. span-1
+    return torch.cat(out)
+
+
+def retrieval_gain(loss, control):
+    """1 - mean(loss) / mean(control) and its standard error (delta method on the paired per-sequence losses)."""
+    ratio = loss.mean() / control.mean()
+    n = len(loss)
+    stderr = (loss - ratio * control).std(unbiased=True) / (math.sqrt(n) * control.mean()) if n > 1 else math.nan
+    return float(1 - ratio), float(stderr)
+
+
+def effective_context(rows):
+    """The largest d before the gain first falls below half its value at the shortest distance (rows sorted by d);
+    None when the gain at the shortest distance is not positive."""
+    g0 = rows[0]["gain"]
+    if not g0 > 0:
+        return None
+    reach = rows[0]["d"]
+    for row in rows[1:]:
+        if row["gain"] < g0 / 2:
+            break
+        reach = row["d"]
+    return reach
+
+
+def reach_bound(config, rule):
+    """How far back information can travel through the layers under a window rule (None: unbounded)."""
+    if rule.name == "bca":
+        return config.n_layer * config.block_size // 2
+    if rule.name in ("sliding", "sinks"):
+        return config.n_layer * (rule.window - 1 if rule.name == "sliding" else rule.window - rule.sinks - 1)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The command.
+
+
+def parse_distances(text, block_size):
+    if text is None:
+        return [0] + [block_size * k // 8 for k in (1, 2, 4, 8, 16, 32, 64, 128)]  # 0 and l/8 .. 16 l
+    try:
+        distances = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        raise UserError(f"--distances {text!r} must be comma-separated integers, e.g. 0,64,128") from None
+    if distances[0] < 0:
+        raise UserError(f"--distances {text!r} must be >= 0")
+    return distances
+
+
+def plan(args, path, rules, scalings):
+    """One checkpoint's checks before any scoring: model, dataset, rules, distances. Returns (config, data_dir, meta,
+    distances, [(rule, scaling)], [skipped])."""
+    ckpt = load_checkpoint(path, mmap=True)  # lazily: the weights are read when the model is scored
+    config = model_config(ckpt, path)
+    data_dir, meta = checkpoint_dataset(ckpt, path, args.data_dir)
+    distances = parse_distances(args.distances, config.block_size)
+    longest = 2 * args.span + distances[-1]
+    learned_length_check(config, longest, path)
+    n_tokens = meta["files"]["val"]["tokens"]
+    if 2 * longest > n_tokens:
+        raise UserError(f"distance {distances[-1]} needs 2 x (2 x {args.span} + {distances[-1]}) = {2 * longest} "
+                        f"validation tokens to draw span, filler and control apart, but {data_dir} has {n_tokens}: "
+                        "lower --distances or --span")
+    runs, skipped = [], []
+    for rule in rules:
+        check_rule(rule, longest, config.block_size, path)
+        for scaling in scalings:
+            why = pointless(config, rule, scaling)
+            if why:
+                skipped.append(f"{path}: skipped {rule_label(config.pos, rule, scaling, config.block_size)}: {why}")
+            else:
+                runs.append((rule, scaling))
+    return config, data_dir, meta, distances, runs, skipped
+
+
+def markdown_table(rows, distances):
+    lines = ["| model | " + " | ".join(f"d={d}" for d in distances) + " |", "|---" * (len(distances) + 1) + "|"]
+    for label in dict.fromkeys(r["label"] for r in rows):
+        gain = {r["d"]: r for r in rows if r["label"] == label}
+        lines.append(f"| {label} | " + " | ".join(f"{gain[d]['gain']:.3f} ± {gain[d]['gain_stderr']:.3f}"
+                                                  for d in distances) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows, block_sizes, path):
+    plt = pyplot()
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    fig, ax = plt.subplots(figsize=(6 + 2.5 * (len(labels) > 4), 4))
+    for label in labels:
+        mine = [r for r in rows if r["label"] == label]
+        ax.errorbar([r["d"] for r in mine], [r["gain"] for r in mine], yerr=[r["gain_stderr"] for r in mine],
+                    marker="o", capsize=2, label=label)
+    smallest = min((r["d"] for r in rows if r["d"] > 0), default=1)
+    ax.set_xscale("symlog", base=2, linthresh=smallest)
+    for block_size in sorted(block_sizes):
+        ax.axvline(block_size, color="grey", ls="--", lw=1)
+        ax.annotate(f"block_size {block_size}", (block_size, 0.98), xycoords=("data", "axes fraction"), ha="right",
+                    va="top", rotation=90, fontsize=8, color="grey")
+    ax.axhline(0, color="black", lw=0.5)
+    ax.set_xlabel("distance d between the two copies (tokens)")
+    ax.set_ylabel("retrieval gain 1 - loss / control")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1)) if len(labels) > 4 else ax.legend()
+    ax.grid(alpha=0.3)
+    save_figure(fig, path)
+
+
+def evaluate(args):
+    if args.span < 2 or args.sequences < 1:
+        raise UserError(f"--span {args.span} and --sequences {args.sequences}: span must be >= 2 (the second copy's "
+                        "tokens after its first are scored), sequences >= 1")
+    json_path, plot_path = output_path(args.json, "--json"), output_path(args.plot, "--plot", plot=True)
+    rules, scalings = attention_options(args, several=True)
+    plans = [(path, *plan(args, path, rules, scalings)) for path in args.ckpt]
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    ctx = autocast(device, dtype)
+    rows, notes = [], []
+    for path, config, data_dir, meta, distances, runs, skipped in plans:
+        notes += skipped
+        model, _ = load_model(path, device)
+        stream = np.asarray(read_tokens(data_dir, "val", meta))
+        batch_tokens = args.batch_tokens or min(16384, 2**27 // config.vocab_size)
+        sequences = {d: repeat_sequences(stream, args.span, d, args.sequences, args.seed) for d in distances}
+        for rule, scaling in runs:
+            label = rule_label(config.pos, rule, scaling, config.block_size)
+            mine = []
+            for d in distances:
+                probe, control = (second_copy_nll(model, s, args.span, rule, scaling, batch_tokens, device, ctx)
+                                  for s in sequences[d])
+                gain, stderr = retrieval_gain(probe, control)
+                if not math.isfinite(gain):
+                    raise UserError(f"non-finite loss for {path} at d = {d} in {dtype} ({label}): evaluate in float32 "
+                                    "(--dtype float32)")
+                mine.append(dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, config.block_size,
+                                                                              2 * args.span + d),
+                                 probe="repeat", d=d, gain=gain, gain_stderr=stderr, n=len(probe),
+                                 loss=float(probe.mean()), control_loss=float(control.mean()), label=label))
+                if args.verbose:
+                    print(f"{label:>32} d={d:>6}: gain {gain:.3f} ± {stderr:.3f}", file=sys.stderr)
+            reach = effective_context(mine)
+            longest = rule.resolve(2 * args.span + distances[-1], config.block_size)
+            bound = reach_bound(config, longest)
+            per_layer = {"bca": "block_size/2", "sliding": "(W - 1)", "sinks": "(W - S - 1), and the sinks"}
+            notes.append(f"{label}: effective context " + ("none (no gain at the shortest distance)" if reach is None
+                         else f">= {reach}" if reach == distances[-1] else f"{reach}") + " tokens" +
+                         (f"; reach bound n_layer x {per_layer[longest.name]} = {bound}" if bound else ""))
+            for row in mine:
+                row["effective_context"], row["reach_bound"] = reach, bound
+            rows += mine
+    print(f"repeat probe: retrieval gain 1 - loss/control on the second copy ({args.span}-token spans, "
+          f"{args.sequences} sequences per distance, seed {args.seed}, {dtype}; ± one standard error)\n")
+    print(markdown_table(rows, sorted({r["d"] for r in rows})))
+    print("\n" + "\n".join(notes))
+    if json_path:
+        write_json(json_path, {"probe": "repeat", "span": args.span, "sequences": args.sequences, "seed": args.seed,
+                               "rows": [{k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "probe", "d", "gain",
+                                                           "gain_stderr", "n", "loss", "control_loss",
+                                                           "effective_context", "reach_bound", "label")}
+                                        for r in rows], "skipped": [n for n in notes if ": skipped " in n]})
+    if plot_path:
+        plot(rows, {p[1].block_size for p in plans}, plot_path)
+    return rows
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", action="append", required=True, help="a checkpoint; repeat to compare several")
+    p.add_argument("--probe", default="repeat", choices=PROBES)
+    p.add_argument("--span", type=int, default=32, help="repeat: tokens in each copy")
+    p.add_argument("--distances", help="repeat: filler lengths d (default: 0 and block_size/8 .. 16 x block_size)")
+    p.add_argument("--sequences", type=int, default=64, help="repeat: sequences per distance")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch_tokens", type=int, help="tokens per forward pass (as in eval_extrapolate.py)")
+    add_checkpoint_args(p, several=True)
+    p.add_argument("--json")
+    p.add_argument("--plot")
+    p.add_argument("--verbose", action="store_true", help="a line per (model, distance) as it finishes")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    try:
+        return evaluate(parse_args(argv))
+    except UserError as e:
+        sys.exit(f"eval_retrieval.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Tests for eval_retrieval.py: the probes' sequences built right, gain and effective context by hand on stubbed
+models, the JSON shape, and one-line errors."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import eval_retrieval
+from conftest import make_checkpoint
+
+
+def run(*argv):
+    return eval_retrieval.main([str(a) for a in argv])
+
+
+def test_repeat_sequences_are_span_filler_span_with_nothing_shared():
+    stream = np.arange(1000)  # every token is its own position: overlaps would show as repeated values
+    for d in (0, 5, 100):
+        probe, control = eval_retrieval.repeat_sequences(stream, 8, d, 20, seed=3)
+        assert probe.shape == control.shape == (20, 16 + d)
+        for p, c in zip(probe.tolist(), control.tolist()):
+            first, filler, second = p[:8], p[8 : 8 + d], p[8 + d :]
+            other = c[:8]
+            assert first == second and c[8:] == p[8:]  # the control differs only in its first copy
+            for stretch in (first, filler, other):  # each a contiguous piece of the stream
+                assert stretch == list(range(stretch[0], stretch[0] + len(stretch))) if stretch else True
+            assert not set(first) & set(filler) and not set(other) & set(first) and not set(other) & set(filler)
+    again, _ = eval_retrieval.repeat_sequences(stream, 8, 5, 20, seed=3)
+    assert torch.equal(again, eval_retrieval.repeat_sequences(stream, 8, 5, 20, seed=3)[0])  # seeded
+    assert not torch.equal(again, eval_retrieval.repeat_sequences(stream, 8, 5, 20, seed=4)[0])
+
+
+class Copier:
+    """A stub model: NLL 0.5 for a token that appeared earlier in the sequence within `reach` positions, else 2."""
+
+    def __init__(self, reach):
+        self.reach = reach
+
+    def token_nll(self, idx, targets, **kw):
+        B, T = idx.shape
+        full = torch.cat((idx, targets[:, -1:]), dim=1)
+        out = torch.full((B, T), 2.0)
+        for b in range(B):
+            for t in range(T):
+                seen = full[b, max(0, t + 1 - self.reach) : t + 1].tolist()
+                if full[b, t + 1].item() in seen:
+                    out[b, t] = 0.5
+        return out
+
+
+def test_gain_and_effective_context_by_hand():
+    stream = np.arange(5000)
+    rows = []
+    for d in (0, 10, 40, 100):
+        probe, control = eval_retrieval.repeat_sequences(stream, 6, d, 4, seed=0)
+        loss, ctrl = (eval_retrieval.second_copy_nll(Copier(reach=30), s, 6, None, None, 10**6, "cpu",
+                                                     torch.no_grad()) for s in (probe, control))
+        gain, stderr = eval_retrieval.retrieval_gain(loss, ctrl)
+        # tokens 1..5 of the second copy: copied (0.5) while the first copy is within reach, else 2, control 2
+        want = 1 - 0.5 / 2 if d + 6 <= 30 else 0.0
+        assert gain == pytest.approx(want) and stderr == pytest.approx(0.0, abs=1e-12)
+        rows.append(dict(d=d, gain=gain))
+    assert eval_retrieval.effective_context(rows) == 10
+    assert eval_retrieval.effective_context([dict(d=0, gain=-0.1), dict(d=5, gain=0.2)]) is None
+
+
+def test_standard_error_is_the_delta_method_written_out():
+    loss, control = torch.tensor([1.0, 2.0, 1.5, 0.5], dtype=torch.float64), torch.tensor([2.0, 2.5, 2.0, 1.5],
+                                                                                          dtype=torch.float64)
+    gain, stderr = eval_retrieval.retrieval_gain(loss, control)
+    r = loss.mean() / control.mean()
+    assert gain == pytest.approx(1 - 5.0 / 8.0)
+    residual = [(x - r * y).item() for x, y in zip(loss, control)]
+    mean = sum(residual) / 4
+    want = math.sqrt(sum((e - mean) ** 2 for e in residual) / 3) / (2 * control.mean().item())
+    assert stderr == pytest.approx(want)
+
+
+def test_repeat_probe_json_table_and_plot(tiny_data, tmp_path, capsys):
+    make_checkpoint(tmp_path / "m.pt", tiny_data, block_size=8)
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    rows = run("--ckpt", tmp_path / "m.pt", "--span", 4, "--distances", "0,3,7", "--sequences", 5,
+               "--attention", "causal,bca", "--json", out, "--plot", png)
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert [(r["attention"], r["d"], r["n"]) for r in result["rows"]] == [
+        ("causal", 0, 5), ("causal", 3, 5), ("causal", 7, 5), ("bca", 0, 5), ("bca", 3, 5), ("bca", 7, 5)]
+    assert set(result["rows"][0]) == {"ckpt", "pos", "attention", "bca", "window", "sinks", "rope_scaling",
+                                      "rope_factor", "probe", "d", "gain", "gain_stderr", "n", "loss",
+                                      "control_loss", "effective_context", "reach_bound", "label"}
+    assert result["rows"][3]["reach_bound"] == 2 * 8 // 2 and result["rows"][0]["reach_bound"] is None
+    assert "| xpos + BCA | " in printed and "reach bound n_layer x block_size/2 = 8" in printed
+    assert len(rows) == 6 and png.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--distances", "0,50"], "distance 50 needs 2 x (2 x 32 + 50) = 228 validation tokens"),
+    (["--distances", "0,x"], "--distances '0,x' must be comma-separated integers"),
+    (["--distances", "-1"], "--distances '-1' must be >= 0"),
+    (["--span", 1], "span must be >= 2"),
+    (["--attention", "window"], "--attention 'window' is not allowed"),
+])
+def test_bad_inputs_are_one_line_errors(tiny_data, tmp_path, argv, message):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", *argv)
+    assert message in str(e.value.code)
+
+
+def test_unknown_probe_and_learned_past_block_size(tiny_data, tmp_path, capsys):
+    make_checkpoint(tmp_path / "learned.pt", tiny_data, pos="learned", block_size=8)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "learned.pt", "--span", 4, "--distances", "0,4")
+    assert "pos='learned' cannot go past block_size=8 (asked for 12 positions)" in str(e.value.code)
+    with pytest.raises(SystemExit):
+        run("--ckpt", tmp_path / "learned.pt", "--probe", "needle")
+    assert "invalid choice: 'needle'" in capsys.readouterr().err
