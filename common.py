@@ -87,6 +87,36 @@ class Tokenizer:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"): filler text, the key sentence at some depth,
+# more filler, then the question; the model must continue with the key. prepare_data.py --passkey mixes such
+# documents into the training split, and eval_retrieval.py --probe passkey builds them from validation text.
+
+PASSKEY_SENTENCE = " The pass key is {key}. Remember it. "
+PASSKEY_QUESTION = " What is the pass key? The pass key is"
+PASSKEY_ANSWER = " {key}."
+PASSKEY_CHARS = set(PASSKEY_SENTENCE + PASSKEY_QUESTION + PASSKEY_ANSWER + "0123456789") - set("{}")
+
+
+def passkey_parts(tokenizer, key):
+    """Token ids of (key sentence, question, answer) for a key (a string of digits)."""
+    return (tokenizer.encode(PASSKEY_SENTENCE.format(key=key)), tokenizer.encode(PASSKEY_QUESTION),
+            tokenizer.encode(PASSKEY_ANSWER.format(key=key)))
+
+
+def passkey_document(tokenizer, filler, depth, key):
+    """(prompt, answer) token ids: filler[:k] + key sentence + filler[k:] + question, k = round(depth * len(filler))
+    for a depth in [0, 1]; the answer is what should follow."""
+    sentence, question, answer = passkey_parts(tokenizer, key)
+    k = round(depth * len(filler))
+    return list(filler[:k]) + sentence + list(filler[k:]) + question, answer
+
+
+def passkey_fixed_tokens(tokenizer, digits):
+    """Tokens of a passkey document that are not filler (the longest over keys is what a key of 9s takes)."""
+    return sum(len(part) for part in passkey_parts(tokenizer, "9" * digits))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Token data, written by prepare_data.py. data_dir/meta.json is the dataset: it names the two token files (flat token
 # ids), and records each one's token count and a checksum of its ends. prepare_data.py writes new token files under
 # new names and replaces meta.json last, in one atomic rename, so a reader (or a kill at any instant) sees the

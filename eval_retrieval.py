@@ -4,6 +4,8 @@ interpolation that eval_extrapolate.py has.
 
     python eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe repeat [--span 32] [--distances 0,64,...] \
         [--sequences 64] [--seed 0] [--attention ...] [--rope_scaling ...] [--json F] [--plot F]
+    python eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe passkey [--lengths 128,256,...] \
+        [--depths 0,0.25,0.5,0.75,1] [--sequences 64] [--attention ...] [--rope_scaling ...] [--json F] [--plot F]
 
 Repeat probe (no training change): each sequence is a span of r validation tokens, d tokens of filler from other
 validation text, then the same span again. Its control is the same sequence with the first copy replaced by other
@@ -17,6 +19,12 @@ it (n_layer * (W - 1) for a sliding window; sinks also keep the first S tokens i
 
 Span, filler and the control's text are drawn (seeded) from the validation stream at non-overlapping places, so the
 second copy can only be predicted from the first. A distance needs 2 * (2r + d) validation tokens.
+
+Passkey retrieval (Mohtashami & Jaggi 2023; a model trained with prepare_data.py --passkey knows the format):
+documents of each total length (default 1 .. 16 x block_size), validation filler with "The pass key is NNNNN.
+Remember it." at each depth (0 = the start, 1 = just before the question), then "What is the pass key? The pass
+key is". The model decodes greedily as many tokens as the answer has; a document counts when they spell the key.
+Accuracy over the length x depth grid: printed, as JSON, and as a heatmap (--plot).
 """
 
 import argparse
@@ -27,10 +35,12 @@ import numpy as np
 import torch
 
 from common import (UserError, add_checkpoint_args, attention_options, autocast, check_rule, checkpoint_dataset,
-                    learned_length_check, load_checkpoint, load_model, model_config, output_path, pointless, pyplot,
-                    read_tokens, resolve_device, resolve_dtype, rule_fields, rule_label, save_figure, write_json)
+                    learned_length_check, load_checkpoint, load_model, model_config, output_path, passkey_document,
+                    passkey_parts, pointless, pyplot, read_tokens, resolve_device, resolve_dtype, rule_fields,
+                    rule_label, save_figure, tokenizer_from_meta, write_json)
 
-PROBES = ("repeat",)
+PROBES = ("repeat", "passkey")
+DIGITS = 5  # the passkey's digits, as prepare_data.py --passkey writes them by default
 RULE_FIELDS = ("attention", "bca", "window", "sinks", "rope_scaling", "rope_factor")
 
 
@@ -106,48 +116,94 @@ def reach_bound(config, rule):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The passkey probe.
+
+
+def passkey_batches(stream, tokenizer, length, depth, n, seed):
+    """n passkey documents of `length` tokens in all (prompt and answer), at one depth, filler from the validation
+    stream, seeded: a list of (prompts (b, T), answers (b, A), keys) batches, grouped by prompt and answer length
+    (they differ only where a BPE tokenizer spells two keys in different numbers of tokens)."""
+    rng = np.random.default_rng([seed, length, round(depth * 1000)])
+    groups = {}
+    for _ in range(n):
+        key = "".join(str(d) for d in rng.integers(0, 10, size=DIGITS))
+        fixed = sum(len(part) for part in passkey_parts(tokenizer, key))
+        start = int(rng.integers(0, len(stream) - (length - fixed) + 1))
+        prompt, answer = passkey_document(tokenizer, stream[start : start + length - fixed].tolist(), depth, key)
+        groups.setdefault((len(prompt), len(answer)), []).append((prompt, answer, key))
+    return [(torch.tensor([p for p, _, _ in g]), torch.tensor([a for _, a, _ in g]), [k for _, _, k in g])
+            for g in groups.values()]
+
+
+def passkey_accuracy(model, tokenizer, batches, rule, scaling, device, ctx):
+    """Exact-match accuracy of greedy decoding: the decoded answer tokens must begin with the key."""
+    right = total = 0
+    for prompts, answers, keys in batches:
+        with torch.no_grad(), ctx:
+            out = model.generate(prompts.to(device), answers.size(1), top_k=1, attention=rule, rope_scaling=scaling)
+        for generated, key in zip(out[:, prompts.size(1) :].tolist(), keys):
+            right += tokenizer.decode(generated).strip().startswith(key)
+        total += len(keys)
+    return right / total, total
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The command.
 
 
-def parse_distances(text, block_size):
+def parse_list(text, flag, kind, default):
     if text is None:
-        return [0] + [block_size * k // 8 for k in (1, 2, 4, 8, 16, 32, 64, 128)]  # 0 and l/8 .. 16 l
+        return default
     try:
-        distances = sorted({int(x) for x in text.split(",")})
+        values = sorted({kind(x) for x in text.split(",")})
     except ValueError:
-        raise UserError(f"--distances {text!r} must be comma-separated integers, e.g. 0,64,128") from None
-    if distances[0] < 0:
-        raise UserError(f"--distances {text!r} must be >= 0")
-    return distances
+        raise UserError(f"{flag} {text!r} must be comma-separated {'integers' if kind is int else 'numbers'}") \
+            from None
+    return values
 
 
 def plan(args, path, rules, scalings):
-    """One checkpoint's checks before any scoring: model, dataset, rules, distances. Returns (config, data_dir, meta,
-    distances, [(rule, scaling)], [skipped])."""
+    """One checkpoint's checks before any scoring: model, dataset, rules, and the probe's sizes. Returns (config,
+    data_dir, meta, sizes (distances or lengths), [(rule, scaling)], [skipped])."""
     ckpt = load_checkpoint(path, mmap=True)  # lazily: the weights are read when the model is scored
     config = model_config(ckpt, path)
     data_dir, meta = checkpoint_dataset(ckpt, path, args.data_dir)
-    distances = parse_distances(args.distances, config.block_size)
-    longest = 2 * args.span + distances[-1]
-    learned_length_check(config, longest, path)
     n_tokens = meta["files"]["val"]["tokens"]
-    if 2 * longest > n_tokens:
-        raise UserError(f"distance {distances[-1]} needs 2 x (2 x {args.span} + {distances[-1]}) = {2 * longest} "
-                        f"validation tokens to draw span, filler and control apart, but {data_dir} has {n_tokens}: "
-                        "lower --distances or --span")
+    l = config.block_size
+    if args.probe == "repeat":
+        sizes = parse_list(args.distances, "--distances", int, [0] + [l * k // 8 for k in (1, 2, 4, 8, 16, 32, 64,
+                                                                                              128)])
+        if sizes[0] < 0:
+            raise UserError(f"--distances {args.distances!r} must be >= 0")
+        longest = 2 * args.span + sizes[-1]
+        if 2 * longest > n_tokens:
+            raise UserError(f"distance {sizes[-1]} needs 2 x (2 x {args.span} + {sizes[-1]}) = {2 * longest} "
+                            f"validation tokens to draw span, filler and control apart, but {data_dir} has "
+                            f"{n_tokens}: lower --distances or --span")
+    else:
+        sizes = parse_list(args.lengths, "--lengths", int, [l * k for k in (1, 2, 4, 8, 16)])
+        fixed = sum(len(part) for part in passkey_parts(tokenizer_from_meta(meta), "9" * DIGITS))
+        if sizes[0] <= fixed:
+            raise UserError(f"--lengths: {sizes[0]} tokens cannot hold a passkey document (its key sentence, "
+                            f"question and answer take {fixed})")
+        longest = sizes[-1]
+        if longest - fixed > n_tokens:
+            raise UserError(f"length {longest} needs {longest - fixed} validation tokens of filler, but {data_dir} "
+                            f"has {n_tokens}: lower --lengths")
+    learned_length_check(config, longest, path)
     runs, skipped = [], []
     for rule in rules:
-        check_rule(rule, longest, config.block_size, path)
+        check_rule(rule, longest, l, path)
         for scaling in scalings:
             why = pointless(config, rule, scaling)
             if why:
-                skipped.append(f"{path}: skipped {rule_label(config.pos, rule, scaling, config.block_size)}: {why}")
+                skipped.append(f"{path}: skipped {rule_label(config.pos, rule, scaling, l)}: {why}")
             else:
                 runs.append((rule, scaling))
-    return config, data_dir, meta, distances, runs, skipped
+    return config, data_dir, meta, sizes, runs, skipped
 
 
-def markdown_table(rows, distances):
+def gain_table(rows, distances):
     lines = ["| model | " + " | ".join(f"d={d}" for d in distances) + " |", "|---" * (len(distances) + 1) + "|"]
     for label in dict.fromkeys(r["label"] for r in rows):
         gain = {r["d"]: r for r in rows if r["label"] == label}
@@ -156,7 +212,22 @@ def markdown_table(rows, distances):
     return "\n".join(lines)
 
 
-def plot(rows, block_sizes, path):
+def accuracy_tables(rows, lengths, depths):
+    """Accuracy averaged over depths per model and length, then the whole grid per model."""
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    cell = {(r["label"], r["length"], r["depth"]): r["accuracy"] for r in rows}
+    lines = ["| model (mean over depths) | " + " | ".join(str(n) for n in lengths) + " |",
+             "|---" * (len(lengths) + 1) + "|"]
+    lines += [f"| {label} | " + " | ".join(f"{np.mean([cell[label, n, d] for d in depths]):.2f}" for n in lengths)
+              + " |" for label in labels]
+    for label in labels:
+        lines += ["", f"| {label}: depth \\ length | " + " | ".join(str(n) for n in lengths) + " |",
+                  "|---" * (len(lengths) + 1) + "|"]
+        lines += [f"| {d:.2f} | " + " | ".join(f"{cell[label, n, d]:.2f}" for n in lengths) + " |" for d in depths]
+    return "\n".join(lines)
+
+
+def plot_gain(rows, block_sizes, path):
     plt = pyplot()
     labels = list(dict.fromkeys(r["label"] for r in rows))
     fig, ax = plt.subplots(figsize=(6 + 2.5 * (len(labels) > 4), 4))
@@ -178,10 +249,35 @@ def plot(rows, block_sizes, path):
     save_figure(fig, path)
 
 
+def plot_heatmaps(rows, lengths, depths, path):
+    plt = pyplot()
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    cols = min(4, len(labels))
+    n_rows = -(-len(labels) // cols)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(3.2 * cols, 2.8 * n_rows), squeeze=False)
+    cell = {(r["label"], r["length"], r["depth"]): r["accuracy"] for r in rows}
+    for ax, label in zip(axes.flat, labels):
+        grid = np.array([[cell[label, n, d] for n in lengths] for d in depths])
+        ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        for (i, j), v in np.ndenumerate(grid):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black")
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=7)
+        ax.set_title(label, fontsize=8)
+        ax.set_xlabel("length (tokens)", fontsize=7)
+        ax.set_ylabel("key depth", fontsize=7)
+    for ax in list(axes.flat)[len(labels) :]:
+        ax.axis("off")
+    save_figure(fig, path)
+
+
 def evaluate(args):
     if args.span < 2 or args.sequences < 1:
         raise UserError(f"--span {args.span} and --sequences {args.sequences}: span must be >= 2 (the second copy's "
                         "tokens after its first are scored), sequences >= 1")
+    depths = parse_list(args.depths, "--depths", float, [0.0, 0.25, 0.5, 0.75, 1.0])
+    if depths[0] < 0 or depths[-1] > 1:
+        raise UserError(f"--depths {args.depths!r} must lie in [0, 1] (0: the key first, 1: just before the question)")
     json_path, plot_path = output_path(args.json, "--json"), output_path(args.plot, "--plot", plot=True)
     rules, scalings = attention_options(args, several=True)
     plans = [(path, *plan(args, path, rules, scalings)) for path in args.ckpt]
@@ -189,50 +285,81 @@ def evaluate(args):
     dtype = resolve_dtype(args.dtype, device)
     ctx = autocast(device, dtype)
     rows, notes = [], []
-    for path, config, data_dir, meta, distances, runs, skipped in plans:
+    for path, config, data_dir, meta, sizes, runs, skipped in plans:
         notes += skipped
         model, _ = load_model(path, device)
         stream = np.asarray(read_tokens(data_dir, "val", meta))
-        batch_tokens = args.batch_tokens or min(16384, 2**27 // config.vocab_size)
-        sequences = {d: repeat_sequences(stream, args.span, d, args.sequences, args.seed) for d in distances}
-        for rule, scaling in runs:
-            label = rule_label(config.pos, rule, scaling, config.block_size)
-            mine = []
-            for d in distances:
-                probe, control = (second_copy_nll(model, s, args.span, rule, scaling, batch_tokens, device, ctx)
-                                  for s in sequences[d])
-                gain, stderr = retrieval_gain(probe, control)
-                if not math.isfinite(gain):
-                    raise UserError(f"non-finite loss for {path} at d = {d} in {dtype} ({label}): evaluate in float32 "
-                                    "(--dtype float32)")
-                mine.append(dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, config.block_size,
-                                                                              2 * args.span + d),
-                                 probe="repeat", d=d, gain=gain, gain_stderr=stderr, n=len(probe),
-                                 loss=float(probe.mean()), control_loss=float(control.mean()), label=label))
-                if args.verbose:
-                    print(f"{label:>32} d={d:>6}: gain {gain:.3f} ± {stderr:.3f}", file=sys.stderr)
-            reach = effective_context(mine)
-            longest = rule.resolve(2 * args.span + distances[-1], config.block_size)
-            bound = reach_bound(config, longest)
-            per_layer = {"bca": "block_size/2", "sliding": "(W - 1)", "sinks": "(W - S - 1), and the sinks"}
-            notes.append(f"{label}: effective context " + ("none (no gain at the shortest distance)" if reach is None
-                         else f">= {reach}" if reach == distances[-1] else f"{reach}") + " tokens" +
-                         (f"; reach bound n_layer x {per_layer[longest.name]} = {bound}" if bound else ""))
-            for row in mine:
-                row["effective_context"], row["reach_bound"] = reach, bound
-            rows += mine
-    print(f"repeat probe: retrieval gain 1 - loss/control on the second copy ({args.span}-token spans, "
-          f"{args.sequences} sequences per distance, seed {args.seed}, {dtype}; ± one standard error)\n")
-    print(markdown_table(rows, sorted({r["d"] for r in rows})))
+        if args.probe == "repeat":
+            rows += repeat_probe(args, path, config, model, stream, sizes, runs, device, dtype, ctx, notes)
+        else:
+            tokenizer = tokenizer_from_meta(meta)
+            batches = {(n, d): passkey_batches(stream, tokenizer, n, d, args.sequences, args.seed)
+                       for n in sizes for d in depths}
+            for rule, scaling in runs:
+                label = rule_label(config.pos, rule, scaling, config.block_size)
+                for n in sizes:
+                    for d in depths:
+                        accuracy, count = passkey_accuracy(model, tokenizer, batches[n, d], rule, scaling, device,
+                                                           ctx)
+                        rows.append(dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling,
+                                                                                       config.block_size, n),
+                                         probe="passkey", length=n, depth=d, accuracy=accuracy, n=count, label=label))
+                        if args.verbose:
+                            print(f"{label:>32} length {n:>6} depth {d:.2f}: {accuracy:.2f}", file=sys.stderr)
+    fields = ("d", "gain", "gain_stderr", "n", "loss", "control_loss", "effective_context", "reach_bound") \
+        if args.probe == "repeat" else ("length", "depth", "accuracy", "n")
+    if args.probe == "repeat":
+        print(f"repeat probe: retrieval gain 1 - loss/control on the second copy ({args.span}-token spans, "
+              f"{args.sequences} sequences per distance, seed {args.seed}, {dtype}; ± one standard error)\n")
+        print(gain_table(rows, sorted({r["d"] for r in rows})))
+    else:
+        print(f"passkey retrieval: exact-match accuracy of greedy decoding ({args.sequences} documents per cell, "
+              f"seed {args.seed}, {dtype})\n")
+        print(accuracy_tables(rows, sorted({r["length"] for r in rows}), depths))
     print("\n" + "\n".join(notes))
     if json_path:
-        write_json(json_path, {"probe": "repeat", "span": args.span, "sequences": args.sequences, "seed": args.seed,
-                               "rows": [{k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "probe", "d", "gain",
-                                                           "gain_stderr", "n", "loss", "control_loss",
-                                                           "effective_context", "reach_bound", "label")}
+        write_json(json_path, {"probe": args.probe, "sequences": args.sequences, "seed": args.seed,
+                               **({"span": args.span} if args.probe == "repeat" else {"depths": depths}),
+                               "rows": [{k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "probe", *fields, "label")}
                                         for r in rows], "skipped": [n for n in notes if ": skipped " in n]})
-    if plot_path:
-        plot(rows, {p[1].block_size for p in plans}, plot_path)
+    if plot_path and args.probe == "repeat":
+        plot_gain(rows, {p[1].block_size for p in plans}, plot_path)
+    elif plot_path:
+        plot_heatmaps(rows, sorted({r["length"] for r in rows}), depths, plot_path)
+    return rows
+
+
+def repeat_probe(args, path, config, model, stream, distances, runs, device, dtype, ctx, notes):
+    """The repeat probe's rows for one checkpoint, and a note per run on its effective context."""
+    batch_tokens = args.batch_tokens or min(16384, 2**27 // config.vocab_size)
+    sequences = {d: repeat_sequences(stream, args.span, d, args.sequences, args.seed) for d in distances}
+    rows = []
+    for rule, scaling in runs:
+        label = rule_label(config.pos, rule, scaling, config.block_size)
+        mine = []
+        for d in distances:
+            probe, control = (second_copy_nll(model, s, args.span, rule, scaling, batch_tokens, device, ctx)
+                              for s in sequences[d])
+            gain, stderr = retrieval_gain(probe, control)
+            if not math.isfinite(gain):
+                raise UserError(f"non-finite loss for {path} at d = {d} in {dtype} ({label}): evaluate in float32 "
+                                "(--dtype float32)")
+            mine.append(dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, config.block_size,
+                                                                          2 * args.span + d),
+                             probe="repeat", d=d, gain=gain, gain_stderr=stderr, n=len(probe),
+                             loss=float(probe.mean()), control_loss=float(control.mean()), label=label))
+            if args.verbose:
+                print(f"{label:>32} d={d:>6}: gain {gain:.3f} ± {stderr:.3f}", file=sys.stderr)
+        reach = effective_context(mine)
+        longest = rule.resolve(2 * args.span + distances[-1], config.block_size)
+        bound = reach_bound(config, longest)
+        per_layer = {"bca": "block_size/2", "sliding": "(W - 1)", "sinks": "(W - S - 1), and the sinks"}
+        notes.append(f"{label}: effective context " + ("none (no gain at the shortest distance)" if reach is None
+                     else f">= {reach}" if reach == distances[-1] else f"{reach}") + " tokens" +
+                     (f"; reach bound n_layer x {per_layer[longest.name]} = {bound}" if bound else ""))
+        for row in mine:
+            row["effective_context"], row["reach_bound"] = reach, bound
+        rows += mine
     return rows
 
 
@@ -242,13 +369,15 @@ def parse_args(argv=None):
     p.add_argument("--probe", default="repeat", choices=PROBES)
     p.add_argument("--span", type=int, default=32, help="repeat: tokens in each copy")
     p.add_argument("--distances", help="repeat: filler lengths d (default: 0 and block_size/8 .. 16 x block_size)")
-    p.add_argument("--sequences", type=int, default=64, help="repeat: sequences per distance")
+    p.add_argument("--lengths", help="passkey: document lengths in tokens (default: 1 .. 16 x block_size)")
+    p.add_argument("--depths", help="passkey: where the key sits in the filler, 0 .. 1 (default: 0,0.25,0.5,0.75,1)")
+    p.add_argument("--sequences", type=int, default=64, help="sequences per distance (repeat) or per cell (passkey)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch_tokens", type=int, help="tokens per forward pass (as in eval_extrapolate.py)")
+    p.add_argument("--batch_tokens", type=int, help="repeat: tokens per forward pass (as in eval_extrapolate.py)")
     add_checkpoint_args(p, several=True)
     p.add_argument("--json")
-    p.add_argument("--plot")
-    p.add_argument("--verbose", action="store_true", help="a line per (model, distance) as it finishes")
+    p.add_argument("--plot", help="repeat: gain against distance; passkey: accuracy heatmaps")
+    p.add_argument("--verbose", action="store_true", help="a line per result as it finishes")
     return p.parse_args(argv)
 
 

@@ -489,8 +489,8 @@ class KVCache:
         were given, so its cached and uncached outputs differ.)"""
         dynamic = self.scaling.method == "dynamic_ntk"
         s = self.scaling.s(self.rule.span(self.end() + n_new if dynamic else self.max_tokens), self.config.block_size)
-        if self.block:  # (a window longer than the sequence never moves: the sequence is the frame)
-            frame, rows = range(min(2 * self.block, self.max_tokens)), None
+        if self.block:  # (a sequence within one block never moves the window: the sequence is the frame)
+            frame, rows = range(2 * self.block if self.max_tokens > self.block else self.max_tokens), None
         else:
             frame, rows = range(self.max_tokens), range(0 if dynamic else self.end(), self.end() + n_new)
         return PositionTable(self.config, frame, rows, device, self.rule, self.scaling, s)

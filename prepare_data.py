@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import Tokenizer, UserError, ends_sha256, writable_dir
+from common import (PASSKEY_CHARS, Tokenizer, UserError, ends_sha256, passkey_document, passkey_fixed_tokens,
+                    writable_dir)
 
 TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 # A few books of PG-19's test split (Rae et al. 2019; public-domain Project Gutenberg books published before 1919).
@@ -172,6 +173,28 @@ def split_documents(docs, val_fraction, seed):
     return [d for d in docs if d[0] not in held_out], [d for d in docs if d[0] in held_out]
 
 
+def mix_passkeys(train_docs, tokenizer, fraction, n_tokens, digits, seed):
+    """Training documents with passkey documents mixed in at seeded places, about `fraction` of the training tokens:
+    each n_tokens long, filler from the training text around the key sentence at a uniform depth, the question and
+    the answer at the end (common.passkey_document). Validation is never touched."""
+    filler_size = n_tokens - passkey_fixed_tokens(tokenizer, digits)
+    if filler_size < 1:
+        raise UserError(f"--passkey_tokens {n_tokens} is too short: the key sentence, question and answer alone take "
+                        f"{n_tokens - filler_size} tokens")
+    stream = [t for _, ids in train_docs for t in ids]
+    train_tokens = len(stream)
+    count = round(fraction / (1 - fraction) * train_tokens / n_tokens)
+    rng = np.random.default_rng(seed)
+    before = {}  # index of a training document -> the passkey documents placed before it
+    for i in range(count):
+        start = int(rng.integers(0, train_tokens - filler_size))
+        key = "".join(str(d) for d in rng.integers(0, 10, size=digits))
+        prompt, answer = passkey_document(tokenizer, stream[start : start + filler_size], rng.random(), key)
+        before.setdefault(int(rng.integers(0, len(train_docs) + 1)), []).append((f"passkey-{i}", prompt + answer))
+    docs = [d for i, doc in enumerate(train_docs) for d in before.get(i, []) + [doc]]
+    return docs + before.get(len(train_docs), []), count
+
+
 def concatenate(docs, dtype, eot):
     """One token array, each document followed by eot (gpt2's <|endoftext|>; none for char), and each document's
     [start, end) offsets in it, eot excluded."""
@@ -248,8 +271,14 @@ def prepare(args):
     if not docs:
         raise UserError(f"no text in the {args.dataset} input: every document is empty")
     chars = sorted({c for _, text in docs for c in text}) if args.tokenizer == "char" else None
+    if chars is not None and args.passkey:  # the passkey's words and digits must be in the vocabulary
+        chars = sorted(set(chars) | PASSKEY_CHARS)
     tokenizer = Tokenizer(args.tokenizer, chars)
     train_docs, val_docs = split_documents(tokenize(docs, tokenizer), args.val_fraction, args.seed)
+    passkeys = 0
+    if args.passkey:
+        train_docs, passkeys = mix_passkeys(train_docs, tokenizer, args.passkey, args.passkey_tokens,
+                                            args.passkey_digits, args.seed)
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
     train, train_offsets = concatenate(train_docs, dtype, tokenizer.eot)
     val, val_offsets = concatenate(val_docs, dtype, tokenizer.eot)
@@ -260,10 +289,14 @@ def prepare(args):
     meta = dict(dataset=args.dataset, tokenizer=args.tokenizer, vocab_size=tokenizer.vocab_size,
                 dtype=np.dtype(dtype).name, source=source, seed=args.seed, val_fraction=args.val_fraction,
                 eot_token=tokenizer.eot, train_documents=train_offsets, val_documents=val_offsets, chars=chars)
+    if args.passkey:
+        meta["passkey"] = dict(fraction=args.passkey, documents=passkeys, tokens=args.passkey_tokens,
+                               digits=args.passkey_digits)
     write_dataset(out_dir, {"train": train, "val": val}, meta)
     longest = max(d["end"] - d["start"] for d in val_offsets)
     print(f"{out_dir}: {len(train_docs)} train documents, {len(train):,} tokens; {len(val_docs)} val documents, "
-          f"{len(val):,} tokens (longest {longest:,}); vocab {tokenizer.vocab_size} ({args.tokenizer})")
+          f"{len(val):,} tokens (longest {longest:,}); vocab {tokenizer.vocab_size} ({args.tokenizer})"
+          + (f"; {passkeys} passkey documents of {args.passkey_tokens} tokens mixed into train" if passkeys else ""))
 
 
 def parse_args(argv=None):
@@ -274,6 +307,10 @@ def parse_args(argv=None):
     p.add_argument("--url", nargs="+", default=[], help="--dataset url: one document per URL")
     p.add_argument("--out_dir", help="default: data/<dataset>_<tokenizer>")
     p.add_argument("--val_fraction", type=float, default=0.1)
+    p.add_argument("--passkey", type=float, default=0.0, help="fraction of the training tokens to make passkey "
+                   "documents (Mohtashami & Jaggi 2023), mixed into train only; validation stays natural text")
+    p.add_argument("--passkey_tokens", type=int, default=128, help="tokens per passkey document (fit block_size)")
+    p.add_argument("--passkey_digits", type=int, default=5, help="digits in each key")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--errors", default="strict", choices=("strict", "replace"),
                    help="undecodable UTF-8 bytes: stop with an error naming the file, or replace them")
@@ -282,6 +319,11 @@ def parse_args(argv=None):
     p.add_argument("--backoff", type=float, default=1.0, help="seconds before the first retry; doubles each time")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds without data before a download try fails")
     args = p.parse_args(argv)
+    if not 0 <= args.passkey < 1:
+        p.error(f"--passkey {args.passkey} is not allowed: must be a fraction in [0, 1)")
+    if args.passkey_tokens < 2 or args.passkey_digits < 1:
+        p.error(f"--passkey_tokens {args.passkey_tokens} and --passkey_digits {args.passkey_digits}: must be >= 2 "
+                "and >= 1")
     if not 0 < args.val_fraction < 1:
         p.error(f"--val_fraction {args.val_fraction} is not allowed: must be between 0 and 1")
     if args.retries < 1:

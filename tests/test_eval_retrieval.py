@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import eval_retrieval
+import prepare_data
+from common import PASSKEY_CHARS, Tokenizer
 from conftest import make_checkpoint
 
 
@@ -118,3 +120,76 @@ def test_unknown_probe_and_learned_past_block_size(tiny_data, tmp_path, capsys):
     with pytest.raises(SystemExit):
         run("--ckpt", tmp_path / "learned.pt", "--probe", "needle")
     assert "invalid choice: 'needle'" in capsys.readouterr().err
+
+
+# --- passkey ----------------------------------------------------------------------------------------------------
+
+
+def test_passkey_documents_are_filler_key_filler_question():
+    tokenizer = Tokenizer("char", sorted(set("abcdefghij") | PASSKEY_CHARS))
+    stream = np.array(tokenizer.encode("abcdefghij" * 100))
+    for length, depth in ((120, 0.0), (200, 0.5), (300, 1.0)):
+        batches = eval_retrieval.passkey_batches(stream, tokenizer, length, depth, 6, seed=1)
+        (prompts, answers, keys), = batches  # char level: every document has the same shape
+        assert prompts.size(1) + answers.size(1) == length and len(keys) == 6 and len(set(keys)) > 1
+        for prompt, answer, key in zip(prompts.tolist(), answers.tolist(), keys):
+            text = tokenizer.decode(prompt)
+            sentence = f" The pass key is {key}. Remember it. "
+            assert text.endswith(" What is the pass key? The pass key is") and tokenizer.decode(answer) == f" {key}."
+            filler = text.replace(sentence, "", 1)[: -len(" What is the pass key? The pass key is")]
+            assert sentence in text and set(filler) <= set("abcdefghij")  # filler is validation text only
+            assert text.index(sentence) == round(depth * len(filler))  # the key at its depth
+            assert filler in "abcdefghij" * 100  # one contiguous stretch of the stream
+
+
+class Answerer:
+    """A stub model whose generate answers right (the key after the prompt's sentence) or wrong (zeros)."""
+
+    def __init__(self, tokenizer, right):
+        self.tokenizer, self.right = tokenizer, right
+
+    def generate(self, prompts, n, top_k=None, **kw):
+        new = []
+        for prompt in prompts.tolist():
+            text = self.tokenizer.decode(prompt)
+            key = text.split("The pass key is ")[1][:5]
+            new.append(self.tokenizer.encode(f" {key}.")[:n] if self.right else [0] * n)
+        return torch.cat((prompts, torch.tensor(new)), dim=1)
+
+
+def test_passkey_accuracy_on_models_forced_right_or_wrong():
+    tokenizer = Tokenizer("char", sorted(set("abcdefghij") | PASSKEY_CHARS))
+    stream = np.array(tokenizer.encode("abcdefghij" * 100))
+    batches = eval_retrieval.passkey_batches(stream, tokenizer, 150, 0.5, 7, seed=0)
+    for right, want in ((True, 1.0), (False, 0.0)):
+        accuracy, n = eval_retrieval.passkey_accuracy(Answerer(tokenizer, right), tokenizer, batches, None, None,
+                                                      "cpu", torch.no_grad())
+        assert (accuracy, n) == (want, 7)
+
+
+def test_passkey_probe_json_table_and_heatmap(tmp_path, capsys):
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    for i in range(6):
+        (corpus / f"{i}.txt").write_text(f"Play {i}.\n" + "It was a dark night, and so on. " * 40)
+    prepare_data.main(["--dataset", "files", "--path", str(corpus), "--out_dir", str(tmp_path / "d"), "--passkey",
+                       "0.2", "--passkey_tokens", "100", "--val_fraction", "0.34"])
+    meta = json.loads((tmp_path / "d" / "meta.json").read_text())
+    make_checkpoint(tmp_path / "m.pt", tmp_path / "d", block_size=128, vocab=meta["chars"])
+    out, png = tmp_path / "p.json", tmp_path / "p.png"
+    run("--ckpt", tmp_path / "m.pt", "--probe", "passkey", "--lengths", "100,200", "--depths", "0,1",
+        "--sequences", 3, "--attention", "causal,sliding", "--window", 64, "--json", out, "--plot", png)
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert [(r["attention"], r["length"], r["depth"], r["n"]) for r in result["rows"]] == [
+        (a, n, d, 3) for a in ("causal", "sliding") for n in (100, 200) for d in (0.0, 1.0)]
+    assert set(result["rows"][0]) == {"ckpt", "pos", "attention", "bca", "window", "sinks", "rope_scaling",
+                                      "rope_factor", "probe", "length", "depth", "accuracy", "n", "label"}
+    assert all(0 <= r["accuracy"] <= 1 for r in result["rows"]) and result["depths"] == [0.0, 1.0]
+    assert "| xpos + sliding W=64: depth \\ length | 100 | 200 |" in printed and png.stat().st_size > 1000
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--probe", "passkey", "--lengths", "50")
+    assert "--lengths: 50 tokens cannot hold a passkey document" in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--probe", "passkey", "--depths", "0,1.5")
+    assert "--depths '0,1.5' must lie in [0, 1]" in str(e.value.code)

@@ -514,7 +514,8 @@ def test_nothing_length_dependent_in_state():
 # --- cached decoding ------------------------------------------------------------------------------------------------
 
 
-RULES = [None, "causal", "bca", "sliding", "sinks", SLIDING_5, SINKS_6_2]  # None: auto
+RULES = [None, "causal", "bca", "sliding", "sinks", SLIDING_5, SINKS_6_2,  # None: auto
+         model.AttentionRule("sliding", 20), model.AttentionRule("sinks", 20, 2)]  # a block < T < two blocks
 
 
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
