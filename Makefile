@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo bench gpu-check stress clean
+.PHONY: test demo passkey bench gpu-check stress clean
 
 $(VENV)/installed: requirements.txt requirements-data.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,8 +44,8 @@ gpu-check:
 
 # The main job, on CPU: prepare the offline Shakespeare corpus (characters), train tiny xPos and RoPE models
 # (block_size 128), then measure perplexity against length up to 8x the training length with plain causal
-# attention, BCA, a sliding window, attention sinks and YaRN, attention resolution, and the theory curves. About
-# 12 minutes on 2 CPU cores.
+# attention, BCA, a sliding window, attention sinks and YaRN, the loss by position, the repeat probe (does the model
+# copy from far back?), attention resolution, and the theory curves. About 14 minutes on 2 CPU cores.
 DEMO := out/demo
 XPOS := out/shakespeare_char_xpos/ckpt.pt
 ROPE := out/shakespeare_char_rope/ckpt.pt
@@ -55,13 +55,31 @@ demo: $(VENV)/installed
 	$(PY) train.py config/shakespeare_char_rope.py --overwrite=True
 	$(PY) eval_extrapolate.py --ckpt $(XPOS) --ckpt $(ROPE) --lengths 32,64,128,256,512,1024 --max_len 16384 \
 		--attention causal,bca,sliding,sinks --rope_scaling none,yarn --json $(DEMO)/extrapolation.json \
-		--plot $(DEMO)/extrapolation.png
+		--plot $(DEMO)/extrapolation.png --plot_positions $(DEMO)/positions.png
+	$(PY) eval_retrieval.py --ckpt $(XPOS) --ckpt $(ROPE) --probe repeat --attention causal,bca --sequences 32 \
+		--json $(DEMO)/repeat.json --plot $(DEMO)/repeat.png
 	$(PY) resolution.py --ckpt $(XPOS) --length 256 --bca both --json $(DEMO)/resolution_xpos.json
 	$(PY) resolution.py --ckpt $(ROPE) --length 256 --bca both --json $(DEMO)/resolution_rope.json
 	$(PY) resolution.py --theory --plot $(DEMO)/theory.png --json $(DEMO)/theory.json
 	$(PY) sample.py --ckpt $(XPOS) --start "HAMLET:" --max_new_tokens 400 --seed 1
-	@echo "results: $(DEMO)/ (extrapolation.json/.png, resolution_xpos.json, resolution_rope.json, theory.json/.png);"
-	@echo "checkpoints and training logs: out/shakespeare_char_xpos/, out/shakespeare_char_rope/"
+	@echo "results: $(DEMO)/ (extrapolation.json/.png, positions.png, repeat.json/.png, resolution_xpos.json,"
+	@echo "resolution_rope.json, theory.json/.png); checkpoints and logs: out/shakespeare_char_xpos/, _rope/"
+
+# Passkey retrieval on CPU: Shakespeare with passkey documents mixed into train (validation untouched), tiny xPos and
+# RoPE models trained on it, then passkey accuracy over length x depth (heatmaps) and the repeat probe, under causal
+# attention, BCA, a sliding window and attention sinks.
+PASSKEY := out/passkey
+PK_DATA := data/shakespeare_char_passkey
+PK_XPOS := out/shakespeare_char_passkey_xpos/ckpt.pt
+PK_ROPE := out/shakespeare_char_passkey_rope/ckpt.pt
+passkey: $(VENV)/installed
+	$(PY) prepare_data.py --dataset shakespeare --tokenizer char --passkey 0.5 --passkey_tokens 96 --out_dir $(PK_DATA)
+	$(PY) train.py config/shakespeare_char_passkey.py --overwrite=True
+	$(PY) train.py config/shakespeare_char_passkey_rope.py --overwrite=True
+	$(PY) eval_retrieval.py --ckpt $(PK_XPOS) --ckpt $(PK_ROPE) --probe passkey --attention causal,bca,sliding,sinks \
+		--json $(PASSKEY)/passkey.json --plot $(PASSKEY)/passkey.png
+	$(PY) eval_retrieval.py --ckpt $(PK_XPOS) --ckpt $(PK_ROPE) --probe repeat --attention causal,bca,sliding,sinks \
+		--sequences 32 --json $(PASSKEY)/repeat.json --plot $(PASSKEY)/repeat.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -272,6 +272,11 @@ def plot_heatmaps(rows, lengths, depths, path):
 
 
 def evaluate(args):
+    other = {"repeat": ("lengths", "depths"), "passkey": ("distances", "span")}[args.probe]
+    for flag in other:
+        if getattr(args, flag) is not None:
+            raise UserError(f"--{flag} applies to --probe {'repeat' if args.probe == 'passkey' else 'passkey'} only")
+    args.span = 32 if args.span is None else args.span
     if args.span < 2 or args.sequences < 1:
         raise UserError(f"--span {args.span} and --sequences {args.sequences}: span must be >= 2 (the second copy's "
                         "tokens after its first are scored), sequences >= 1")
@@ -367,7 +372,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", action="append", required=True, help="a checkpoint; repeat to compare several")
     p.add_argument("--probe", default="repeat", choices=PROBES)
-    p.add_argument("--span", type=int, default=32, help="repeat: tokens in each copy")
+    p.add_argument("--span", type=int, help="repeat: tokens in each copy (default: 32)")
     p.add_argument("--distances", help="repeat: filler lengths d (default: 0 and block_size/8 .. 16 x block_size)")
     p.add_argument("--lengths", help="passkey: document lengths in tokens (default: 1 .. 16 x block_size)")
     p.add_argument("--depths", help="passkey: where the key sits in the filler, 0 .. 1 (default: 0,0.25,0.5,0.75,1)")

@@ -68,6 +68,46 @@ def test_local_files_split_by_document(tmp_path):
     assert load(tmp_path / "glob")[0]["val_documents"] == meta["val_documents"]
 
 
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+def test_passkey_documents_go_into_train_only(tmp_path, tokenizer):
+    corpus = write_corpus(tmp_path / "corpus", n=20)
+    plain, mixed = tmp_path / "plain", tmp_path / "mixed"
+    run("--dataset", "files", "--path", corpus, "--out_dir", plain, "--tokenizer", tokenizer)
+    run("--dataset", "files", "--path", corpus, "--out_dir", mixed, "--tokenizer", tokenizer, "--passkey", 0.25,
+        "--passkey_tokens", 96)
+    meta0, train0, val0 = load(plain)
+    meta, train, val = load(mixed)
+    tok = Tokenizer(tokenizer, meta["chars"])
+    # validation: the same documents and the same text, untouched
+    assert [d["name"] for d in meta["val_documents"]] == [d["name"] for d in meta0["val_documents"]]
+    assert Tokenizer(tokenizer, meta0["chars"]).decode(val0.tolist()) == tok.decode(val.tolist())
+    passkeys = [d for d in meta["train_documents"] if d["name"].startswith("passkey-")]
+    natural = [d for d in meta["train_documents"] if not d["name"].startswith("passkey-")]
+    assert [d["name"] for d in natural] == [d["name"] for d in meta0["train_documents"]]  # order kept, keys between
+    natural_tokens = sum(d["end"] - d["start"] for d in natural)
+    assert len(passkeys) == meta["passkey"]["documents"] == round(0.25 / 0.75 * natural_tokens / 96)
+    corpus_text = "".join(Path(d["name"]).read_text() for d in natural)  # the training stream, in its order
+    for d in passkeys:
+        assert d["end"] - d["start"] == 96  # each fits the length asked for
+        text = tok.decode(train[d["start"] : d["end"]].tolist())
+        key = text.split(" The pass key is ")[1][:5]
+        assert key.isdigit() and text.endswith(f" What is the pass key? The pass key is {key}.")
+        before, after = text.split(f" The pass key is {key}. Remember it. ")
+        filler = before + after[: -len(f" What is the pass key? The pass key is {key}.")]
+        assert tokenizer == "gpt2" or filler in corpus_text  # char: a stretch of training text
+    spread = [d for d in natural if passkeys[0]["start"] < d["start"] < passkeys[-1]["start"]]
+    assert len(spread) >= len(natural) // 2  # mixed in among the documents, not appended in one block
+
+
+def test_passkey_errors(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "corpus")
+    for argv, message in ((["--passkey", 1.0], "--passkey 1.0 is not allowed: must be a fraction in [0, 1)"),
+                          (["--passkey", 0.1, "--passkey_tokens", 40], "--passkey_tokens 40 is too short")):
+        with pytest.raises(SystemExit) as e:
+            run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "o", *argv)
+        assert message in str(e.value.code) + capsys.readouterr().err
+
+
 def test_gpt2_tokenizer_offline_and_separators(tmp_path, monkeypatch):
     import tiktoken
 
