@@ -359,9 +359,10 @@ def repeat_probe(args, path, config, model, stream, distances, runs, device, dty
         longest = rule.resolve(2 * args.span + distances[-1], config.block_size)
         bound = reach_bound(config, longest)
         per_layer = {"bca": "block_size/2", "sliding": "(W - 1)", "sinks": "(W - S - 1), and the sinks"}
-        notes.append(f"{label}: effective context " + ("none (no gain at the shortest distance)" if reach is None
-                     else f">= {reach}" if reach == distances[-1] else f"{reach}") + " tokens" +
-                     (f"; reach bound n_layer x {per_layer[longest.name]} = {bound}" if bound else ""))
+        context = "none (no gain at the shortest distance)" if reach is None else \
+            f">= {reach} tokens" if reach == distances[-1] else f"{reach} tokens"
+        notes.append(f"{label}: effective context {context}" +
+                     (f"; reach bound n_layer x {per_layer[longest.name]} = {bound} tokens" if bound else ""))
         for row in mine:
             row["effective_context"], row["reach_bound"] = reach, bound
         rows += mine

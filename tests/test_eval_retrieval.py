@@ -94,7 +94,7 @@ def test_repeat_probe_json_table_and_plot(tiny_data, tmp_path, capsys):
                                       "rope_factor", "probe", "d", "gain", "gain_stderr", "n", "loss",
                                       "control_loss", "effective_context", "reach_bound", "label"}
     assert result["rows"][3]["reach_bound"] == 2 * 8 // 2 and result["rows"][0]["reach_bound"] is None
-    assert "| xpos + BCA | " in printed and "reach bound n_layer x block_size/2 = 8" in printed
+    assert "| xpos + BCA | " in printed and "reach bound n_layer x block_size/2 = 8 tokens" in printed
     assert len(rows) == 6 and png.stat().st_size > 1000
 
 
