@@ -394,6 +394,24 @@ def pointless(config, rule, scaling):
     return None
 
 
+def plan_runs(config, rules, scalings, longest, path):
+    """The (rule, scaling) pairs a checkpoint is scored with, every rule checked up to the longest length, and a line
+    for each pair skipped because it makes no sense (pointless)."""
+    runs, skipped = [], []
+    for rule in rules:
+        check_rule(rule, longest, config.block_size, path)
+        for scaling in scalings:
+            why = pointless(config, rule, scaling)
+            if why:
+                skipped.append(f"{path}: skipped {rule_label(config.pos, rule, scaling, config.block_size)}: {why}")
+            else:
+                runs.append((rule, scaling))
+    return runs, skipped
+
+
+RULE_FIELDS = ("attention", "bca", "window", "sinks", "rope_scaling", "rope_factor")  # the keys of rule_fields
+
+
 def rule_fields(rule, scaling, block_size, length):
     """The attention/scaling fields of a result row: attention, bca, window, sinks, rope_scaling, rope_factor."""
     resolved = rule.resolve(length, block_size)
@@ -415,6 +433,25 @@ def rule_label(pos, rule, scaling, block_size):
 def write_json(path, obj):
     path.write_text(json.dumps(obj, indent=1) + "\n")
     print(f"wrote {path}")
+
+
+def curves_figure(n_curves):
+    """A figure for one curve per label: wider when there are many, so the legend fits beside the axes."""
+    return pyplot().subplots(figsize=(6 + 2.5 * (n_curves > 4), 4))
+
+
+def finish_curves(fig, ax, n_curves, block_sizes, path):
+    """Each training length marked, the legend (beside the axes when there are many curves), a grid; saved."""
+    for block_size in sorted(block_sizes):
+        ax.axvline(block_size, color="grey", ls="--", lw=1)
+        ax.annotate(f"trained at {block_size}", (block_size, 0.98), xycoords=("data", "axes fraction"),
+                    ha="right", va="top", rotation=90, fontsize=8, color="grey")
+    if n_curves > 4:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    else:
+        ax.legend()
+    ax.grid(alpha=0.3)
+    save_figure(fig, path)
 
 
 def save_figure(fig, path):

@@ -32,13 +32,10 @@ import sys
 import numpy as np
 import torch
 
-from common import (BCA_MODES, UserError, add_checkpoint_args, all_reduce_sum, attention_options, autocast,
-                    check_rule, checkpoint_dataset, learned_length_check, load_checkpoint, load_model, model_config,
-                    output_path, pointless, pyplot, read_tokens, resolve_dtype, rule_fields, rule_label, save_figure,
-                    setup_distributed, teardown_distributed, write_json)
-
-
-RULE_FIELDS = ("attention", "bca", "window", "sinks", "rope_scaling", "rope_factor")
+from common import (BCA_MODES, RULE_FIELDS, UserError, add_checkpoint_args, all_reduce_sum, attention_options,
+                    autocast, checkpoint_dataset, curves_figure, finish_curves, learned_length_check, load_checkpoint,
+                    load_model, model_config, output_path, plan_runs, read_tokens, resolve_dtype, rule_fields,
+                    rule_label, setup_distributed, teardown_distributed, write_json)
 
 
 def parse_lengths(text):
@@ -123,34 +120,23 @@ def markdown_table(rows, lengths):
 
 
 def plot(rows, lengths, block_sizes, path):
-    plt = pyplot()
     labels = list(dict.fromkeys(r["label"] for r in rows))
-    fig, ax = plt.subplots(figsize=(6 + 2.5 * (len(labels) > 4), 4))
+    fig, ax = curves_figure(len(labels))
     for label in labels:
         ppl = [next(r["ppl"] for r in rows if r["label"] == label and r["length"] == n) for n in lengths]
         ax.plot(lengths, ppl, marker="o", label=label)
-    for block_size in sorted(block_sizes):
-        ax.axvline(block_size, color="grey", ls="--", lw=1)
-        ax.annotate(f"trained at {block_size}", (block_size, 0.98), xycoords=("data", "axes fraction"),
-                    ha="right", va="top", rotation=90, fontsize=8, color="grey")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity")
-    if len(labels) > 4:  # many rows: the legend beside the axes, not over the curves
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    else:
-        ax.legend()
-    ax.grid(alpha=0.3)
-    save_figure(fig, path)
+    finish_curves(fig, ax, len(labels), block_sizes, path)
 
 
 def plot_positions(rows, curves, block_sizes, path):
     """Mean loss against position within the sequence, at the largest length, per row label: does the loss keep
     falling past block_size? Positions are averaged in bins evenly spaced on the log axis (each position alone is
     a mean over few segments, and noisy)."""
-    plt = pyplot()
     labels = list(dict.fromkeys(r["label"] for r in rows))
-    fig, ax = plt.subplots(figsize=(6 + 2.5 * (len(labels) > 4), 4))
+    fig, ax = curves_figure(len(labels))
     longest = max(c["length"] for c in curves)
     for label, curve in zip((r["label"] for r in rows), curves):
         if curve["length"] != longest:
@@ -159,16 +145,10 @@ def plot_positions(rows, curves, block_sizes, path):
         edges = np.unique(np.geomspace(1, longest + 1, 48).astype(int))
         centres = [(a + b - 1) / 2 for a, b in zip(edges, edges[1:])]
         ax.plot(centres, [nll[a - 1 : b - 1].mean() for a, b in zip(edges, edges[1:])], label=label)
-    for block_size in sorted(block_sizes):
-        ax.axvline(block_size, color="grey", ls="--", lw=1)
-        ax.annotate(f"trained at {block_size}", (block_size, 0.98), xycoords=("data", "axes fraction"),
-                    ha="right", va="top", rotation=90, fontsize=8, color="grey")
     ax.set_xscale("log", base=2)
     ax.set_xlabel(f"position in the sequence (segments of {longest} tokens)")
     ax.set_ylabel("mean loss (nats per token)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1)) if len(labels) > 4 else ax.legend()
-    ax.grid(alpha=0.3)
-    save_figure(fig, path)
+    finish_curves(fig, ax, len(labels), block_sizes, path)
 
 
 def check_args(args):
@@ -194,17 +174,7 @@ def plan(args, ckpt_path, lengths, max_len, rules, scalings):
     ckpt = load_checkpoint(ckpt_path, mmap=True)  # lazily: the weights are read when the model is scored
     config = model_config(ckpt, ckpt_path)
     learned_length_check(config, lengths[-1], ckpt_path)
-    for rule in rules:
-        check_rule(rule, lengths[-1], config.block_size, ckpt_path)
-    runs, pointless_runs = [], []
-    for rule in rules:
-        for scaling in scalings:
-            why = pointless(config, rule, scaling)
-            if why:
-                pointless_runs.append(f"{ckpt_path}: skipped {rule_label(config.pos, rule, scaling, config.block_size)}"
-                                      f": {why}")
-            else:
-                runs.append((rule, scaling))
+    runs, pointless_runs = plan_runs(config, rules, scalings, lengths[-1], ckpt_path)
     data_dir, meta = checkpoint_dataset(ckpt, ckpt_path, args.data_dir)
     n_tokens = meta["files"]["val"]["tokens"]
     if args.protocol != "lex" and lengths[-1] >= n_tokens:

@@ -34,14 +34,13 @@ import sys
 import numpy as np
 import torch
 
-from common import (UserError, add_checkpoint_args, attention_options, autocast, check_rule, checkpoint_dataset,
-                    learned_length_check, load_checkpoint, load_model, model_config, output_path, passkey_document,
-                    passkey_parts, pointless, pyplot, read_tokens, resolve_device, resolve_dtype, rule_fields,
-                    rule_label, save_figure, tokenizer_from_meta, write_json)
+from common import (RULE_FIELDS, UserError, add_checkpoint_args, attention_options, autocast, checkpoint_dataset,
+                    curves_figure, finish_curves, learned_length_check, load_checkpoint, load_model, model_config,
+                    output_path, passkey_document, passkey_parts, plan_runs, pyplot, read_tokens, resolve_device,
+                    resolve_dtype, rule_fields, rule_label, save_figure, tokenizer_from_meta, write_json)
 
 PROBES = ("repeat", "passkey")
 DIGITS = 5  # the passkey's digits, as prepare_data.py --passkey writes them by default
-RULE_FIELDS = ("attention", "bca", "window", "sinks", "rope_scaling", "rope_factor")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -191,16 +190,7 @@ def plan(args, path, rules, scalings):
             raise UserError(f"length {longest} needs {longest - fixed} validation tokens of filler, but {data_dir} "
                             f"has {n_tokens}: lower --lengths")
     learned_length_check(config, longest, path)
-    runs, skipped = [], []
-    for rule in rules:
-        check_rule(rule, longest, l, path)
-        for scaling in scalings:
-            why = pointless(config, rule, scaling)
-            if why:
-                skipped.append(f"{path}: skipped {rule_label(config.pos, rule, scaling, l)}: {why}")
-            else:
-                runs.append((rule, scaling))
-    return config, data_dir, meta, sizes, runs, skipped
+    return config, data_dir, meta, sizes, *plan_runs(config, rules, scalings, longest, path)
 
 
 def gain_table(rows, distances):
@@ -228,25 +218,18 @@ def accuracy_tables(rows, lengths, depths):
 
 
 def plot_gain(rows, block_sizes, path):
-    plt = pyplot()
     labels = list(dict.fromkeys(r["label"] for r in rows))
-    fig, ax = plt.subplots(figsize=(6 + 2.5 * (len(labels) > 4), 4))
+    fig, ax = curves_figure(len(labels))
     for label in labels:
         mine = [r for r in rows if r["label"] == label]
         ax.errorbar([r["d"] for r in mine], [r["gain"] for r in mine], yerr=[r["gain_stderr"] for r in mine],
                     marker="o", capsize=2, label=label)
     smallest = min((r["d"] for r in rows if r["d"] > 0), default=1)
     ax.set_xscale("symlog", base=2, linthresh=smallest)
-    for block_size in sorted(block_sizes):
-        ax.axvline(block_size, color="grey", ls="--", lw=1)
-        ax.annotate(f"block_size {block_size}", (block_size, 0.98), xycoords=("data", "axes fraction"), ha="right",
-                    va="top", rotation=90, fontsize=8, color="grey")
     ax.axhline(0, color="black", lw=0.5)
     ax.set_xlabel("distance d between the two copies (tokens)")
     ax.set_ylabel("retrieval gain 1 - loss / control")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1)) if len(labels) > 4 else ax.legend()
-    ax.grid(alpha=0.3)
-    save_figure(fig, path)
+    finish_curves(fig, ax, len(labels), block_sizes, path)
 
 
 def plot_heatmaps(rows, lengths, depths, path):
