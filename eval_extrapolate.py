@@ -5,13 +5,16 @@ against what people use instead: windows (sliding, attention sinks) and RoPE int
     python eval_extrapolate.py --ckpt out/a/ckpt.pt [--ckpt out/b/ckpt.pt ...] --lengths 256,512,1024,2048,4096 \
         [--bca auto|on|off|both | --attention causal,bca,sliding,sinks [--window W] [--sinks S]] \
         [--rope_scaling none,pi,ntk,dynamic_ntk,yarn [--rope_factor F]] [--protocol lex|chunks|sliding] \
-        [--max_len N] [--stride S] [--data_dir D] [--json out.json] [--plot out.png] [--plot_positions pos.png]
+        [--max_len N] [--spans first|all|K] [--stride S] [--data_dir D] [--json out.json] [--plot out.png] \
+        [--plot_positions pos.png]
 
 Protocols, all on the validation split:
 - lex (paper §4.2, default): every validation document with at least max_len+1 tokens contributes its first
   max_len predicted tokens, cut into segments of each length (the last one shorter when the length does not
   divide max_len); every token is scored, so all lengths score the same tokens. Shorter documents are skipped
-  and counted. max_len defaults to the largest length.
+  and counted. max_len defaults to the largest length. A corpus of few long documents gives the paper's protocol
+  too few tokens to tell 1% apart: --spans all takes every whole max_len span of each document instead of its
+  first (a deviation from the paper, said in the output), and --spans K takes K of those, evenly spread.
 - chunks: non-overlapping chunks of the length over the whole validation stream (ALiBi's tables).
 - sliding: windows of the length every S tokens (default length/2); each window scores only the tokens the
   previous windows did not (the last S), so every token is scored once, and every token after the first window
@@ -48,15 +51,27 @@ def parse_lengths(text):
     return sorted(set(lengths))
 
 
-def lex_documents(meta, max_len):
-    """Validation documents long enough for the lex protocol, and how many were skipped."""
+def lex_documents(meta, max_len, spans="first"):
+    """The lex protocol's spans of max_len + 1 validation tokens, as {"start", "end"}: each long enough document's
+    first (spans="first", the paper's), all its whole spans ("all"), or K of all, evenly spread (an integer); and how
+    many documents were too short."""
     docs = meta["val_documents"]
     usable = [d for d in docs if d["end"] - d["start"] >= max_len + 1]
     if not usable:
         longest = max(d["end"] - d["start"] for d in docs)
         raise UserError(f"no validation document has max_len+1 = {max_len + 1} tokens (the longest has {longest}): "
                         "lower --max_len or --lengths")
-    return usable, len(docs) - len(usable)
+    if spans == "first":
+        found = [{"start": d["start"], "end": d["start"] + max_len + 1} for d in usable]
+    else:  # consecutive spans share one token: the last target of one is the first input of the next
+        found = [{"start": d["start"] + i, "end": d["start"] + i + max_len + 1} for d in usable
+                 for i in range(0, d["end"] - d["start"] - max_len, max_len)]
+    if spans not in ("first", "all"):
+        if int(spans) > len(found):
+            raise UserError(f"--spans {spans}: the validation text has only {len(found)} whole spans of "
+                            f"max_len+1 = {max_len + 1} tokens")
+        found = [found[i * len(found) // int(spans)] for i in range(int(spans))]
+    return found, len(docs) - len(usable)
 
 
 def segments(protocol, length, n_tokens, docs, max_len, stride):
@@ -161,6 +176,10 @@ def check_args(args):
     if args.protocol == "lex" and lengths[-1] > max_len:
         raise UserError(f"length {lengths[-1]} is above --max_len {max_len}: the lex protocol cuts each document's "
                         "first max_len tokens into segments")
+    if args.spans not in ("first", "all") and not (args.spans.isdigit() and int(args.spans) >= 1):
+        raise UserError(f"--spans {args.spans!r} is not allowed: first, all, or a whole number >= 1")
+    if args.spans != "first" and args.protocol != "lex":
+        raise UserError(f"--spans {args.spans} applies to the lex protocol only, not --protocol {args.protocol}")
     if args.stride is not None and args.stride > lengths[0]:
         raise UserError(f"--stride {args.stride} is longer than length {lengths[0]}")
     rules, scalings = attention_options(args, several=True)
@@ -180,7 +199,7 @@ def plan(args, ckpt_path, lengths, max_len, rules, scalings):
     if args.protocol != "lex" and lengths[-1] >= n_tokens:
         raise UserError(f"length {lengths[-1]} needs {lengths[-1] + 1} validation tokens, but {data_dir} has "
                         f"{n_tokens}: lower --lengths")
-    docs, skipped = lex_documents(meta, max_len) if args.protocol == "lex" else (None, 0)
+    docs, skipped = lex_documents(meta, max_len, args.spans) if args.protocol == "lex" else (None, 0)
     return data_dir, meta, docs, skipped, runs, pointless_runs
 
 
@@ -198,8 +217,10 @@ def evaluate(args):
         block_sizes.add(cfg.block_size)
         stream = read_tokens(data_dir, "val", meta)
         if args.protocol == "lex":
-            notes.append(f"{ckpt_path}: lex protocol, {len(docs)} validation documents x {max_len} tokens "
-                         f"({skipped} shorter than {max_len + 1} skipped)")
+            what = "validation documents" if args.spans == "first" else \
+                f"spans of validation documents (--spans {args.spans}: not only each document's first, as the paper)"
+            notes.append(f"{ckpt_path}: lex protocol, {len(docs)} {what} x {max_len} tokens "
+                         f"({skipped} documents shorter than {max_len + 1} skipped)")
         for rule, scaling in runs:
             label = rule_label(cfg.pos, rule, scaling, cfg.block_size)
             for length in lengths:
@@ -228,7 +249,7 @@ def evaluate(args):
         print(f"perplexity ({args.protocol} protocol, {dtype}; ↑ = higher than at the previous length)\n")
         print(markdown_table(rows, lengths))
         if json_path:
-            write_json(json_path, {"protocol": args.protocol, "max_len": max_len, "rows": [
+            write_json(json_path, {"protocol": args.protocol, "max_len": max_len, "spans": args.spans, "rows": [
                 {k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "length", "ppl", "nll", "tokens", "label")}
                 for r in rows], "curves": curves, "skipped": skipped_runs})
         if plot_path:
@@ -245,6 +266,8 @@ def parse_args(argv=None):
     p.add_argument("--lengths", default="256,512,1024,2048,4096")
     p.add_argument("--protocol", default="lex", choices=("lex", "chunks", "sliding"))
     p.add_argument("--max_len", type=int, help="lex: tokens taken from each document (default: the largest length)")
+    p.add_argument("--spans", default="first", help="lex: each long enough document's first max_len span (first, the "
+                   "paper's), every whole span (all), or K of those, evenly spread")
     p.add_argument("--stride", type=int, help="sliding: tokens between windows (default: length/2)")
     p.add_argument("--batch_tokens", type=int, help="tokens per forward pass: short sequences are batched up to it, "
                    "a longer one is streamed through the KV cache in chunks of it (default: 16384, fewer for large "

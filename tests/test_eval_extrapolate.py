@@ -60,6 +60,34 @@ def test_lex_nll_by_hand(tiny_data, tmp_path):
         assert r["tokens"] == count == 32 and r["nll"] == pytest.approx(total / count, rel=1e-6)
 
 
+def test_lex_every_span_by_hand(tiny_data, tmp_path):
+    model = make_checkpoint(tmp_path / "m.pt", tiny_data)
+    s = stream(tiny_data)
+    # documents of 40, 25 and 10 tokens; spans of max_len + 1 = 9 tokens every 8: 4 in the first (starts 0 .. 24,
+    # as 32 + 9 > 40), 3 in the second (40, 48, 56), 1 in the third (65); K = 3 takes the 0th, 8//3-th, 16//3-th
+    every = [0, 8, 16, 24, 40, 48, 56, 65]
+    for spans, starts in (("all", every), ("3", [0, 16, 48]), ("first", [0, 40, 65])):
+        rows = run("--ckpt", tmp_path / "m.pt", "--lengths", "4,8", "--max_len", 8, "--bca", "off", "--spans", spans)
+        for r in rows:
+            parts = [nll_of(model, s[a + i : a + i + r["length"] + 1]) for a in starts
+                     for i in range(0, 8, r["length"])]
+            assert r["tokens"] == 8 * len(starts) == sum(c for _, c in parts)
+            assert r["nll"] == pytest.approx(sum(n for n, _ in parts) / r["tokens"], rel=1e-6)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--spans", "9"), "--spans 9: the validation text has only 8 whole spans"),
+    (("--spans", "0"), "--spans '0' is not allowed: first, all, or a whole number >= 1"),
+    (("--spans", "some"), "--spans 'some' is not allowed"),
+    (("--spans", "all", "--protocol", "chunks"), "--spans all applies to the lex protocol only"),
+])
+def test_spans_errors(tiny_data, tmp_path, capsys, argv, message):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--lengths", "4,8", "--max_len", 8, *argv)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
 def test_chunks_by_hand(tiny_data, tmp_path):
     model = make_checkpoint(tmp_path / "m.pt", tiny_data)
     s = stream(tiny_data)
