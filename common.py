@@ -430,9 +430,14 @@ def rule_label(pos, rule, scaling, block_size):
     return label
 
 
-def write_json(path, obj):
-    path.write_text(json.dumps(obj, indent=1) + "\n")
-    print(f"wrote {path}")
+def write_json(path, obj, quiet=False):
+    """Write obj as JSON in one atomic rename, so that a kill never leaves a partial file that reads as finished."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(obj, indent=1) + "\n")
+    partial.replace(path)
+    if not quiet:
+        print(f"wrote {path}")
 
 
 def curves_figure(n_curves):

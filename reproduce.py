@@ -1,0 +1,380 @@
+"""
+The small-scale study of the paper's claims, in one resumable command:
+
+    python reproduce.py                      # the whole study: data, training, evaluation, results/char
+    python reproduce.py --plan               # the jobs and what is finished, without running anything
+    python reproduce.py --variant gpt2 --device cuda   # GPT-2 BPE tokens, for a GPU (config/study_gpt2.py)
+    python reproduce.py --budget toy --results /tmp/r --runs /tmp/o   # the whole pipeline in a minute or two
+
+Every scheme trains on the same data with the same recipe (config/study_<variant>.py), token budget and seeds; only
+the position scheme changes. Each trained model is then measured with the repository's own scripts, run as
+subprocesses with the flags printed: eval_extrapolate.py (the lex protocol, 1/4 to 16 x the training length, under
+causal attention, BCA, a sliding window and sinks, and for RoPE and xPos PI, NTK, dynamic NTK and YaRN),
+resolution.py (Table 3 at 1 and 2 x the training length, with and without BCA, and Figure 2's theory curves) and
+eval_retrieval.py (the repeat probe for every model and rule; passkey grids for RoPE, ALiBi and xPos trained with
+the passkey mix). Finally the tables and plots are drawn from those JSON files.
+
+Resumable: every job writes one file (JSON, or a checkpoint that has reached max_iters) and a job whose file is
+there is skipped; a training run that was stopped resumes from its last checkpoint. So the study can run in pieces,
+and a changed recipe needs its run directories removed. Progress lines carry an estimate of the time left, from
+the durations of the jobs finished so far (kept in the results directory across pieces).
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import UserError, load_checkpoint, write_json
+
+PY = sys.executable
+SEEDS = (1337, 1338, 1339)
+# (run name, train.py overrides, seeds). xPos's decay strength depends on block_size / scale_base: the paper trains
+# 1024 tokens with scale_base 512, so zeta^(l / scale_base) at the window's edge is far below what the official
+# default 512 gives at 128 tokens (nearly RoPE). "xpos" keeps the paper's ratio (scale_base = block_size / 2);
+# "xpos_sb512" keeps the official constant. "xpos_norot" is Table 4's ablation: the decay without the rotation.
+SCHEMES = (
+    ("learned", dict(pos="learned"), 1),
+    ("sinusoidal", dict(pos="sinusoidal"), 1),
+    ("rope", dict(pos="rope"), 3),
+    ("alibi", dict(pos="alibi"), 3),
+    ("xpos", dict(pos="xpos", xpos_scale_base="half"), 3),
+    ("xpos_sb512", dict(pos="xpos", xpos_scale_base=512.0), 3),
+    ("xpos_norot", dict(pos="xpos", xpos_scale_base="half", xpos_rotate=False), 1),
+    ("none", dict(pos="none"), 1),
+)
+PASSKEY_SCHEMES = ("rope", "alibi", "xpos")  # trained again on the passkey mix, one seed
+INTERPOLATED = ("rope", "xpos", "xpos_sb512")  # PI, NTK, dynamic NTK and YaRN scale rotations only
+WINDOW_RULES = "causal,bca,sliding,sinks"
+SCALINGS = "pi,ntk,dynamic_ntk,yarn"
+BOUNDED = ("learned",)  # no position past block_size exists
+VARIANTS = {
+    "char": dict(config="config/study_char.py", prepare=["--dataset", "shakespeare", "--tokenizer", "char"]),
+    "gpt2": dict(config="config/study_gpt2.py", prepare=["--dataset", "shakespeare", "--tokenizer", "gpt2"]),
+}
+PASSKEY_MIX = ["--passkey", "0.5", "--passkey_tokens", "96"]
+BUDGETS = {  # train.py overrides, evaluation lengths (multiples of the training length l) and sizes
+    "full": dict(train={}, multiples=(0.25, 0.5, 1, 2, 4, 8, 16), spans="64", repeat_sequences=64,
+                 passkey_sequences=20, texts=8),
+    "toy": dict(train=dict(max_iters=2, lr_decay_iters=2, warmup_iters=1, n_layer=2, n_head=2, n_embd=16,
+                           block_size=16, batch_size=2, gradient_accumulation_steps=1, eval_iters=1, eval_interval=2,
+                           log_interval=1),
+                multiples=(0.25, 1, 2, 4), spans="2", repeat_sequences=2, passkey_sequences=1, texts=1),
+}
+GUESS_SECONDS = dict(prepare=10, train=300, extrapolate=240, scalings=240, resolution=20, theory=5, repeat=120,
+                     passkey=300, report=10)  # until a job of the kind has run here
+
+
+class Job:
+    """One step of the study: a command that writes `output` (or a Python function, for the report)."""
+
+    def __init__(self, name, kind, output, command=None, action=None):
+        self.name, self.kind, self.output, self.command, self.action = name, kind, Path(output), command, action
+
+    def done(self, max_iters=None):
+        if self.kind == "train":
+            return self.output.exists() and load_checkpoint(self.output, mmap=True)["iter_num"] >= max_iters
+        if self.kind == "report":
+            return False  # cheap: always redrawn from whatever is finished
+        return self.output.exists()
+
+
+def read_recipe(path):
+    """The recipe file's settings (plain assignments, as train.py reads them)."""
+    recipe = {}
+    exec(compile(Path(path).read_text(), str(path), "exec"), {}, recipe)
+    return {k: v for k, v in recipe.items() if not k.startswith("_")}
+
+
+def study_runs(budget):
+    """{scheme: [(run name, seed, passkey?, train.py overrides)]} for every model the study trains."""
+    recipe = budget["recipe"]
+    runs = {}
+    for name, overrides, n_seeds in SCHEMES:
+        if name not in budget["schemes"]:
+            continue
+        overrides = {k: (recipe["block_size"] / 2 if v == "half" else v) for k, v in overrides.items()}
+        runs[name] = [(f"{name}_s{seed}", seed, False, overrides) for seed in SEEDS[:n_seeds]]
+        if name in PASSKEY_SCHEMES:
+            runs[name].append((f"{name}_passkey", SEEDS[0], True, overrides))
+    return runs
+
+
+def plan(args, budget):
+    """Every job, in the order they run: the data, then per scheme its training runs and their measurements (one
+    job per scheme where a script takes several checkpoints), then the tables."""
+    variant, recipe = VARIANTS[args.variant], budget["recipe"]
+    l = recipe["block_size"]
+    data, raw = Path(args.data), Path(args.results) / "raw"
+    device = ["--device", args.device]
+    jobs = [Job("prepare data", "prepare", data / "meta.json",
+                [PY, "prepare_data.py", *variant["prepare"], "--out_dir", str(data)]),
+            Job("prepare passkey data", "prepare", Path(f"{data}_passkey") / "meta.json",
+                [PY, "prepare_data.py", *variant["prepare"], *PASSKEY_MIX, "--out_dir", f"{data}_passkey"]),
+            Job("Figure 2 theory", "theory", raw / "theory.json",
+                [PY, "resolution.py", "--theory", "--head_dim", str(recipe["n_embd"] // recipe["n_head"]),
+                 "--scale_base", str(l / 2), "--max_dist", str(16 * l), "--json", str(raw / "theory.json"),
+                 "--plot", str(Path(args.results) / "figure2_theory.png")])]
+    for scheme, runs in study_runs(budget).items():
+        ckpts = {run: Path(args.runs) / run / "ckpt.pt" for run, _, _, _ in runs}
+        for run, seed, passkey, overrides in runs:
+            settings = dict(overrides, **budget["train"], seed=seed, out_dir=str(ckpts[run].parent),
+                            data_dir=f"{data}_passkey" if passkey else str(data), device=args.device)
+            jobs.append(Job(f"train {run}", "train", ckpts[run], [PY, "train.py", variant["config"]]
+                            + [f"--{k}={v}" for k, v in settings.items()]))
+        # learned positions stop at block_size (the model refuses more): that scheme is measured up to l only
+        bounded = scheme in BOUNDED
+        lengths = ",".join(str(n) for n in study_lengths(budget) if n <= l or not bounded)
+        distances = ["--distances", ",".join(str(d) for d in (0, l // 8, l // 4, l // 2))] if bounded else []
+        seeded = [a for run, _, passkey, _ in runs if not passkey for a in ("--ckpt", str(ckpts[run]))]
+        common = ["--data_dir", str(data), *device]
+        out = lambda what: ["--json", str(raw / f"{scheme}.{what}.json")]
+        jobs.append(Job(f"perplexity {scheme}", "extrapolate", raw / f"{scheme}.ppl.json",
+                        [PY, "eval_extrapolate.py", *seeded, *common, "--lengths", lengths, "--spans",
+                         budget["spans"], "--attention", WINDOW_RULES, *out("ppl")]))
+        if scheme in INTERPOLATED:
+            jobs.append(Job(f"interpolation {scheme}", "scalings", raw / f"{scheme}.scaled.json",
+                            [PY, "eval_extrapolate.py", *seeded, *common, "--lengths", lengths, "--spans",
+                             budget["spans"], "--attention", "causal", "--rope_scaling", SCALINGS, *out("scaled")]))
+        for run, _, passkey, _ in runs:
+            for m in (1, 2) if not passkey and not bounded else (1,) if not passkey else ():
+                jobs.append(Job(f"resolution {run} at {m}l", "resolution", raw / f"{run}.resolution{m}.json",
+                                [PY, "resolution.py", "--ckpt", str(ckpts[run]), *common, "--length", str(m * l),
+                                 "--bca", "both", "--texts", str(budget["texts"]),
+                                 "--json", str(raw / f"{run}.resolution{m}.json")]))
+        scalings = ["--rope_scaling", "none," + SCALINGS] if scheme in INTERPOLATED else []
+        jobs.append(Job(f"repeat probe {scheme}", "repeat", raw / f"{scheme}.repeat.json",
+                        [PY, "eval_retrieval.py", *seeded, *common, "--probe", "repeat", "--span", str(l // 4),
+                         *distances, "--attention", WINDOW_RULES, *scalings, "--sequences", str(budget["repeat_sequences"]), *out("repeat")]))
+        if scheme in PASSKEY_SCHEMES:
+            jobs.append(Job(f"passkey {scheme}", "passkey", raw / f"{scheme}.passkey.json",
+                            [PY, "eval_retrieval.py", "--ckpt", str(ckpts[f"{scheme}_passkey"]), *common,
+                             "--probe", "passkey", "--lengths", ",".join(map(str, passkey_lengths(budget))),
+                             "--attention", WINDOW_RULES, "--sequences",
+                             str(budget["passkey_sequences"]), *out("passkey"),
+                             "--plot", str(Path(args.results) / f"passkey_{scheme}.png")]))
+    jobs.append(Job("tables and plots", "report", Path(args.results) / "summary.json",
+                    action=lambda: report(args, budget)))
+    return jobs
+
+
+def study_lengths(budget):
+    return [max(1, int(m * budget["recipe"]["block_size"])) for m in budget["multiples"]]
+
+
+def passkey_lengths(budget):
+    """The evaluation lengths from l on that hold a passkey document (at least the training documents' length)."""
+    shortest = int(PASSKEY_MIX[PASSKEY_MIX.index("--passkey_tokens") + 1])
+    l = budget["recipe"]["block_size"]
+    return [n for n in study_lengths(budget) if n >= l and n >= shortest] or [shortest]
+
+
+def clock(seconds):
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def run_jobs(args, budget, jobs):
+    timings_path = Path(args.results) / "timings.json"
+    timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
+    todo = [job for job in jobs if not job.done(budget["recipe"]["max_iters"])]
+    print(f"{len(jobs) - len(todo)} of {len(jobs)} jobs finished already; {len(todo)} to run")
+    if args.plan:
+        for job in jobs:
+            print(f"  [{'x' if job not in todo else ' '}] {job.name}: "
+                  + (" ".join(job.command[1:]) if job.command else f"writes {job.output}"))
+        return
+    start = time.time()
+    for i, job in enumerate(todo):
+        guess = lambda j: sum(timings.get(j.kind, [])) / len(timings[j.kind]) if timings.get(j.kind) else \
+            GUESS_SECONDS[j.kind] * (args.budget == "full")
+        left = sum(guess(j) for j in todo[i:])
+        print(f"\n[{i + 1}/{len(todo)}] {job.name} ({clock(time.time() - start)} so far, about {clock(left)} left)",
+              flush=True)
+        began = time.time()
+        if job.action:
+            job.action()
+        else:
+            print("$ " + " ".join(job.command[1:]), flush=True)
+            result = subprocess.run(job.command, stdout=None if args.verbose else subprocess.DEVNULL)
+            if result.returncode != 0:
+                raise UserError(f"{job.name} failed (exit {result.returncode}); its command is above. Finished jobs "
+                                "are kept: fix the cause and run reproduce.py again to go on")
+        timings.setdefault(job.kind, []).append(round(time.time() - began, 1))
+        write_json(timings_path, timings, quiet=True)
+    print(f"\nthe study is complete: {args.results} ({clock(time.time() - start)} in this piece)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tables and plots from the JSON files.
+
+
+def spread(values):
+    """Mean, sample standard deviation (None for one value) and count of the values that are not None (a repeat
+    probe's effective context is None where the model gains nothing even at the shortest distance)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    n = len(values)
+    mean = sum(values) / n
+    std = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5 if n > 1 else None
+    return {"mean": mean, "std": std, "n": n}
+
+
+def cell(stat, digits=2):
+    if stat is None:
+        return "–"
+    text = f"{stat['mean']:.{digits}f}"
+    return text + (f" ± {stat['std']:.{digits}f}" if stat["std"] is not None else "")
+
+
+def row_name(scheme, row):
+    """The study's scheme name (xPos has three) followed by the attention rule and interpolation of the label."""
+    return scheme + row["label"][len(row["pos"]):]
+
+
+def gather(args, suffix, key_of, value_of, panels=None):
+    """{row name: {key: spread over seeds}} from each scheme's raw/<scheme><suffix>, one value per checkpoint and key
+    (key_of None skips a row); `panels`, if given, gets each row name's panel: its attention rule, or
+    "interpolation" for a RoPE interpolation."""
+    values = {}
+    for scheme, _, _ in SCHEMES:
+        path = Path(args.results) / "raw" / f"{scheme}{suffix}"
+        if not path.exists():
+            continue
+        for row in json.loads(path.read_text())["rows"]:
+            name, key = row_name(scheme, row), key_of(row)
+            if key is not None:
+                # one value per checkpoint (and passkey depth): a repeat row per distance repeats its effective context
+                values.setdefault(name, {}).setdefault(key, {})[row["ckpt"], row.get("depth")] = value_of(row)
+            if panels is not None:
+                panels[name] = row["attention"] if row["rope_scaling"] == "none" else "interpolation"
+    return {name: {key: spread(list(v.values())) for key, v in by_key.items()} for name, by_key in values.items()}
+
+
+def markdown(title, table, columns, digits=2, header=None):
+    lines = [f"### {title}", "", f"| {header or 'model'} | " + " | ".join(str(c) for c in columns) + " |",
+             "|---" * (len(columns) + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(cell(row.get(c), digits) for c in columns) + " |"
+              for name, row in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot_perplexity(table, panels, lengths, block_size, path):
+    """Perplexity against length, one panel per attention rule (and one for the interpolations, under causal
+    attention), the spread over seeds shaded (mean ± std)."""
+    from common import pyplot
+    plt = pyplot()
+    titles = dict(causal="causal", bca="BCA", sliding="sliding window", sinks="attention sinks",
+                  interpolation="RoPE interpolation (causal)")
+    shown = [p for p in titles if p in panels.values()]
+    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4.5), sharey=True, squeeze=False)
+    for ax, panel in zip(axes[0], shown):
+        for name, row in table.items():
+            if panels[name] != panel:
+                continue
+            xs = [n for n in lengths if n in row]
+            mean = [row[n]["mean"] for n in xs]
+            std = [row[n]["std"] or 0 for n in xs]
+            ax.plot(xs, mean, marker="o", ms=3, label=name)
+            ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+        ax.axvline(block_size, color="gray", ls=":")
+        ax.set(xscale="log", yscale="log", title=titles[panel], xlabel="evaluation length (tokens)")
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("perplexity (mean ± std over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(args, budget):
+    """results/summary.json, results/tables.md and the perplexity plot, from whatever has finished."""
+    results = Path(args.results)
+    l = budget["recipe"]["block_size"]
+    lengths = study_lengths(budget)
+    panels = {}
+    ppl = gather(args, ".ppl.json", lambda r: r["length"], lambda r: r["ppl"], panels)
+    ppl.update(gather(args, ".scaled.json", lambda r: r["length"], lambda r: r["ppl"], panels))
+    resolution = {}
+    for m in (1, 2):
+        for name, by_key in gather_resolution(args, budget, m).items():
+            resolution.setdefault(name, {}).update(by_key)
+    repeat = gather(args, ".repeat.json", lambda r: "gain at d=0" if r["d"] == 0 else None, lambda r: r["gain"])
+    for column, field in (("effective context", "effective_context"), ("reach bound", "reach_bound")):
+        for name, by_key in gather(args, ".repeat.json", lambda r: column, lambda r: r[field]).items():
+            repeat.setdefault(name, {}).update(by_key)
+    passkey = gather(args, ".passkey.json", lambda r: r["length"], lambda r: r["accuracy"])  # spread over depths
+    summary = {"variant": args.variant, "budget": args.budget, "recipe": budget["recipe"], "seeds": list(SEEDS),
+               "perplexity": ppl, "resolution": resolution, "effective_context": repeat, "passkey_accuracy": passkey}
+    write_json(results / "summary.json", summary)
+    res_columns = [f"{what} at {m}l" for m in (1, 2) for what in ("R", "R_shared")]
+    tables = [markdown("Perplexity against length (lex protocol), mean ± std over seeds", ppl, lengths),
+              markdown("Attention resolution (Eq. 3 on Eq. 11), layer average, heads averaged first", resolution,
+                       res_columns, digits=3),
+              markdown("Repeat probe: retrieval gain with the span repeated at once, effective context (tokens) and "
+                       "the reach bound", repeat, ["gain at d=0", "effective context", "reach bound"], digits=3),
+              markdown("Passkey accuracy against document length, mean ± std over the depths (one model)", passkey,
+                       sorted({n for row in passkey.values() for n in row}))]
+    (results / "tables.md").write_text("\n".join(tables))
+    if ppl:
+        plot_perplexity(ppl, panels, lengths, l, results / "perplexity.png")
+    print(f"wrote {results / 'tables.md'}")
+
+
+def gather_resolution(args, budget, m):
+    """{row name: {"R at ml": spread, "R_shared at ml": spread}} over seeds, from raw/<run>.resolution<m>.json."""
+    values = {}
+    for scheme, runs in study_runs(budget).items():
+        for run, _, passkey, _ in runs:
+            path = Path(args.results) / "raw" / f"{run}.resolution{m}.json"
+            if passkey or not path.exists():
+                continue
+            result = json.loads(path.read_text())
+            for mode in result["modes"]:
+                name = scheme + mode["label"][len(result["pos"]):]
+                for what in ("R", "R_shared"):
+                    values.setdefault(name, {}).setdefault(f"{what} at {m}l", []).append(mode[what])
+    return {name: {key: spread(v) for key, v in by_key.items()} for name, by_key in values.items()}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variant", default="char", choices=tuple(VARIANTS), help="char: Shakespeare characters on CPU; "
+                   "gpt2: GPT-2 BPE tokens (config/study_gpt2.py), for a GPU")
+    p.add_argument("--budget", default="full", choices=tuple(BUDGETS), help="toy: a tiny model and a few "
+                   "iterations, to check the pipeline end to end")
+    p.add_argument("--results", help="tables, plots and JSON (default: results/VARIANT, or out/study_toy/results)")
+    p.add_argument("--runs", help="checkpoints (default: out/study_VARIANT[_toy])")
+    p.add_argument("--data", help="prepared data (default: data/study_VARIANT; the passkey mix goes to ..._passkey)")
+    p.add_argument("--schemes", default=",".join(s for s, _, _ in SCHEMES), help="comma-separated: a part of the "
+                   "study (default: all of it)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--plan", action="store_true", help="list the jobs and which are finished; run nothing")
+    p.add_argument("--verbose", action="store_true", help="show each job's own output")
+    args = p.parse_args(argv)
+    toy = "_toy" if args.budget == "toy" else ""
+    args.results = args.results or f"out/study{toy}/results" if toy else args.results or f"results/{args.variant}"
+    args.runs = args.runs or f"out/study_{args.variant}{toy}"
+    args.data = args.data or f"data/study_{args.variant}"
+    return args
+
+
+def main(argv=None):
+    try:
+        args = parse_args(argv)
+        budget = dict(BUDGETS[args.budget], schemes=args.schemes.split(","))
+        unknown = set(budget["schemes"]) - {s for s, _, _ in SCHEMES}
+        if unknown:
+            raise UserError(f"--schemes {args.schemes}: unknown {', '.join(sorted(unknown))}; the study's schemes are "
+                            + ", ".join(s for s, _, _ in SCHEMES))
+        budget["recipe"] = dict(read_recipe(VARIANTS[args.variant]["config"]), **budget["train"])
+        Path(args.results, "raw").mkdir(parents=True, exist_ok=True)
+        run_jobs(args, budget, plan(args, budget))
+    except UserError as e:
+        sys.exit(f"reproduce.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()
