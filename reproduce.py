@@ -64,7 +64,7 @@ BUDGETS = {  # train.py overrides, evaluation lengths (multiples of the training
                 multiples=(0.25, 1, 2, 4), spans="2", repeat_sequences=2, passkey_sequences=1, texts=1),
 }
 GUESS_SECONDS = dict(prepare=10, train=300, extrapolate=240, scalings=240, resolution=20, theory=5, repeat=120,
-                     passkey=300, report=10)  # until a job of the kind has run here
+                     repeat_scaled=120, passkey=300, report=10)  # until a job of the kind has run here
 
 
 class Job:
@@ -144,10 +144,14 @@ def plan(args, budget):
                                 [PY, "resolution.py", "--ckpt", str(ckpts[run]), *common, "--length", str(m * l),
                                  "--bca", "both", "--texts", str(budget["texts"]),
                                  "--json", str(raw / f"{run}.resolution{m}.json")]))
-        scalings = ["--rope_scaling", "none," + SCALINGS] if scheme in INTERPOLATED else []
+        probe = [PY, "eval_retrieval.py", *seeded, *common, "--probe", "repeat", "--span", str(l // 4), *distances,
+                 "--sequences", str(budget["repeat_sequences"])]
         jobs.append(Job(f"repeat probe {scheme}", "repeat", raw / f"{scheme}.repeat.json",
-                        [PY, "eval_retrieval.py", *seeded, *common, "--probe", "repeat", "--span", str(l // 4),
-                         *distances, "--attention", WINDOW_RULES, *scalings, "--sequences", str(budget["repeat_sequences"]), *out("repeat")]))
+                        [*probe, "--attention", WINDOW_RULES, *out("repeat")]))
+        if scheme in INTERPOLATED:
+            jobs.append(Job(f"repeat probe {scheme}, interpolated", "repeat_scaled",
+                            raw / f"{scheme}.repeat_scaled.json",
+                            [*probe, "--attention", "causal", "--rope_scaling", SCALINGS, *out("repeat_scaled")]))
         if scheme in PASSKEY_SCHEMES:
             jobs.append(Job(f"passkey {scheme}", "passkey", raw / f"{scheme}.passkey.json",
                             [PY, "eval_retrieval.py", "--ckpt", str(ckpts[f"{scheme}_passkey"]), *common,
@@ -173,7 +177,8 @@ def passkey_lengths(budget):
 
 def clock(seconds):
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def run_jobs(args, budget, jobs):
@@ -302,9 +307,12 @@ def report(args, budget):
         for name, by_key in gather_resolution(args, budget, m).items():
             resolution.setdefault(name, {}).update(by_key)
     repeat = gather(args, ".repeat.json", lambda r: "gain at d=0" if r["d"] == 0 else None, lambda r: r["gain"])
-    for column, field in (("effective context", "effective_context"), ("reach bound", "reach_bound")):
-        for name, by_key in gather(args, ".repeat.json", lambda r: column, lambda r: r[field]).items():
-            repeat.setdefault(name, {}).update(by_key)
+    repeat.update(gather(args, ".repeat_scaled.json", lambda r: "gain at d=0" if r["d"] == 0 else None,
+                         lambda r: r["gain"]))
+    for suffix in (".repeat.json", ".repeat_scaled.json"):
+        for column, field in (("effective context", "effective_context"), ("reach bound", "reach_bound")):
+            for name, by_key in gather(args, suffix, lambda r: column, lambda r: r[field]).items():
+                repeat.setdefault(name, {}).update(by_key)
     passkey = gather(args, ".passkey.json", lambda r: r["length"], lambda r: r["accuracy"])  # spread over depths
     summary = {"variant": args.variant, "budget": args.budget, "recipe": budget["recipe"], "seeds": list(SEEDS),
                "perplexity": ppl, "resolution": resolution, "effective_context": repeat, "passkey_accuracy": passkey}
