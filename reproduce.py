@@ -30,6 +30,7 @@ from pathlib import Path
 from common import UserError, load_checkpoint, write_json
 
 PY = sys.executable
+HERE = Path(__file__).resolve().parent  # the scripts and config files; data, runs and results are under the cwd
 SEEDS = (1337, 1338, 1339)
 # (run name, train.py overrides, seeds). xPos's decay strength depends on block_size / scale_base: the paper trains
 # 1024 tokens with scale_base 512, so zeta^(l / scale_base) at the window's edge is far below what the official
@@ -203,7 +204,8 @@ def run_jobs(args, budget, jobs):
             job.action()
         else:
             print("$ " + " ".join(job.command[1:]), flush=True)
-            result = subprocess.run(job.command, stdout=None if args.verbose else subprocess.DEVNULL)
+            argv = [PY] + [str(HERE / a) if a.endswith(".py") and (HERE / a).is_file() else a for a in job.command[1:]]
+            result = subprocess.run(argv, stdout=None if args.verbose else subprocess.DEVNULL)
             if result.returncode != 0:
                 raise UserError(f"{job.name} failed (exit {result.returncode}); its command is above. Finished jobs "
                                 "are kept: fix the cause and run reproduce.py again to go on")
@@ -377,7 +379,7 @@ def main(argv=None):
         if unknown:
             raise UserError(f"--schemes {args.schemes}: unknown {', '.join(sorted(unknown))}; the study's schemes are "
                             + ", ".join(s for s, _, _ in SCHEMES))
-        budget["recipe"] = dict(read_recipe(VARIANTS[args.variant]["config"]), **budget["train"])
+        budget["recipe"] = dict(read_recipe(HERE / VARIANTS[args.variant]["config"]), **budget["train"])
         Path(args.results, "raw").mkdir(parents=True, exist_ok=True)
         run_jobs(args, budget, plan(args, budget))
     except UserError as e:

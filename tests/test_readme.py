@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ("prepare_data.py", "train.py", "eval_extrapolate.py", "eval_retrieval.py", "resolution.py", "sample.py")
-NOT_RUN = {  # a substring of the command -> why the test does not run it
+SCRIPTS = ("prepare_data.py", "train.py", "eval_extrapolate.py", "eval_retrieval.py", "resolution.py", "sample.py",
+           "reproduce.py")
+NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test does not run it
     "make ": "make test is this suite; make demo and make passkey take minutes",
     "pip install": "installs packages",
     "--nproc_per_node=8": "needs 8 GPUs",
@@ -21,6 +22,8 @@ NOT_RUN = {  # a substring of the command -> why the test does not run it
     "--device cuda": "needs a GPU",
     "bench.py": "a benchmark, minutes long (tests/test_bench.py runs it at a tiny scale)",
     "[": "a usage synopsis with placeholders",
+    "python reproduce.py$": "the whole study takes hours (tests/test_reproduce.py runs it on a toy budget)",
+    "--budget toy": "a minute or two (tests/test_reproduce.py runs it)",
 }
 SHORTEN_TRAINING = ["--max_iters=2", "--eval_iters=1"]
 
@@ -38,7 +41,8 @@ def readme_blocks():
 
 def skip_reason(command):
     line = " ".join(command)
-    return next((why for key, why in NOT_RUN.items() if key in line), None)
+    return next((why for key, why in NOT_RUN.items()
+                 if (line.endswith(key[:-1]) if key.endswith("$") else key in line)), None)
 
 
 def argv_for(command):
