@@ -46,6 +46,8 @@ SCHEMES = (
     ("xpos_norot", dict(pos="xpos", xpos_scale_base="half", xpos_rotate=False), 1),
     ("none", dict(pos="none"), 1),
 )
+TUNE_SCHEMES = ("learned", "rope", "xpos")  # --tune: the recipe's learning rate, checked on the schemes most apart
+TUNE_FACTORS = (0.5, 1, 2)  # x the recipe's learning_rate (and min_lr)
 PASSKEY_SCHEMES = ("rope", "alibi", "xpos")  # trained again on the passkey mix, one seed
 INTERPOLATED = ("rope", "xpos", "xpos_sb512")  # PI, NTK, dynamic NTK and YaRN scale rotations only
 WINDOW_RULES = "causal,bca,sliding,sinks"
@@ -174,6 +176,48 @@ def passkey_lengths(budget):
     shortest = int(PASSKEY_MIX[PASSKEY_MIX.index("--passkey_tokens") + 1])
     l = budget["recipe"]["block_size"]
     return [n for n in study_lengths(budget) if n >= l and n >= shortest] or [shortest]
+
+
+def tune_plan(args, budget):
+    """--tune: each of TUNE_SCHEMES trained (first seed) at each learning rate factor, then a table of the final
+    validation losses. The factor 1 runs are the study's own first-seed runs."""
+    recipe, data = budget["recipe"], Path(args.data)
+    jobs = [Job("prepare data", "prepare", data / "meta.json",
+                [PY, "prepare_data.py", *VARIANTS[args.variant]["prepare"], "--out_dir", str(data)])]
+    overrides = {name: o for name, o, _ in SCHEMES}
+    for scheme in TUNE_SCHEMES:
+        for factor in TUNE_FACTORS:
+            out_dir = tune_dir(args, scheme, factor)
+            settings = {k: (recipe["block_size"] / 2 if v == "half" else v) for k, v in overrides[scheme].items()}
+            settings.update(budget["train"], seed=SEEDS[0], out_dir=str(out_dir), data_dir=str(data),
+                            device=args.device, learning_rate=recipe["learning_rate"] * factor,
+                            min_lr=recipe["min_lr"] * factor)
+            jobs.append(Job(f"tune {scheme} at {factor} x learning_rate", "train", out_dir / "ckpt.pt",
+                            [PY, "train.py", VARIANTS[args.variant]["config"]]
+                            + [f"--{k}={v}" for k, v in settings.items()]))
+    jobs.append(Job("tuning table", "report", Path(args.results) / "tuning.json", action=lambda: tune_report(args,
+                                                                                                          budget)))
+    return jobs
+
+
+def tune_dir(args, scheme, factor):
+    return Path(args.runs) / (f"{scheme}_s{SEEDS[0]}" if factor == 1 else f"tune/{scheme}_lr{factor:g}x")
+
+
+def tune_report(args, budget):
+    """results/tuning.json and a table: each run's last validation loss (from its log.jsonl)."""
+    lr = budget["recipe"]["learning_rate"]
+    table = {}
+    for scheme in TUNE_SCHEMES:
+        for factor in TUNE_FACTORS:
+            log = tune_dir(args, scheme, factor) / "log.jsonl"
+            losses = [e["val_loss"] for e in map(json.loads, log.read_text().splitlines()) if "val_loss" in e]
+            table.setdefault(scheme, {})[f"{lr * factor:g}"] = losses[-1]
+    write_json(Path(args.results) / "tuning.json", {"recipe": budget["recipe"], "val_loss": table})
+    print("final validation loss by learning rate (first seed)\n")
+    print("| scheme | " + " | ".join(f"lr {lr * f:g}" for f in TUNE_FACTORS) + " |\n" + "|---" * 4 + "|")
+    for scheme, row in table.items():
+        print(f"| {scheme} | " + " | ".join(f"{v:.4f}" for v in row.values()) + " |")
 
 
 def clock(seconds):
@@ -362,6 +406,8 @@ def parse_args(argv=None):
                    "study (default: all of it)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--plan", action="store_true", help="list the jobs and which are finished; run nothing")
+    p.add_argument("--tune", action="store_true", help="instead of the study: the learning-rate check behind the "
+                   "recipe (learned, rope and xpos at 0.5, 1 and 2 x its learning_rate), results/VARIANT/tuning.json")
     p.add_argument("--verbose", action="store_true", help="show each job's own output")
     args = p.parse_args(argv)
     toy = "_toy" if args.budget == "toy" else ""
@@ -381,7 +427,7 @@ def main(argv=None):
                             + ", ".join(s for s, _, _ in SCHEMES))
         budget["recipe"] = dict(read_recipe(HERE / VARIANTS[args.variant]["config"]), **budget["train"])
         Path(args.results, "raw").mkdir(parents=True, exist_ok=True)
-        run_jobs(args, budget, plan(args, budget))
+        run_jobs(args, budget, tune_plan(args, budget) if args.tune else plan(args, budget))
     except UserError as e:
         sys.exit(f"reproduce.py: error: {e}")
 
