@@ -71,17 +71,21 @@ GUESS_SECONDS = dict(prepare=10, train=300, extrapolate=240, scalings=240, resol
 
 
 class Job:
-    """One step of the study: a command that writes `output` (or a Python function, for the report)."""
+    """One step of the study: a command that writes `output` (or a Python function, for the report), from the
+    checkpoints in `inputs`."""
 
-    def __init__(self, name, kind, output, command=None, action=None):
+    def __init__(self, name, kind, output, command=None, action=None, inputs=()):
         self.name, self.kind, self.output, self.command, self.action = name, kind, Path(output), command, action
+        self.inputs = [Path(p) for p in inputs]
 
     def done(self, max_iters=None):
         if self.kind == "train":
             return self.output.exists() and load_checkpoint(self.output, mmap=True)["iter_num"] >= max_iters
         if self.kind == "report":
             return False  # cheap: always redrawn from whatever is finished
-        return self.output.exists()
+        # as make does: a result older than one of its checkpoints (a run trained again) is measured again
+        return self.output.exists() and all(self.output.stat().st_mtime >= p.stat().st_mtime for p in self.inputs
+                                            if p.exists())
 
 
 def read_recipe(path):
@@ -134,34 +138,38 @@ def plan(args, budget):
         seeded = [a for run, _, passkey, _ in runs if not passkey for a in ("--ckpt", str(ckpts[run]))]
         common = ["--data_dir", str(data), *device]
         out = lambda what: ["--json", str(raw / f"{scheme}.{what}.json")]
+        mine = [p for run, p in ckpts.items() if not run.endswith("_passkey")]
         jobs.append(Job(f"perplexity {scheme}", "extrapolate", raw / f"{scheme}.ppl.json",
                         [PY, "eval_extrapolate.py", *seeded, *common, "--lengths", lengths, "--spans",
-                         budget["spans"], "--attention", WINDOW_RULES, *out("ppl")]))
+                         budget["spans"], "--attention", WINDOW_RULES, *out("ppl")], inputs=mine))
         if scheme in INTERPOLATED:
             jobs.append(Job(f"interpolation {scheme}", "scalings", raw / f"{scheme}.scaled.json",
                             [PY, "eval_extrapolate.py", *seeded, *common, "--lengths", lengths, "--spans",
-                             budget["spans"], "--attention", "causal", "--rope_scaling", SCALINGS, *out("scaled")]))
+                             budget["spans"], "--attention", "causal", "--rope_scaling", SCALINGS, *out("scaled")],
+                            inputs=mine))
         for run, _, passkey, _ in runs:
             for m in (1, 2) if not passkey and not bounded else (1,) if not passkey else ():
                 jobs.append(Job(f"resolution {run} at {m}l", "resolution", raw / f"{run}.resolution{m}.json",
                                 [PY, "resolution.py", "--ckpt", str(ckpts[run]), *common, "--length", str(m * l),
                                  "--bca", "both", "--texts", str(budget["texts"]),
-                                 "--json", str(raw / f"{run}.resolution{m}.json")]))
+                                 "--json", str(raw / f"{run}.resolution{m}.json")], inputs=[ckpts[run]]))
         probe = [PY, "eval_retrieval.py", *seeded, *common, "--probe", "repeat", "--span", str(l // 4), *distances,
                  "--sequences", str(budget["repeat_sequences"])]
         jobs.append(Job(f"repeat probe {scheme}", "repeat", raw / f"{scheme}.repeat.json",
-                        [*probe, "--attention", WINDOW_RULES, *out("repeat")]))
+                        [*probe, "--attention", WINDOW_RULES, *out("repeat")], inputs=mine))
         if scheme in INTERPOLATED:
             jobs.append(Job(f"repeat probe {scheme}, interpolated", "repeat_scaled",
                             raw / f"{scheme}.repeat_scaled.json",
-                            [*probe, "--attention", "causal", "--rope_scaling", SCALINGS, *out("repeat_scaled")]))
+                            [*probe, "--attention", "causal", "--rope_scaling", SCALINGS, *out("repeat_scaled")],
+                            inputs=mine))
         if scheme in PASSKEY_SCHEMES:
             jobs.append(Job(f"passkey {scheme}", "passkey", raw / f"{scheme}.passkey.json",
                             [PY, "eval_retrieval.py", "--ckpt", str(ckpts[f"{scheme}_passkey"]), *common,
                              "--probe", "passkey", "--lengths", ",".join(map(str, passkey_lengths(budget))),
                              "--attention", WINDOW_RULES, "--sequences",
                              str(budget["passkey_sequences"]), *out("passkey"),
-                             "--plot", str(Path(args.results) / f"passkey_{scheme}.png")]))
+                             "--plot", str(Path(args.results) / f"passkey_{scheme}.png")],
+                            inputs=[ckpts[f"{scheme}_passkey"]]))
     jobs.append(Job("tables and plots", "report", Path(args.results) / "summary.json",
                     action=lambda: report(args, budget)))
     return jobs
@@ -247,8 +255,11 @@ def run_jobs(args, budget, jobs):
         if job.action:
             job.action()
         else:
-            print("$ " + " ".join(job.command[1:]), flush=True)
-            argv = [PY] + [str(HERE / a) if a.endswith(".py") and (HERE / a).is_file() else a for a in job.command[1:]]
+            command = job.command[1:]
+            if job.kind == "train" and job.output.exists():  # stopped before max_iters: go on from its checkpoint
+                command = command + ["--init_from=resume"]
+            print("$ " + " ".join(command), flush=True)
+            argv = [PY] + [str(HERE / a) if a.endswith(".py") and (HERE / a).is_file() else a for a in command]
             result = subprocess.run(argv, stdout=None if args.verbose else subprocess.DEVNULL)
             if result.returncode != 0:
                 raise UserError(f"{job.name} failed (exit {result.returncode}); its command is above. Finished jobs "

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import reproduce
+from common import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,14 +66,31 @@ def test_spread_against_the_seeds_rows(toy_study):
 def test_resumes_only_what_is_missing(toy_study):
     tmp, _ = toy_study
     raw = tmp / "results" / "raw"
-    kept = (raw / "rope.ppl.json").stat().st_mtime_ns
+    kept = (raw / "learned.ppl.json").stat().st_mtime_ns, (raw / "rope.passkey.json").stat().st_mtime_ns
     (raw / "learned.repeat.json").unlink()
+    # a training run stopped halfway: its checkpoint at iteration 1 of 2, written by the job's own command
+    args = reproduce.parse_args(["--budget", "toy", "--schemes", "learned,rope", "--results", str(tmp / "results"),
+                                 "--runs", str(tmp / "runs"), "--data", str(tmp / "data")])
+    budget = dict(reproduce.BUDGETS["toy"], schemes=["learned", "rope"])
+    budget["recipe"] = dict(reproduce.read_recipe(ROOT / "config" / "study_char.py"), **budget["train"])
+    job = next(j for j in reproduce.plan(args, budget) if j.name == "train rope_s1338")
+    job.output.unlink()
+    subprocess.run([*job.command, "--max_iters=1"], cwd=ROOT, check=True, capture_output=True)
     again = study(tmp)
     assert again.returncode == 0, again.stderr
-    lines = again.stdout.splitlines()
-    ran = [line for line in lines if line.startswith("[")]
-    assert len(ran) == 2 and "repeat probe learned" in ran[0] and "tables and plots" in ran[1]
-    assert (raw / "learned.repeat.json").exists() and (raw / "rope.ppl.json").stat().st_mtime_ns == kept
+    ran = [line for line in again.stdout.splitlines() if line.startswith("[")]
+    # the missing result, the stopped run, and every result of that run's checkpoint (now newer than they are)
+    assert [r.split("] ")[1].split(" (")[0] for r in ran] == [
+        "repeat probe learned", "train rope_s1338", "perplexity rope", "interpolation rope",
+        "resolution rope_s1338 at 1l", "resolution rope_s1338 at 2l", "repeat probe rope",
+        "repeat probe rope, interpolated", "tables and plots"]
+    # resumed (train.py refuses to start afresh over a checkpoint), to the end; the log is the uninterrupted run's
+    assert "--seed=1338" in again.stdout and "--init_from=resume" in again.stdout
+    assert load_checkpoint(job.output)["iter_num"] == 2
+    log = (tmp / "runs" / "rope_s1338" / "log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iter"] for line in log if "val_loss" in line] == [0, 2]
+    assert (raw / "learned.repeat.json").exists()
+    assert ((raw / "learned.ppl.json").stat().st_mtime_ns, (raw / "rope.passkey.json").stat().st_mtime_ns) == kept
 
 
 def test_spread():
@@ -98,3 +116,18 @@ def test_a_failed_job_stops_with_one_line_and_keeps_the_rest(tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("reproduce.py: error: train learned_s1337 failed (exit 1)")
     assert (tmp_path / "data" / "meta.json").read_text() == "{}"
+
+
+def test_tune_reports_the_last_validation_loss_of_each_run(tmp_path):
+    done = study(tmp_path, "--tune")
+    assert done.returncode == 0, done.stderr[-3000:]
+    tuning = json.loads((tmp_path / "results" / "tuning.json").read_text())
+    lr = tuning["recipe"]["learning_rate"]
+    assert set(tuning["val_loss"]) == set(reproduce.TUNE_SCHEMES)
+    for scheme, row in tuning["val_loss"].items():
+        assert list(row) == [f"{lr * f:g}" for f in reproduce.TUNE_FACTORS]
+        # the recipe's own learning rate is the study's first-seed run: its log's last evaluation
+        log = tmp_path / "runs" / f"{scheme}_s1337" / "log.jsonl"
+        last = [json.loads(line) for line in log.read_text().splitlines() if "val_loss" in line][-1]
+        assert row[f"{lr:g}"] == last["val_loss"]
+    assert "| rope |" in done.stdout
