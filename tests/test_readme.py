@@ -24,6 +24,7 @@ NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test
     "[": "a usage synopsis with placeholders",
     "python reproduce.py$": "the whole study takes hours (tests/test_reproduce.py runs it on a toy budget)",
     "--budget toy": "a minute or two (tests/test_reproduce.py runs it)",
+    "reproduce.py --tune": "half an hour of training (tests/test_reproduce.py runs it on a toy budget)",
 }
 SHORTEN_TRAINING = ["--max_iters=2", "--eval_iters=1"]
 
