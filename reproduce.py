@@ -235,6 +235,7 @@ def clock(seconds):
 
 
 def run_jobs(args, budget, jobs):
+    """Run the jobs that are not finished, in order, with progress lines; or with --plan only list them."""
     timings_path = Path(args.results) / "timings.json"
     timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
     todo = [job for job in jobs if not job.done(budget["recipe"]["max_iters"])]
@@ -246,9 +247,7 @@ def run_jobs(args, budget, jobs):
         return
     start = time.time()
     for i, job in enumerate(todo):
-        guess = lambda j: sum(timings.get(j.kind, [])) / len(timings[j.kind]) if timings.get(j.kind) else \
-            GUESS_SECONDS[j.kind] * (args.budget == "full")
-        left = sum(guess(j) for j in todo[i:])
+        left = sum(expected_seconds(j, timings, args.budget) for j in todo[i:])
         print(f"\n[{i + 1}/{len(todo)}] {job.name} ({clock(time.time() - start)} so far, about {clock(left)} left)",
               flush=True)
         began = time.time()
@@ -266,7 +265,13 @@ def run_jobs(args, budget, jobs):
                                 "are kept: fix the cause and run reproduce.py again to go on")
         timings.setdefault(job.kind, []).append(round(time.time() - began, 1))
         write_json(timings_path, timings, quiet=True)
-    print(f"\nthe study is complete: {args.results} ({clock(time.time() - start)} in this piece)")
+    print(f"\nall {len(jobs)} jobs are finished: {args.results} ({clock(time.time() - start)} in this piece)")
+
+
+def expected_seconds(job, timings, budget):
+    """The mean duration of the jobs of its kind finished so far, or a guess for the full budget before any has."""
+    done = timings.get(job.kind)
+    return sum(done) / len(done) if done else GUESS_SECONDS[job.kind] * (budget == "full")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -410,7 +415,8 @@ def parse_args(argv=None):
                    "gpt2: GPT-2 BPE tokens (config/study_gpt2.py), for a GPU")
     p.add_argument("--budget", default="full", choices=tuple(BUDGETS), help="toy: a tiny model and a few "
                    "iterations, to check the pipeline end to end")
-    p.add_argument("--results", help="tables, plots and JSON (default: results/VARIANT, or out/study_toy/results)")
+    p.add_argument("--results", help="tables, plots and JSON (default: results/VARIANT; toy: out/study_VARIANT_toy/"
+                   "results)")
     p.add_argument("--runs", help="checkpoints (default: out/study_VARIANT[_toy])")
     p.add_argument("--data", help="prepared data (default: data/study_VARIANT; the passkey mix goes to ..._passkey)")
     p.add_argument("--schemes", default=",".join(s for s, _, _ in SCHEMES), help="comma-separated: a part of the "
@@ -422,7 +428,7 @@ def parse_args(argv=None):
     p.add_argument("--verbose", action="store_true", help="show each job's own output")
     args = p.parse_args(argv)
     toy = "_toy" if args.budget == "toy" else ""
-    args.results = args.results or f"out/study{toy}/results" if toy else args.results or f"results/{args.variant}"
+    args.results = args.results or (f"out/study_{args.variant}_toy/results" if toy else f"results/{args.variant}")
     args.runs = args.runs or f"out/study_{args.variant}{toy}"
     args.data = args.data or f"data/study_{args.variant}"
     return args
