@@ -15,8 +15,9 @@ eval_retrieval.py (the repeat probe for every model and rule; passkey grids for 
 the passkey mix). Finally the tables and plots are drawn from those JSON files.
 
 Resumable: every job writes one file (JSON, or a checkpoint that has reached max_iters) and a job whose file is
-there is skipped; a training run that was stopped resumes from its last checkpoint. So the study can run in pieces,
-and a changed recipe needs its run directories removed. Progress lines carry an estimate of the time left, from
+there is skipped; a training run that was stopped resumes from its last checkpoint, and a result older than one of
+its checkpoints (a run trained again) is measured again. So the study can run in pieces; a changed recipe needs
+its run directories removed. Progress lines carry an estimate of the time left, from
 the durations of the jobs finished so far (kept in the results directory across pieces).
 """
 
