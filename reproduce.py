@@ -48,7 +48,7 @@ SCHEMES = (
     ("none", dict(pos="none"), 1),
 )
 TUNE_SCHEMES = ("learned", "rope", "xpos")  # --tune: the recipe's learning rate, checked on the schemes most apart
-TUNE_FACTORS = (0.5, 1, 2)  # x the recipe's learning_rate (and min_lr)
+TUNE_FACTORS = (0.25, 0.5, 1, 2)  # x the recipe's learning_rate (and min_lr)
 PASSKEY_SCHEMES = ("rope", "alibi", "xpos")  # trained again on the passkey mix, one seed
 INTERPOLATED = ("rope", "xpos", "xpos_sb512")  # PI, NTK, dynamic NTK and YaRN scale rotations only
 WINDOW_RULES = "causal,bca,sliding,sinks"
@@ -120,11 +120,13 @@ def plan(args, budget):
     jobs = [Job("prepare data", "prepare", data / "meta.json",
                 [PY, "prepare_data.py", *variant["prepare"], "--out_dir", str(data)]),
             Job("prepare passkey data", "prepare", Path(f"{data}_passkey") / "meta.json",
-                [PY, "prepare_data.py", *variant["prepare"], *PASSKEY_MIX, "--out_dir", f"{data}_passkey"]),
-            Job("Figure 2 theory", "theory", raw / "theory.json",
-                [PY, "resolution.py", "--theory", "--head_dim", str(recipe["n_embd"] // recipe["n_head"]),
-                 "--scale_base", str(l / 2), "--max_dist", str(16 * l), "--json", str(raw / "theory.json"),
-                 "--plot", str(Path(args.results) / "figure2_theory.png")])]
+                [PY, "prepare_data.py", *variant["prepare"], *PASSKEY_MIX, "--out_dir", f"{data}_passkey"])]
+    for suffix, scale_base in (("", l / 2), ("_sb512", 512.0)):  # Figure 2 for both of the study's xPos settings
+        jobs.append(Job(f"Figure 2 theory, scale_base {scale_base:g}", "theory", raw / f"theory{suffix}.json",
+                        [PY, "resolution.py", "--theory", "--head_dim", str(recipe["n_embd"] // recipe["n_head"]),
+                         "--scale_base", str(scale_base), "--max_dist", str(16 * l),
+                         "--json", str(raw / f"theory{suffix}.json"),
+                         "--plot", str(Path(args.results) / f"figure2_theory{suffix}.png")]))
     for scheme, runs in study_runs(budget).items():
         ckpts = {run: Path(args.runs) / run / "ckpt.pt" for run, _, _, _ in runs}
         for run, seed, passkey, overrides in runs:
@@ -224,7 +226,8 @@ def tune_report(args, budget):
             table.setdefault(scheme, {})[f"{lr * factor:g}"] = losses[-1]
     write_json(Path(args.results) / "tuning.json", {"recipe": budget["recipe"], "val_loss": table})
     print("final validation loss by learning rate (first seed)\n")
-    print("| scheme | " + " | ".join(f"lr {lr * f:g}" for f in TUNE_FACTORS) + " |\n" + "|---" * 4 + "|")
+    print("| scheme | " + " | ".join(f"lr {lr * f:g}" for f in TUNE_FACTORS) + " |\n"
+          + "|---" * (len(TUNE_FACTORS) + 1) + "|")
     for scheme, row in table.items():
         print(f"| {scheme} | " + " | ".join(f"{v:.4f}" for v in row.values()) + " |")
 
@@ -237,7 +240,7 @@ def clock(seconds):
 
 def run_jobs(args, budget, jobs):
     """Run the jobs that are not finished, in order, with progress lines; or with --plan only list them."""
-    timings_path = Path(args.results) / "timings.json"
+    timings_path = Path(args.results) / "timings.json"  # {job name: {"kind", "seconds"}}, the latest run of each
     timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
     todo = [job for job in jobs if not job.done(budget["recipe"]["max_iters"])]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} jobs finished already; {len(todo)} to run")
@@ -264,19 +267,81 @@ def run_jobs(args, budget, jobs):
             if result.returncode != 0:
                 raise UserError(f"{job.name} failed (exit {result.returncode}); its command is above. Finished jobs "
                                 "are kept: fix the cause and run reproduce.py again to go on")
-        timings.setdefault(job.kind, []).append(round(time.time() - began, 1))
+        timings[job.name] = dict(kind=job.kind, seconds=round(time.time() - began, 1))
         write_json(timings_path, timings, quiet=True)
     print(f"\nall {len(jobs)} jobs are finished: {args.results} ({clock(time.time() - start)} in this piece)")
 
 
 def expected_seconds(job, timings, budget):
-    """The mean duration of the jobs of its kind finished so far, or a guess for the full budget before any has."""
-    done = timings.get(job.kind)
+    """Its own measured duration, else the mean of the jobs of its kind measured so far, else a guess for the full
+    budget before any has run here."""
+    if job.name in timings:
+        return timings[job.name]["seconds"]
+    done = [t["seconds"] for t in timings.values() if t["kind"] == job.kind]
     return sum(done) / len(done) if done else GUESS_SECONDS[job.kind] * (budget == "full")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Tables and plots from the JSON files.
+
+# The paper's numbers (its 1024-token models on arXiv text) beside ours, row by row: (our row name, the paper's row
+# name, the paper's values). Table 2: perplexity at 1/4, 1/2, 1, 2 and 4 x the training length; Table 3: attention
+# resolution at 1 and 2 x (the "- BCA" row is xPos with plain causal attention); Table 4: perplexity at the
+# training length; Table 5: perplexity at 2 and 4 x, with and without BCA. Our rows without a paper row have None.
+PAPER_TABLES = (
+    ("Table 2: perplexity against length", "perplexity", (0.25, 0.5, 1, 2, 4, 8, 16), 2, (
+        ("learned", None, None),
+        ("sinusoidal", "Transformer", (46.34, 36.39, 29.94, 132.63, 1283.79)),
+        ("alibi", "Alibi", (37.66, 29.92, 24.99, 23.14, 24.26)),
+        ("rope", "Roformer", (38.09, 30.38, 25.52, 73.6, 294.45)),
+        ("xpos + BCA", "LeX", (34.3, 27.55, 23.31, 21.6, 20.73)),
+        ("xpos_sb512 + BCA", None, None))),
+    ("Table 3: attention resolution (R; R_shared beside it)", "resolution", (1, 2), 3, (
+        ("sinusoidal", "Transformer", (0.87, 0.28)),
+        ("alibi", "Alibi", (0.81, 0.88)),
+        ("rope", "Roformer", (0.91, 0.08)),
+        ("xpos + BCA", "LeX", (0.98, 1.08)),
+        ("xpos", "LeX - BCA", (0.98, 0.54)),
+        ("xpos_sb512 + BCA", None, None),
+        ("xpos_sb512", None, None))),
+    ("Table 4: the rotation ablation, perplexity at the training length", "perplexity", (1,), 2, (
+        ("rope", "RoPE", (17.74,)),
+        ("xpos", "xPos", (17.54,)),
+        ("xpos_norot", "- Rotation", (33.68,)))),
+    ("Table 5: blockwise causal attention, perplexity", "perplexity", (2, 4, 8, 16), 2, (
+        ("rope", "RoPE", (73.6, 294.45)),
+        ("rope + BCA", "RoPE + BCA", (25.57, 25.65)),
+        ("alibi", "Alibi", (23.14, 24.26)),
+        ("alibi + BCA", "Alibi + BCA", (24.6, 25.37)),
+        ("xpos", "xPos", (22.56, 28.43)),
+        ("xpos + BCA", "xPos + BCA", (21.6, 20.73)),
+        ("xpos_sb512", None, None),
+        ("xpos_sb512 + BCA", None, None))),
+)
+
+
+def paper_tables(summary):
+    """The paper's Tables 2-5 in its layout, each of our rows (mean ± std over seeds) followed by the paper's row.
+    Lengths are multiples of the training length l: ours is summary["recipe"]["block_size"], the paper's 1024."""
+    l = summary["recipe"]["block_size"]
+    out = []
+    for title, measure, multiples, digits, rows in PAPER_TABLES:
+        columns = [f"{m:g}l" for m in multiples]
+        lines = [f"### {title}", "", "| model | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+        for ours, theirs, values in rows:
+            if measure == "perplexity":
+                row = summary["perplexity"].get(ours, {})
+                cells = [cell(row.get(str(int(m * l))), digits) for m in multiples]
+            else:
+                row = summary["resolution"].get(ours, {})
+                cells = [cell(row.get(f"R at {m}l"), digits) + "; " + cell(row.get(f"R_shared at {m}l"), digits)
+                         for m in multiples]
+            lines.append(f"| {ours} (ours, l = {l}) | " + " | ".join(cells) + " |")
+            if theirs:
+                cells = [f"{v:g}" for v in values] + ["–"] * (len(multiples) - len(values))
+                lines.append(f"| {theirs} (paper, l = 1024) | " + " | ".join(cells) + " |")
+        out.append("\n".join(lines) + "\n")
+    return out
 
 
 def spread(values):
@@ -330,11 +395,12 @@ def markdown(title, table, columns, digits=2, header=None):
     return "\n".join(lines) + "\n"
 
 
-def plot_perplexity(table, panels, lengths, block_size, path):
+def plot_perplexity(summary, path):
     """Perplexity against length, one panel per attention rule (and one for the interpolations, under causal
     attention), the spread over seeds shaded (mean ± std)."""
     from common import pyplot
     plt = pyplot()
+    table, panels = summary["perplexity"], summary["panels"]
     titles = dict(causal="causal", bca="BCA", sliding="sliding window", sinks="attention sinks",
                   interpolation="RoPE interpolation (causal)")
     shown = [p for p in titles if p in panels.values()]
@@ -343,12 +409,12 @@ def plot_perplexity(table, panels, lengths, block_size, path):
         for name, row in table.items():
             if panels[name] != panel:
                 continue
-            xs = [n for n in lengths if n in row]
-            mean = [row[n]["mean"] for n in xs]
-            std = [row[n]["std"] or 0 for n in xs]
+            xs = [n for n in summary["lengths"] if str(n) in row]
+            mean = [row[str(n)]["mean"] for n in xs]
+            std = [row[str(n)]["std"] or 0 for n in xs]
             ax.plot(xs, mean, marker="o", ms=3, label=name)
             ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
-        ax.axvline(block_size, color="gray", ls=":")
+        ax.axvline(summary["recipe"]["block_size"], color="gray", ls=":")
         ax.set(xscale="log", yscale="log", title=titles[panel], xlabel="evaluation length (tokens)")
         ax.legend(fontsize=6)
     axes[0][0].set_ylabel("perplexity (mean ± std over seeds)")
@@ -357,11 +423,31 @@ def plot_perplexity(table, panels, lengths, block_size, path):
     plt.close(fig)
 
 
+def plot_effective_context(summary, path):
+    """The repeat probe's effective context per row (mean ± std over seeds) against its reach bound (the farthest
+    a copy can be seen under the row's attention rule; none for plain causal attention)."""
+    from common import pyplot
+    plt = pyplot()
+    rows = summary["effective_context"]
+    names = list(rows)
+    fig, ax = plt.subplots(figsize=(7, 0.25 * len(names) + 1.5))
+    for i, name in enumerate(names):
+        stat, bound = rows[name].get("effective context"), rows[name].get("reach bound")
+        if stat is not None:
+            ax.barh(i, stat["mean"], xerr=stat["std"] or 0, color="C0", alpha=0.7)
+        if bound is not None:
+            ax.plot(bound["mean"], i, "k|", ms=10)
+    ax.set(yticks=range(len(names)), xlabel="effective context (tokens): bar; reach bound: |")
+    ax.set_yticklabels(names, fontsize=6)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def report(args, budget):
-    """results/summary.json, results/tables.md and the perplexity plot, from whatever has finished."""
+    """results/summary.json, then tables.md and the plots drawn from it alone, from whatever has finished."""
     results = Path(args.results)
-    l = budget["recipe"]["block_size"]
-    lengths = study_lengths(budget)
     panels = {}
     ppl = gather(args, ".ppl.json", lambda r: r["length"], lambda r: r["ppl"], panels)
     ppl.update(gather(args, ".scaled.json", lambda r: r["length"], lambda r: r["ppl"], panels))
@@ -369,29 +455,69 @@ def report(args, budget):
     for m in (1, 2):
         for name, by_key in gather_resolution(args, budget, m).items():
             resolution.setdefault(name, {}).update(by_key)
-    repeat = gather(args, ".repeat.json", lambda r: "gain at d=0" if r["d"] == 0 else None, lambda r: r["gain"])
-    repeat.update(gather(args, ".repeat_scaled.json", lambda r: "gain at d=0" if r["d"] == 0 else None,
-                         lambda r: r["gain"]))
+    repeat = {}
     for suffix in (".repeat.json", ".repeat_scaled.json"):
+        repeat.update(gather(args, suffix, lambda r: "gain at d=0" if r["d"] == 0 else None, lambda r: r["gain"]))
         for column, field in (("effective context", "effective_context"), ("reach bound", "reach_bound")):
             for name, by_key in gather(args, suffix, lambda r: column, lambda r: r[field]).items():
                 repeat.setdefault(name, {}).update(by_key)
     passkey = gather(args, ".passkey.json", lambda r: r["length"], lambda r: r["accuracy"])  # spread over depths
     summary = {"variant": args.variant, "budget": args.budget, "recipe": budget["recipe"], "seeds": list(SEEDS),
-               "perplexity": ppl, "resolution": resolution, "effective_context": repeat, "passkey_accuracy": passkey}
+               "lengths": study_lengths(budget), "wall_time": wall_time(args, budget), "machine": machine(),
+               "perplexity": ppl, "panels": panels, "resolution": resolution, "effective_context": repeat,
+               "passkey_accuracy": passkey}
     write_json(results / "summary.json", summary)
+    summary = json.loads((results / "summary.json").read_text())  # what the tables show is what the file holds
+    (results / "tables.md").write_text(tables_markdown(summary))
+    if ppl:
+        plot_perplexity(summary, results / "perplexity.png")
+    if repeat:
+        plot_effective_context(summary, results / "effective_context.png")
+    print(f"wrote {results / 'tables.md'}")
+
+
+def tables_markdown(summary):
+    """Every table of the study, from summary.json: the paper's Tables 2-5 beside ours, then the full tables."""
+    ppl, resolution, repeat, passkey = (summary[k] for k in ("perplexity", "resolution", "effective_context",
+                                                             "passkey_accuracy"))
+    wall = summary["wall_time"]
+    head = (f"Study: {summary['variant']} variant, {summary['budget']} budget, training length "
+            f"{summary['recipe']['block_size']}, seeds {', '.join(map(str, summary['seeds']))}; wall time "
+            f"{clock(wall['seconds'])} ({wall['measured']} of its {wall['jobs']} jobs measured, the others counted at "
+            f"their kind's mean), on {summary['machine']}.\n")
     res_columns = [f"{what} at {m}l" for m in (1, 2) for what in ("R", "R_shared")]
-    tables = [markdown("Perplexity against length (lex protocol), mean ± std over seeds", ppl, lengths),
+    tables = [head, *paper_tables(summary),
+              markdown("Perplexity against length (lex protocol), mean ± std over seeds", ppl,
+                       [str(n) for n in summary["lengths"]]),
               markdown("Attention resolution (Eq. 3 on Eq. 11), layer average, heads averaged first", resolution,
                        res_columns, digits=3),
               markdown("Repeat probe: retrieval gain with the span repeated at once, effective context (tokens) and "
                        "the reach bound", repeat, ["gain at d=0", "effective context", "reach bound"], digits=3),
               markdown("Passkey accuracy against document length, mean ± std over the depths (one model)", passkey,
-                       sorted({n for row in passkey.values() for n in row}))]
-    (results / "tables.md").write_text("\n".join(tables))
-    if ppl:
-        plot_perplexity(ppl, panels, lengths, l, results / "perplexity.png")
-    print(f"wrote {results / 'tables.md'}")
+                       sorted({n for row in passkey.values() for n in row}, key=int))]
+    return "\n".join(tables)
+
+
+def wall_time(args, budget):
+    """The study's duration: the sum over its jobs of their measured durations (timings.json keeps the latest run
+    of each job), a job run before timings were kept counted at its kind's mean."""
+    path = Path(args.results) / "timings.json"
+    timings = json.loads(path.read_text()) if path.exists() else {}
+    jobs = [job for job in plan(args, budget) if job.kind != "report"]
+    seconds = sum(expected_seconds(job, timings, args.budget) for job in jobs)
+    return {"seconds": round(seconds, 1), "measured": sum(job.name in timings for job in jobs), "jobs": len(jobs)}
+
+
+def machine():
+    import os
+    import platform
+    import torch
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                    if line.startswith("model name")), cpu)
+    return f"{os.cpu_count()} x {cpu}, torch {torch.__version__}"
 
 
 def gather_resolution(args, budget, m):
@@ -425,7 +551,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--plan", action="store_true", help="list the jobs and which are finished; run nothing")
     p.add_argument("--tune", action="store_true", help="instead of the study: the learning-rate check behind the "
-                   "recipe (learned, rope and xpos at 0.5, 1 and 2 x its learning_rate), results/VARIANT/tuning.json")
+                   "recipe (learned, rope and xpos at 0.25, 0.5, 1 and 2 x its learning_rate), "
+                   "results/VARIANT/tuning.json")
     p.add_argument("--verbose", action="store_true", help="show each job's own output")
     args = p.parse_args(argv)
     toy = "_toy" if args.budget == "toy" else ""

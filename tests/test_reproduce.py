@@ -43,12 +43,24 @@ def test_toy_study_end_to_end(toy_study):
     assert "R at 2l" not in summary["resolution"]["learned"]
     assert summary["effective_context"]["rope + BCA"]["reach bound"]["mean"] == 2 * 16 / 2  # n_layer * l / 2
     assert set(summary["passkey_accuracy"]) == {"rope", "rope + BCA", "rope + sliding W=16", "rope + sinks S=4 W=16"}
-    for name in ("tables.md", "perplexity.png", "figure2_theory.png", "passkey_rope.png", "timings.json"):
+    for name in ("tables.md", "perplexity.png", "effective_context.png", "figure2_theory.png",
+                 "figure2_theory_sb512.png", "passkey_rope.png", "timings.json"):
         assert (results / name).stat().st_size > 0
     tables = (results / "tables.md").read_text()
     mean, std = ppl["rope + BCA"]["64"]["mean"], ppl["rope + BCA"]["64"]["std"]
     assert f"{mean:.2f} ± {std:.2f}" in tables
+    # the paper's Table 5 beside ours: our row, then the paper's (4 x 1024 tokens: 294.45 for RoPE)
+    lines = tables.splitlines()
+    ours = lines.index(next(line for line in lines if line.startswith("| rope + BCA (ours, l = 16) |")))
+    assert lines[ours + 1] == "| RoPE + BCA (paper, l = 1024) | 25.57 | 25.65 | – | – |"
+    assert cell_of(lines[ours], 1) == f"{ppl['rope + BCA']['32']['mean']:.2f} ± {ppl['rope + BCA']['32']['std']:.2f}"
+    wall = summary["wall_time"]
+    assert wall["measured"] == wall["jobs"] and wall["seconds"] > 0  # every job of this run timed
     assert "about" in stdout and "left)" in stdout  # progress with the time left
+
+
+def cell_of(line, i):
+    return line.split(" | ")[i].strip(" |")
 
 
 def test_spread_against_the_seeds_rows(toy_study):
@@ -131,3 +143,27 @@ def test_tune_reports_the_last_validation_loss_of_each_run(tmp_path):
         last = [json.loads(line) for line in log.read_text().splitlines() if "val_loss" in line][-1]
         assert row[f"{lr:g}"] == last["val_loss"]
     assert "| rope |" in done.stdout
+
+
+def readme_results_section():
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Results at small scale")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def test_readme_results_match_the_committed_summary():
+    """Every table row and every decimal number in the README's results section is in the tables drawn from the
+    committed results/char/summary.json (which also carry the paper's numbers beside ours)."""
+    import re
+    summary = json.loads((ROOT / "results" / "char" / "summary.json").read_text())
+    tables = reproduce.tables_markdown(summary)
+    assert tables == (ROOT / "results" / "char" / "tables.md").read_text()  # the committed tables are up to date
+    section = readme_results_section()
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| model")]
+    assert len(rows) >= 20, "the section shows the paper's tables beside ours"
+    for line in rows:
+        assert line in tables.splitlines(), f"README row not in the tables drawn from summary.json: {line}"
+    cells = set(re.findall(r"(?<![\d.])\d+\.\d+(?![\d.])", tables))
+    for number in re.findall(r"(?<![\d.])\d+\.\d+(?![\d.])", section):
+        assert number in cells, f"README number {number} is not in results/char/summary.json's tables"
