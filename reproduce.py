@@ -112,11 +112,13 @@ def study_runs(budget):
 
 def plan(args, budget):
     """Every job, in the order they run: the data, then per scheme its training runs and their measurements (one
-    job per scheme where a script takes several checkpoints), then the tables."""
+    job per scheme where a script takes several checkpoints), then the passkey models and their grids, then the
+    tables."""
     variant, recipe = VARIANTS[args.variant], budget["recipe"]
     l = recipe["block_size"]
     data, raw = Path(args.data), Path(args.results) / "raw"
     device = ["--device", args.device]
+    passkey_jobs = []  # the passkey models, trained and measured after the rest
     jobs = [Job("prepare data", "prepare", data / "meta.json",
                 [PY, "prepare_data.py", *variant["prepare"], "--out_dir", str(data)]),
             Job("prepare passkey data", "prepare", Path(f"{data}_passkey") / "meta.json",
@@ -132,8 +134,9 @@ def plan(args, budget):
         for run, seed, passkey, overrides in runs:
             settings = dict(overrides, **budget["train"], seed=seed, out_dir=str(ckpts[run].parent),
                             data_dir=f"{data}_passkey" if passkey else str(data), device=args.device)
-            jobs.append(Job(f"train {run}", "train", ckpts[run], [PY, "train.py", variant["config"]]
-                            + [f"--{k}={v}" for k, v in settings.items()]))
+            train = Job(f"train {run}", "train", ckpts[run], [PY, "train.py", variant["config"]]
+                        + [f"--{k}={v}" for k, v in settings.items()])
+            (passkey_jobs if passkey else jobs).append(train)
         # learned positions stop at block_size (the model refuses more): that scheme is measured up to l only
         bounded = scheme in BOUNDED
         lengths = ",".join(str(n) for n in study_lengths(budget) if n <= l or not bounded)
@@ -166,13 +169,13 @@ def plan(args, budget):
                             [*probe, "--attention", "causal", "--rope_scaling", SCALINGS, *out("repeat_scaled")],
                             inputs=mine))
         if scheme in PASSKEY_SCHEMES:
-            jobs.append(Job(f"passkey {scheme}", "passkey", raw / f"{scheme}.passkey.json",
-                            [PY, "eval_retrieval.py", "--ckpt", str(ckpts[f"{scheme}_passkey"]), *common,
-                             "--probe", "passkey", "--lengths", ",".join(map(str, passkey_lengths(budget))),
-                             "--attention", WINDOW_RULES, "--sequences",
-                             str(budget["passkey_sequences"]), *out("passkey"),
-                             "--plot", str(Path(args.results) / f"passkey_{scheme}.png")],
-                            inputs=[ckpts[f"{scheme}_passkey"]]))
+            passkey_jobs.append(Job(f"passkey {scheme}", "passkey", raw / f"{scheme}.passkey.json",
+                                    [PY, "eval_retrieval.py", "--ckpt", str(ckpts[f"{scheme}_passkey"]), *common,
+                                     "--probe", "passkey", "--lengths", ",".join(map(str, passkey_lengths(budget))),
+                                     "--attention", WINDOW_RULES, "--sequences", str(budget["passkey_sequences"]),
+                                     *out("passkey"), "--plot", str(Path(args.results) / f"passkey_{scheme}.png")],
+                                    inputs=[ckpts[f"{scheme}_passkey"]]))
+    jobs += passkey_jobs
     jobs.append(Job("tables and plots", "report", Path(args.results) / "summary.json",
                     action=lambda: report(args, budget)))
     return jobs
@@ -494,7 +497,7 @@ def tables_markdown(summary):
               markdown("Repeat probe: retrieval gain with the span repeated at once, effective context (tokens) and "
                        "the reach bound", repeat, ["gain at d=0", "effective context", "reach bound"], digits=3),
               markdown("Passkey accuracy against document length, mean ± std over the depths (one model)", passkey,
-                       sorted({n for row in passkey.values() for n in row}, key=int))]
+                       sorted({n for row in passkey.values() for n in row}, key=int)) if passkey else ""]
     return "\n".join(tables)
 
 
