@@ -201,7 +201,7 @@ def tune_plan(args, budget):
     overrides = {name: o for name, o, _ in SCHEMES}
     for scheme in TUNE_SCHEMES:
         for factor in TUNE_FACTORS:
-            out_dir = tune_dir(args, scheme, factor)
+            out_dir = tune_dir(args, budget, scheme, factor)
             settings = {k: (recipe["block_size"] / 2 if v == "half" else v) for k, v in overrides[scheme].items()}
             settings.update(budget["train"], seed=SEEDS[0], out_dir=str(out_dir), data_dir=str(data),
                             device=args.device, learning_rate=recipe["learning_rate"] * factor,
@@ -214,8 +214,11 @@ def tune_plan(args, budget):
     return jobs
 
 
-def tune_dir(args, scheme, factor):
-    return Path(args.runs) / (f"{scheme}_s{SEEDS[0]}" if factor == 1 else f"tune/{scheme}_lr{factor:g}x")
+def tune_dir(args, budget, scheme, factor):
+    """Factor 1 is the study's own first-seed run; the others are named by their learning rate, so that a changed
+    recipe never reuses a run trained at another rate."""
+    lr = budget["recipe"]["learning_rate"] * factor
+    return Path(args.runs) / (f"{scheme}_s{SEEDS[0]}" if factor == 1 else f"tune/{scheme}_lr{lr:g}")
 
 
 def tune_report(args, budget):
@@ -224,7 +227,7 @@ def tune_report(args, budget):
     table = {}
     for scheme in TUNE_SCHEMES:
         for factor in TUNE_FACTORS:
-            log = tune_dir(args, scheme, factor) / "log.jsonl"
+            log = tune_dir(args, budget, scheme, factor) / "log.jsonl"
             losses = [e["val_loss"] for e in map(json.loads, log.read_text().splitlines()) if "val_loss" in e]
             table.setdefault(scheme, {})[f"{lr * factor:g}"] = losses[-1]
     write_json(Path(args.results) / "tuning.json", {"recipe": budget["recipe"], "val_loss": table})
@@ -243,8 +246,8 @@ def clock(seconds):
 
 def run_jobs(args, budget, jobs):
     """Run the jobs that are not finished, in order, with progress lines; or with --plan only list them."""
-    timings_path = Path(args.results) / "timings.json"  # {job name: {"kind", "seconds"}}, the latest run of each
-    timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
+    timings_path = Path(args.results) / "timings.json"
+    timings = read_timings(timings_path)
     todo = [job for job in jobs if not job.done(budget["recipe"]["max_iters"])]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} jobs finished already; {len(todo)} to run")
     if args.plan:
@@ -262,17 +265,29 @@ def run_jobs(args, budget, jobs):
             job.action()
         else:
             command = job.command[1:]
+            resumed_at = 0
             if job.kind == "train" and job.output.exists():  # stopped before max_iters: go on from its checkpoint
                 command = command + ["--init_from=resume"]
+                resumed_at = load_checkpoint(job.output, mmap=True)["iter_num"]
             print("$ " + " ".join(command), flush=True)
             argv = [PY] + [str(HERE / a) if a.endswith(".py") and (HERE / a).is_file() else a for a in command]
             result = subprocess.run(argv, stdout=None if args.verbose else subprocess.DEVNULL)
             if result.returncode != 0:
                 raise UserError(f"{job.name} failed (exit {result.returncode}); its command is above. Finished jobs "
                                 "are kept: fix the cause and run reproduce.py again to go on")
-        timings[job.name] = dict(kind=job.kind, seconds=round(time.time() - began, 1))
+        seconds = time.time() - began
+        if job.kind == "train":  # a resumed run: its whole duration, at the rate of the part measured
+            max_iters = budget["recipe"]["max_iters"]
+            seconds *= max_iters / (max_iters - resumed_at)
+        timings[job.name] = dict(kind=job.kind, seconds=round(seconds, 1))
         write_json(timings_path, timings, quiet=True)
     print(f"\nall {len(jobs)} jobs are finished: {args.results} ({clock(time.time() - start)} in this piece)")
+
+
+def read_timings(path):
+    """{job name: {"kind", "seconds"}}, the latest run of each job (entries of an older layout are dropped)."""
+    timings = json.loads(path.read_text()) if path.exists() else {}
+    return {name: t for name, t in timings.items() if isinstance(t, dict)}
 
 
 def expected_seconds(job, timings, budget):
@@ -466,7 +481,7 @@ def report(args, budget):
                 repeat.setdefault(name, {}).update(by_key)
     passkey = gather(args, ".passkey.json", lambda r: r["length"], lambda r: r["accuracy"])  # spread over depths
     summary = {"variant": args.variant, "budget": args.budget, "recipe": budget["recipe"], "seeds": list(SEEDS),
-               "lengths": study_lengths(budget), "wall_time": wall_time(args, budget), "machine": machine(),
+               "lengths": study_lengths(budget), "wall_time": wall_time(args, budget), "machine": machine(args.device),
                "perplexity": ppl, "panels": panels, "resolution": resolution, "effective_context": repeat,
                "passkey_accuracy": passkey}
     write_json(results / "summary.json", summary)
@@ -486,8 +501,9 @@ def tables_markdown(summary):
     wall = summary["wall_time"]
     head = (f"Study: {summary['variant']} variant, {summary['budget']} budget, training length "
             f"{summary['recipe']['block_size']}, seeds {', '.join(map(str, summary['seeds']))}; wall time "
-            f"{clock(wall['seconds'])} ({wall['measured']} of its {wall['jobs']} jobs measured, the others counted at "
-            f"their kind's mean), on {summary['machine']}.\n")
+            f"{clock(wall['seconds'])} ({wall['measured']} of its {wall['jobs']} jobs measured"
+            + (", the others estimated from the jobs of their kind" if wall["measured"] < wall["jobs"] else "")
+            + f"), on {summary['machine']}.\n")
     res_columns = [f"{what} at {m}l" for m in (1, 2) for what in ("R", "R_shared")]
     tables = [head, *paper_tables(summary),
               markdown("Perplexity against length (lex protocol), mean ± std over seeds", ppl,
@@ -503,18 +519,20 @@ def tables_markdown(summary):
 
 def wall_time(args, budget):
     """The study's duration: the sum over its jobs of their measured durations (timings.json keeps the latest run
-    of each job), a job run before timings were kept counted at its kind's mean."""
-    path = Path(args.results) / "timings.json"
-    timings = json.loads(path.read_text()) if path.exists() else {}
+    of each job); a job not measured (run before timings were kept, or not yet) is estimated as in the progress
+    lines."""
+    timings = read_timings(Path(args.results) / "timings.json")
     jobs = [job for job in plan(args, budget) if job.kind != "report"]
     seconds = sum(expected_seconds(job, timings, args.budget) for job in jobs)
     return {"seconds": round(seconds, 1), "measured": sum(job.name in timings for job in jobs), "jobs": len(jobs)}
 
 
-def machine():
+def machine(device):
     import os
     import platform
     import torch
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
     cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
