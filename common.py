@@ -430,6 +430,17 @@ def rule_label(pos, rule, scaling, block_size):
     return label
 
 
+def default_batch_tokens(config, scaling):
+    """Tokens per forward pass for the evaluation scripts: 16,384 (fewer for a large vocabulary, whose float32
+    logits take 4 bytes each). Dynamic NTK decodes token by token past block_size (GPT.token_nll), where a step
+    costs little per sequence, so it batches as many sequences as a 1 GiB KV cache holds (keys and values, float32,
+    every layer)."""
+    tokens = min(16384, 2**27 // config.vocab_size)
+    if scaling.method == "dynamic_ntk":
+        tokens = max(tokens, 2**30 // (config.n_layer * 2 * config.n_embd * 4))
+    return tokens
+
+
 def write_json(path, obj, quiet=False):
     """Write obj as JSON in one atomic rename, so that a kill never leaves a partial file that reads as finished."""
     path = Path(path)

@@ -35,10 +35,10 @@ import sys
 import numpy as np
 import torch
 
-from common import (BCA_MODES, RULE_FIELDS, UserError, add_checkpoint_args, all_reduce_sum, attention_options,
-                    autocast, checkpoint_dataset, curves_figure, finish_curves, learned_length_check, load_checkpoint,
-                    load_model, model_config, output_path, plan_runs, read_tokens, resolve_dtype, rule_fields,
-                    rule_label, setup_distributed, teardown_distributed, write_json)
+from common import (BCA_MODES, RULE_FIELDS, UserError, add_checkpoint_args, all_reduce_sum, attention_options, autocast,
+                    checkpoint_dataset, curves_figure, default_batch_tokens, finish_curves, learned_length_check,
+                    load_checkpoint, load_model, model_config, output_path, plan_runs, read_tokens, resolve_dtype,
+                    rule_fields, rule_label, setup_distributed, teardown_distributed, write_json)
 
 
 def parse_lengths(text):
@@ -225,7 +225,7 @@ def evaluate(args):
             label = rule_label(cfg.pos, rule, scaling, cfg.block_size)
             for length in lengths:
                 segs = segments(args.protocol, length, len(stream), docs, max_len, args.stride or max(1, length // 2))
-                batch_tokens = args.batch_tokens or min(16384, 2**27 // cfg.vocab_size)
+                batch_tokens = args.batch_tokens or default_batch_tokens(cfg, scaling)
                 sums = score(model, stream, segs, length, rule, scaling, batch_tokens, device, ctx, rank, world, ddp)
                 nll = (sums[0] / sums[1]).item()
                 if not math.isfinite(nll):  # all-reduced: every rank stops here together

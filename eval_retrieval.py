@@ -35,9 +35,10 @@ import numpy as np
 import torch
 
 from common import (RULE_FIELDS, UserError, add_checkpoint_args, attention_options, autocast, checkpoint_dataset,
-                    curves_figure, finish_curves, learned_length_check, load_checkpoint, load_model, model_config,
-                    output_path, passkey_document, passkey_parts, plan_runs, pyplot, read_tokens, resolve_device,
-                    resolve_dtype, rule_fields, rule_label, save_figure, tokenizer_from_meta, write_json)
+                    curves_figure, default_batch_tokens, finish_curves, learned_length_check, load_checkpoint,
+                    load_model, model_config, output_path, passkey_document, passkey_parts, plan_runs, pyplot,
+                    read_tokens, resolve_device, resolve_dtype, rule_fields, rule_label, save_figure,
+                    tokenizer_from_meta, write_json)
 
 PROBES = ("repeat", "passkey")
 DIGITS = 5  # the passkey's digits, as prepare_data.py --passkey writes them by default
@@ -319,11 +320,11 @@ def evaluate(args):
 
 def repeat_probe(args, path, config, model, stream, distances, runs, device, dtype, ctx, notes):
     """The repeat probe's rows for one checkpoint, and a note per run on its effective context."""
-    batch_tokens = args.batch_tokens or min(16384, 2**27 // config.vocab_size)
     sequences = {d: repeat_sequences(stream, args.span, d, args.sequences, args.seed) for d in distances}
     rows = []
     for rule, scaling in runs:
         label = rule_label(config.pos, rule, scaling, config.block_size)
+        batch_tokens = args.batch_tokens or default_batch_tokens(config, scaling)
         mine = []
         for d in distances:
             probe, control = (second_copy_nll(model, s, args.span, rule, scaling, batch_tokens, device, ctx)
