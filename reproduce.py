@@ -43,9 +43,9 @@ SCHEMES = (
     ("rope", dict(pos="rope"), 3),
     ("alibi", dict(pos="alibi"), 3),
     ("xpos", dict(pos="xpos", xpos_scale_base="half"), 3),
-    ("xpos_sb512", dict(pos="xpos", xpos_scale_base=512.0), 3),
     ("xpos_norot", dict(pos="xpos", xpos_scale_base="half", xpos_rotate=False), 1),
     ("none", dict(pos="none"), 1),
+    ("xpos_sb512", dict(pos="xpos", xpos_scale_base=512.0), 3),
 )
 TUNE_SCHEMES = ("learned", "rope", "xpos")  # --tune: the recipe's learning rate, checked on the schemes most apart
 TUNE_FACTORS = (0.25, 0.5, 1, 2)  # x the recipe's learning_rate (and min_lr)
