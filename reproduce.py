@@ -380,22 +380,23 @@ def paper_tables(summary):
 
 
 def spread(values):
-    """Mean, sample standard deviation (None for one value) and count of the values that are not None (a repeat
-    probe's effective context is None where the model gains nothing even at the shortest distance)."""
-    values = [v for v in values if v is not None]
-    if not values:
+    """Mean, sample standard deviation (None for one value) and count n of the values that are not None, out of
+    `of` (a repeat probe's effective context is None where the model gains nothing even at the shortest distance)."""
+    present = [v for v in values if v is not None]
+    if not present:
         return None
-    n = len(values)
-    mean = sum(values) / n
-    std = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5 if n > 1 else None
-    return {"mean": mean, "std": std, "n": n}
+    n = len(present)
+    mean = sum(present) / n
+    std = (sum((v - mean) ** 2 for v in present) / (n - 1)) ** 0.5 if n > 1 else None
+    return {"mean": mean, "std": std, "n": n, "of": len(values)}
 
 
 def cell(stat, digits=2):
+    """mean ± std, and "(n of N)" where only some of the checkpoints have a value."""
     if stat is None:
         return "–"
-    text = f"{stat['mean']:.{digits}f}"
-    return text + (f" ± {stat['std']:.{digits}f}" if stat["std"] is not None else "")
+    text = f"{stat['mean']:.{digits}f}" + (f" ± {stat['std']:.{digits}f}" if stat["std"] is not None else "")
+    return text + (f" ({stat['n']} of {stat['of']})" if stat["n"] < stat.get("of", stat["n"]) else "")
 
 
 def row_name(scheme, row):
@@ -423,9 +424,11 @@ def gather(args, suffix, key_of, value_of, panels=None):
 
 
 def markdown(title, table, columns, digits=2, header=None):
+    """A markdown table of cells; `digits` is one number for every column, or {column: digits}."""
+    places = digits if isinstance(digits, dict) else dict.fromkeys(columns, digits)
     lines = [f"### {title}", "", f"| {header or 'model'} | " + " | ".join(str(c) for c in columns) + " |",
              "|---" * (len(columns) + 1) + "|"]
-    lines += [f"| {name} | " + " | ".join(cell(row.get(c), digits) for c in columns) + " |"
+    lines += [f"| {name} | " + " | ".join(cell(row.get(c), places[c]) for c in columns) + " |"
               for name, row in table.items()]
     return "\n".join(lines) + "\n"
 
@@ -465,6 +468,10 @@ def plot_effective_context(summary, path):
     plt = pyplot()
     rows = summary["effective_context"]
     names = list(rows)
+    labels = []
+    for name in names:  # "(n of N)" where only some checkpoints gain at all
+        stat = rows[name].get("effective context")
+        labels.append(name + (f" ({stat['n']} of {stat['of']})" if stat and stat["n"] < stat.get("of", 1) else ""))
     fig, ax = plt.subplots(figsize=(7, 0.25 * len(names) + 1.5))
     for i, name in enumerate(names):
         stat, bound = rows[name].get("effective context"), rows[name].get("reach bound")
@@ -473,7 +480,7 @@ def plot_effective_context(summary, path):
         if bound is not None:
             ax.plot(bound["mean"], i, "k|", ms=10)
     ax.set(yticks=range(len(names)), xlabel="effective context (tokens): bar; reach bound: |")
-    ax.set_yticklabels(names, fontsize=6)
+    ax.set_yticklabels(labels, fontsize=6)
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -527,8 +534,9 @@ def tables_markdown(summary):
                        [str(n) for n in summary["lengths"]]),
               markdown("Attention resolution (Eq. 3 on Eq. 11), layer average, heads averaged first", resolution,
                        res_columns, digits=3),
-              markdown("Repeat probe: retrieval gain with the span repeated at once, effective context (tokens) and "
-                       "the reach bound", repeat, ["gain at d=0", "effective context", "reach bound"], digits=3),
+              markdown("Repeat probe: retrieval gain with the span repeated at once, effective context (tokens; "
+                       "\"n of N\": only n checkpoints gain anything at d=0) and the reach bound", repeat, ["gain at d=0", "effective context", "reach bound"],
+                       digits={"gain at d=0": 3, "effective context": 0, "reach bound": 0}),
               markdown("Passkey accuracy against document length, mean ± std over the depths (one model)", passkey,
                        sorted({n for row in passkey.values() for n in row}, key=int)) if passkey else ""]
     return "\n".join(tables)
@@ -589,8 +597,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--plan", action="store_true", help="list the jobs and which are finished; run nothing")
     p.add_argument("--tune", action="store_true", help="instead of the study: the learning-rate check behind the "
-                   "recipe (learned, rope and xpos at 0.25, 0.5, 1 and 2 x its learning_rate), "
-                   "results/VARIANT/tuning.json")
+                   f"recipe ({', '.join(TUNE_SCHEMES)} at {', '.join(f'{f:g}' for f in TUNE_FACTORS)} x its "
+                   "learning_rate), results/VARIANT/tuning.json")
     p.add_argument("--verbose", action="store_true", help="show each job's own output")
     args = p.parse_args(argv)
     toy = "_toy" if args.budget == "toy" else ""

@@ -107,9 +107,17 @@ def test_resumes_only_what_is_missing(toy_study):
 
 def test_spread():
     assert reproduce.spread([1.0, 2.0, 4.0]) == {"mean": pytest.approx(7 / 3), "std": pytest.approx(1.5275252),
-                                                 "n": 3}
-    assert reproduce.spread([2.0]) == {"mean": 2.0, "std": None, "n": 1}
-    assert reproduce.spread([None, 3.0]) == {"mean": 3.0, "std": None, "n": 1} and reproduce.spread([None]) is None
+                                                 "n": 3, "of": 3}
+    assert reproduce.spread([2.0]) == {"mean": 2.0, "std": None, "n": 1, "of": 1}
+    assert reproduce.spread([None, 3.0]) == {"mean": 3.0, "std": None, "n": 1, "of": 2}
+    assert reproduce.spread([None]) is None
+
+
+def test_cell_says_how_many_checkpoints_a_partial_value_rests_on():
+    assert reproduce.cell(reproduce.spread([1.0, 2.0, 4.0])) == "2.33 ± 1.53"
+    assert reproduce.cell(reproduce.spread([None, 64.0, None]), 0) == "64 (1 of 3)"
+    assert reproduce.cell(reproduce.spread([None, 16.0, 48.0]), 0) == "32 ± 23 (2 of 3)"
+    assert reproduce.cell(None) == "–"
 
 
 @pytest.mark.parametrize("argv, message", [
