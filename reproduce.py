@@ -50,7 +50,7 @@ SCHEMES = (
 # --tune: the recipe's learning rate, chosen on the first three (the schemes most apart) and checked on the two that
 # train worst under it, to see whether another rate would serve them better
 TUNE_SCHEMES = ("learned", "rope", "xpos", "sinusoidal", "none")
-TUNE_FACTORS = (0.25, 0.5, 1, 2)  # x the recipe's learning_rate (and min_lr)
+TUNE_FACTORS = (0.5, 1, 2, 4)  # x the recipe's learning_rate (and min_lr)
 PASSKEY_SCHEMES = ("rope", "alibi", "xpos")  # trained again on the passkey mix, one seed
 INTERPOLATED = ("rope", "xpos", "xpos_sb512")  # PI, NTK, dynamic NTK and YaRN scale rotations only
 WINDOW_RULES = "causal,bca,sliding,sinks"
