@@ -396,7 +396,12 @@ def cell(stat, digits=2):
     if stat is None:
         return "–"
     text = f"{stat['mean']:.{digits}f}" + (f" ± {stat['std']:.{digits}f}" if stat["std"] is not None else "")
-    return text + (f" ({stat['n']} of {stat['of']})" if stat["n"] < stat.get("of", stat["n"]) else "")
+    return text + partial(stat)
+
+
+def partial(stat):
+    """" (n of N)" where a spread rests on only n of its N checkpoints, else nothing."""
+    return f" ({stat['n']} of {stat['of']})" if stat and stat["n"] < stat["of"] else ""
 
 
 def row_name(scheme, row):
@@ -468,10 +473,7 @@ def plot_effective_context(summary, path):
     plt = pyplot()
     rows = summary["effective_context"]
     names = list(rows)
-    labels = []
-    for name in names:  # "(n of N)" where only some checkpoints gain at all
-        stat = rows[name].get("effective context")
-        labels.append(name + (f" ({stat['n']} of {stat['of']})" if stat and stat["n"] < stat.get("of", 1) else ""))
+    labels = [name + partial(rows[name].get("effective context")) for name in names]
     fig, ax = plt.subplots(figsize=(7, 0.25 * len(names) + 1.5))
     for i, name in enumerate(names):
         stat, bound = rows[name].get("effective context"), rows[name].get("reach bound")
@@ -535,7 +537,8 @@ def tables_markdown(summary):
               markdown("Attention resolution (Eq. 3 on Eq. 11), layer average, heads averaged first", resolution,
                        res_columns, digits=3),
               markdown("Repeat probe: retrieval gain with the span repeated at once, effective context (tokens; "
-                       "\"n of N\": only n checkpoints gain anything at d=0) and the reach bound", repeat, ["gain at d=0", "effective context", "reach bound"],
+                       "\"n of N\": only n checkpoints gain anything at d=0) and the reach bound", repeat,
+                       ["gain at d=0", "effective context", "reach bound"],
                        digits={"gain at d=0": 3, "effective context": 0, "reach bound": 0}),
               markdown("Passkey accuracy against document length, mean ± std over the depths (one model)", passkey,
                        sorted({n for row in passkey.values() for n in row}, key=int)) if passkey else ""]
