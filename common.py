@@ -416,7 +416,7 @@ def rule_fields(rule, scaling, block_size, length):
     """The attention/scaling fields of a result row: attention, bca, window, sinks, rope_scaling, rope_factor."""
     resolved = rule.resolve(length, block_size)
     return dict(attention=rule.name, bca="auto" if rule.name == "auto" else rule.name == "bca",
-                window=resolved.window, sinks=resolved.n_sinks or None, rope_scaling=scaling.method,
+                window=resolved.window, sinks=resolved.sinks if resolved.name == "sinks" else None, rope_scaling=scaling.method,
                 rope_factor=scaling.factor)
 
 

@@ -28,7 +28,7 @@ import torch
 from common import (UserError, add_checkpoint_args, attention_options, check_rule, checkpoint_dataset,
                     learned_length_check, load_model, output_path, pointless, pyplot, read_tokens, resolve_device,
                     rule_fields, rule_label, save_figure, write_json)
-from model import GPTConfig, rotary_frequencies
+from model import GPTConfig, PositionTable
 
 
 def resolution(s):
@@ -43,7 +43,8 @@ def resolution(s):
 
 def theory(head_dim, gamma, scale_base, max_dist):
     config = GPTConfig(n_head=1, n_embd=head_dim, pos="xpos", xpos_gamma=gamma, xpos_scale_base=scale_base)
-    theta, zeta = (t.double() for t in rotary_frequencies(head_dim, config))
+    table = PositionTable(config, 1)
+    theta, zeta = table.theta.double(), table.zeta.double()
     n = torch.arange(max_dist + 1, dtype=torch.float64)[:, None]
     out = {}
     for name, decay in (("rope", torch.ones_like(zeta)), ("xpos", zeta)):
@@ -66,8 +67,69 @@ def plot_theory(result, path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Measured: per-distance sums of each layer's pre-softmax scores, as model.py's attention computes them
-# (GPT.pre_softmax_scores streams them one query half-block at a time, so memory never grows with T^2).
+# Measured: per-distance sums of each layer's pre-softmax scores. The model is streamed through a KV cache one window's
+# queries at a time (memory O(T * window)); a forward hook on each attention module hands over its input, and the
+# scores are written out here from it, the way model.attention computes them (tests/test_resolution.py checks that
+# their softmax gives the model's attention output).
+
+
+def rotated(x, factor):
+    """x (..., T, head_dim) times factor (T or 1, head_dim/2), its pairs as complex numbers (Algorithm 1), float32."""
+    return torch.view_as_real(torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * factor).flatten(-2)
+
+
+def scores(q, k, table, queries, keys):
+    """Pre-softmax scores (B, n_head, Q, K) in float32 of raw q at frame positions `queries` against raw k at `keys`:
+    rotated (rope, xpos), q.k / sqrt(head_dim), ALiBi's bias, -inf where the rule hides the key."""
+    q, k = q.float(), k.float()
+    if table.q is not None:
+        q, k = rotated(q, table.q[queries.start : queries.stop]), rotated(k, table.k[keys.start : keys.stop])
+    m = torch.arange(queries.start, queries.stop, device=q.device)[:, None]
+    distance = m - torch.arange(keys.start, keys.stop, device=q.device)
+    visible = distance >= 0
+    if table.reach is not None:  # sliding, sinks: past the first block only the keys within reach
+        visible &= (distance < table.reach) | (m < table.b)
+    s = q @ k.mT / math.sqrt(q.size(-1))
+    if table.slopes is not None:
+        s = s - table.slopes * distance
+    return s.masked_fill(~visible, float("-inf"))
+
+
+def sink_scores(q, sink_k, table):
+    """The sinks rule past its first window: q stands at W-1 as seen from the S sinks at 0 .. S-1 (StreamingLLM)."""
+    S, W = sink_k.size(2), table.rule.window
+    q, sink_k = q.float(), sink_k.float()
+    if table.q is not None:
+        q, sink_k = rotated(q, table.q[W - 1 : W]), rotated(sink_k, table.k[:S])
+    s = q @ sink_k.mT / math.sqrt(q.size(-1))
+    return s if table.slopes is None else s - table.slopes * (W - 1 - torch.arange(S, device=q.device))
+
+
+@torch.no_grad()
+def pre_softmax_scores(model, idx, observe, attention=None, rope_scaling=None):
+    """Calls observe(layer, scores, queries, keys) with every layer's pre-softmax scores (B, n_head, Q, K) for each
+    chunk of queries at absolute positions `queries` against the keys they see at `keys` (ranges); the sinks rule's
+    sinks come in a call of their own."""
+    nh, T = model.config.n_head, idx.size(1)
+    cache = model.new_cache(T, attention, rope_scaling)
+    inputs = {}
+    hooks = [block.attn.register_forward_hook(lambda module, args, out, i=i: inputs.__setitem__(i, args))
+             for i, block in enumerate(model.transformer.h)]
+    step = cache[0].table.b or model.config.block_size // 2  # window by window: the cache then holds its keys
+    try:
+        for t0 in range(0, T, step):
+            model.hidden_states(idx[:, t0 : t0 + step], cache=cache)
+            for layer, (x, table, c) in sorted(inputs.items()):
+                B, n, C = x.shape
+                q = model.transformer.h[layer].attn.c_attn(x)[..., :C].view(B, n, nh, C // nh).transpose(1, 2)
+                queries = range(t0 - c.start, t0 - c.start + n)
+                absolute = range(t0, t0 + n)
+                observe(layer, scores(q, c.k[:, :, : c.n], table, queries, range(c.n)), absolute, range(c.start, c.end()))
+                if c.sink_kv is not None and queries.start >= table.b:
+                    observe(layer, sink_scores(q, c.sink_kv[0], table), absolute, range(c.sink_kv[0].size(2)))
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def accumulate(sums, counts, scores, q_pos, k_pos):
@@ -93,7 +155,7 @@ def layer_score_sums(model, idx, rule, scaling):
         as_tensor = lambda r: torch.arange(r.start, r.stop)
         accumulate(sums[layer], counts if layer == 0 else None, scores[0].cpu(), as_tensor(queries), as_tensor(keys))
 
-    model.pre_softmax_scores(idx, observe, attention=rule, rope_scaling=scaling)
+    pre_softmax_scores(model, idx, observe, attention=rule, rope_scaling=scaling)
     return sums, counts
 
 

@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import alternatives
 import model
+import resolution
 from model import GPT, GPTConfig, POSITION_SCHEMES, PositionTable, alibi_slopes
 
 torch.set_num_threads(2)
@@ -28,9 +30,11 @@ def tokens(T, vocab=23, seed=1, batch=2):
 
 
 def positioned(q, k, q_pos, k_pos, cfg):
-    """q at the positions q_pos and k at k_pos (ranges), through model.py's PositionTable."""
-    table = PositionTable(cfg, range(min(q_pos.start, k_pos.start), max(q_pos.stop, k_pos.stop)))
-    return table.place(q, q_pos), table.place(k, k_pos, key=True)
+    """q at the positions q_pos and k at k_pos (ranges), times model.py's PositionTable factors (Algorithm 1's pairs
+    as complex numbers)."""
+    table = PositionTable(cfg, max(q_pos.stop, k_pos.stop), "causal")
+    turn = lambda x, f: torch.view_as_real(torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * f).flatten(-2)
+    return turn(q, table.q[q_pos.start : q_pos.stop]), turn(k, table.k[k_pos.start : k_pos.stop])
 
 
 def scores(q, k, q_pos, k_pos, **kw):
@@ -254,7 +258,13 @@ def test_windows_never_build_a_t_by_t_matrix(rule, most_keys, monkeypatch):
         seen.append(k.size(-2))
         return sdpa(q, k, v, **kw)
 
+    def sinks_spy(q, k, v, table, queries, keys, sink_kv):  # the sinks' own softmax: the window's keys and the sinks
+        seen.append(k.size(-2) + sink_kv[0].size(-2))
+        return with_sinks(q, k, v, table, queries, keys, sink_kv)
+
+    with_sinks = alternatives.attention_with_sinks
     monkeypatch.setattr(model.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(alternatives, "attention_with_sinks", sinks_spy)
     idx = tokens(64 * 16, batch=1)
     m(idx, attention=rule)
     assert seen and max(seen) == most_keys  # two blocks, and the sinks
@@ -268,7 +278,7 @@ def test_a_window_longer_than_the_sequence_costs_only_the_sequence():
     huge = model.AttentionRule("sliding", 10**9)
     cache = m.new_cache(10, huge)
     m(tokens(3), cache=cache)
-    assert cache[0].k.size(2) == 10 and len(m.position_table(10, huge).rows) == 10
+    assert cache[0].k.size(2) == 10 and PositionTable(m.config, 10, huge).n == 10
     torch.testing.assert_close(m(tokens(10), attention=huge)[0], m(tokens(10), attention="causal")[0])
 
 
@@ -315,7 +325,7 @@ BIG = dict(block_size=1024, n_head=1, n_embd=64, pos="rope")
 def test_interpolated_frequencies_match_the_papers_formulas(method):
     cfg = GPTConfig(**BIG)
     for s in (1.5, 4.0, 32.0):
-        theta, _ = model.rotary_frequencies(64, cfg, scaling=model.RopeScaling(method), s=s)
+        theta, _ = alternatives.interpolate(PositionTable(cfg, 1).theta, model.RopeScaling(method), s, 1024)
         torch.testing.assert_close(theta.double(), paper_theta(method, s), rtol=1e-6, atol=0)
     if method == "yarn":  # the three regimes are all there at these defaults
         ramp = ((1024 * paper_theta("none", 1) / (2 * math.pi) - 1) / 31)
@@ -329,25 +339,25 @@ def test_the_pass_uses_the_factor_of_its_length(method):
     m = GPT(GPTConfig(**BIG, vocab_size=7, n_layer=1))
     for T, factor in ((4096, None), (2000, None), (1500, 3.0)):
         scaling = model.RopeScaling(method, factor if method != "dynamic_ntk" else None)
-        table = m.position_table(T, "causal", scaling)
+        table = PositionTable(m.config, T, "causal", scaling)
         s = factor if scaling.factor else T / 1024
         angle = torch.arange(T, dtype=torch.float64)[:, None] * paper_theta(method, s)
-        got = table.q_factor.angle().double()
+        got = table.q.angle().double()
         torch.testing.assert_close(torch.remainder(got - angle + math.pi, 2 * math.pi) - math.pi,
                                    torch.zeros_like(angle), rtol=0, atol=2e-3)  # float32 angles up to 4096 rad
         modulus = 0.1 * math.log(s) + 1 if method == "yarn" else 1.0
-        torch.testing.assert_close(table.q_factor.abs(), torch.full_like(table.q_factor.abs(), modulus))
-        torch.testing.assert_close(table.k_factor.abs(), torch.full_like(table.k_factor.abs(), modulus))
+        torch.testing.assert_close(table.q.abs(), torch.full_like(table.q.abs(), modulus))
+        torch.testing.assert_close(table.k.abs(), torch.full_like(table.k.abs(), modulus))
 
 
 @pytest.mark.parametrize("method", SCALINGS)
 @pytest.mark.parametrize("pos", ["rope", "xpos"])
 def test_every_method_is_the_identity_at_s_at_most_one(method, pos):
     cfg = GPTConfig(**(BIG | dict(pos=pos)))
-    plain = model.rotary_frequencies(64, cfg)
+    plain = PositionTable(cfg, 1).theta
     for s in (1.0, 0.5, 1 / 3):
-        got = model.rotary_frequencies(64, cfg, scaling=model.RopeScaling(method), s=s)
-        assert all(torch.equal(a, b) for a, b in zip(got, plain))
+        got = alternatives.interpolate(plain, model.RopeScaling(method), s, 1024)
+        assert torch.equal(got[0], plain) and got[1] == 1.0
     m = tiny(pos)
     idx = tokens(8)  # T = block_size: s = 1
     base = m(idx, idx)[0]
@@ -445,15 +455,23 @@ def test_xpos_float16_without_bca_at_16k_with_the_papers_defaults(monkeypatch):
         assert not torch.isfinite(m(idx, idx, attention="causal")[0]).all()
 
 
-def test_xpos_float32_only_where_float16_cannot_hold_the_scales():
+def test_xpos_float32_only_where_float16_cannot_hold_the_scales(monkeypatch):
     cfg = GPTConfig(n_head=1, n_embd=16, pos="xpos")  # scale_base 512, gamma 0.4
     # the largest factor is zeta_0^(-(T/2)/512), zeta_0 = 0.4/1.4, written out here from Eq. 9
     assert model.xpos_largest_scale(8192, cfg) == pytest.approx((1.4 / 0.4) ** 8, rel=1e-9)
-    for T, want in ((1024, torch.float16), (4096, torch.float16), (8192, torch.float32)):
-        q = k = torch.ones(1, 1, T, 16, dtype=torch.float16)
-        assert positioned(q, k, range(T), range(T), cfg)[0].dtype == want
-    q = k = torch.ones(1, 1, 8192, 16, dtype=torch.bfloat16)  # bfloat16 has float32's range
-    assert positioned(q, k, range(8192), range(8192), cfg)[0].dtype == torch.bfloat16
+    seen, sdpa = [], F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):  # the precision attention rotates and attends in
+        seen.append(q.dtype)
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(model.F, "scaled_dot_product_attention", spy)
+    for T, dtype, want in ((1024, torch.float16, torch.float16), (4096, torch.float16, torch.float16),
+                           (8192, torch.float16, torch.float32),
+                           (8192, torch.bfloat16, torch.bfloat16)):  # bfloat16 has float32's range
+        q = k = v = torch.ones(1, 1, T, 16, dtype=dtype)
+        assert model.attention(q, k, v, PositionTable(cfg, T, "causal"), range(T), range(T)).dtype == dtype
+        assert seen.pop() == want
 
 
 def test_output_layer_in_float32_outside_training():
@@ -530,13 +548,16 @@ def test_cached_decoding_matches_full_forward(pos, rule, prompt):
     cache = m.new_cache(total, rule)
     cached, _ = m(seq[:, :prompt], cache=cache)
     buffers = cache[0].k.data_ptr(), cache[0].v.data_ptr()
-    resolved = m.attention_rule(total, rule)
+    table = PositionTable(m.config, total, rule)
+    resolved, b = table.rule, table.b
     for t in range(prompt, total + 1):
         full, _ = m(seq[:, :t], attention=resolved)
         torch.testing.assert_close(cached[:, -1], full[:, -1], rtol=1e-5, atol=1e-5, msg=f"step {t}")
-        if resolved.block:  # bounded: one window's keys, and the sinks
-            assert cache[0].k.size(2) == min(2 * resolved.block, total) and cache[0].n <= 2 * resolved.block
-            assert cache[0].sink_k is None if resolved.name != "sinks" else cache[0].sink_k.size(2) == resolved.sinks
+        if b:  # bounded: one window's keys, and the sinks (kept once the first S tokens have come)
+            assert cache[0].k.size(2) == min(2 * b, total) and cache[0].n <= 2 * b
+            sink_kv = cache[0].sink_kv
+            assert sink_kv is None if resolved.name != "sinks" or t < resolved.sinks else \
+                sink_kv[0].size(2) == sink_kv[1].size(2) == resolved.sinks
         if t < total:
             cached, _ = m(seq[:, t : t + 1], cache=cache)
     assert (cache[0].k.data_ptr(), cache[0].v.data_ptr()) == buffers  # preallocated: nothing reallocated per token
@@ -579,23 +600,33 @@ def test_cache_errors():
 
 
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
-def test_attention_scores_are_what_attention_computes(pos):
-    """softmax(attention_scores) @ v equals attention's output, for every kind of mask a frame can have."""
-    cfg = tiny(pos).config
-    torch.manual_seed(0)
-    table = PositionTable(cfg, range(8))
-    for queries, keys in ((range(8), range(8)), (range(4, 8), range(8)), (range(7, 8), range(8)),
-                          (range(2, 5), range(6))):
-        q, k, v = (torch.randn(2, 2, len(r), 8) for r in (queries, keys, keys))
-        q, k = table.place(q, queries), table.place(k, keys, key=True)
-        want = model.attention(q, k, v, table, queries, keys)
-        got = torch.softmax(model.attention_scores(q, k, table, queries, keys), dim=-1) @ v
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=str((queries, keys)))
+@pytest.mark.parametrize("rule", ["causal", "bca", SLIDING_5, SINKS_6_2])
+def test_attention_scores_are_what_attention_computes(pos, rule):
+    """softmax of the scores resolution.py writes out (the sinks' included) times v equals the attention output of the
+    model's own pass, for every scheme and rule."""
+    m = tiny(pos, n_layer=1)
+    T = 8 if pos == "learned" else 21
+    idx = tokens(T, batch=1)
+    seen = {}
+    keep = lambda name, value: [seen.setdefault(name, value), None][1]  # a hook that returns None changes nothing
+    m.transformer.h[0].attn.register_forward_hook(lambda mod, args, out: keep("x", args[0]))
+    m.transformer.h[0].attn.c_proj.register_forward_pre_hook(lambda mod, args: keep("y", args[0]))
+    m(idx, attention=rule)
+    full = torch.full((2, T, T), float("-inf"))
+
+    def observe(layer, s, queries, keys):
+        cells = full[:, queries.start : queries.stop, keys.start : keys.stop]
+        cells.copy_(torch.where(torch.isfinite(s[0]), s[0], cells))
+
+    resolution.pre_softmax_scores(m, idx, observe, attention=rule)
+    v = m.transformer.h[0].attn.c_attn(seen["x"])[..., 32:].view(1, T, 2, 8).transpose(1, 2)
+    want = seen["y"].view(1, T, 2, 8).transpose(1, 2)
+    torch.testing.assert_close(torch.softmax(full, dim=-1) @ v[0], want[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("rule", ["causal", "bca", SLIDING_5, SINKS_6_2])
 def test_model_pre_softmax_scores_match_a_brute_force_score_matrix(rule):
-    """GPT.pre_softmax_scores against scores written out from the hidden states with the schemes' formulas at the
+    """resolution.pre_softmax_scores against scores written out from the hidden states with the schemes' formulas at the
     rule's distances (the sinks' re-indexed ones included), and its visible keys only."""
     for pos in ("xpos", "alibi"):
         m = tiny(pos, n_layer=1)
@@ -607,7 +638,7 @@ def test_model_pre_softmax_scores_match_a_brute_force_score_matrix(rule):
             cells = got[:, queries.start : queries.stop, keys.start : keys.stop]
             cells.copy_(torch.where(torch.isfinite(s[0]), s[0], cells))
 
-        m.pre_softmax_scores(idx, observe, attention=rule)
+        resolution.pre_softmax_scores(m, idx, observe, attention=rule)
         x = m.transformer.h[0].ln_1(m.transformer.wte(idx))
         q, k, _ = m.transformer.h[0].attn.c_attn(x).view(1, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
         visible, distance = rule_table(rule, T)

@@ -1,0 +1,104 @@
+"""
+The inference-time alternatives to xPos + BCA that people compare it with, each in one place, outside the method's
+path: attention sinks (StreamingLLM) and RoPE interpolation (PI, NTK, dynamic NTK, YaRN). model.py calls them at the
+lines marked "alternatives:"; the sliding window needs nothing here, it is BCA's window mechanism with another width.
+
+Nothing here imports model.py: the PositionTable model.py passes in is used for its fields only (q, k: the rotary
+factors of the frame; slopes: ALiBi's; rule).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+# ---------------------------------------------------------------------------------------------------------------
+# RoPE interpolation: changes to the rotary angles theta_j (of rope, and of xPos's rotation; xPos's decay zeta is left
+# alone) so that a model trained at length l meets fewer angles it never saw. The factor s is L / l, with L the most
+# positions one query sees in the pass (the sequence under causal attention, at most W under a window), or a factor
+# given. Every method is the identity at s <= 1.
+
+ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
+YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN's ramp ends, in turns over the training length (its defaults for LLaMA)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """One RoPE interpolation method, and its factor (None: s from the length, see factor_at).
+      pi           Position Interpolation (Chen et al. 2023): position m -> m / s, i.e. theta_j -> theta_j / s.
+      ntk          "NTK-aware" scaling (bloc97, 2023): base -> base * s^(d/(d-2)); the slowest pair is interpolated
+                   by exactly s, the fastest (which carry local order) barely change.
+      dynamic_ntk  ntk with s recomputed from the current length at every pass: a sequence runs unscaled up to l, and
+                   a KV cache follows the length as it grows (GPT.hidden_states).
+      yarn         YaRN (Peng et al. 2023): a ramp between pi and no change, pair by pair, and a sharper softmax.
+    """
+    method: str = "none"
+    factor: float = None
+
+    def __post_init__(self):
+        if self.method not in ROPE_SCALINGS:
+            raise ValueError(f"rope_scaling={self.method!r} is not allowed: must be one of {', '.join(ROPE_SCALINGS)}")
+        if self.factor is None:
+            return
+        number = isinstance(self.factor, (int, float)) and not isinstance(self.factor, bool)
+        if not (number and 0 < self.factor < math.inf):
+            raise ValueError(f"rope_factor={self.factor!r} is not allowed: must be a finite number > 0")
+        if self.method in ("none", "dynamic_ntk"):
+            raise ValueError(f"rope_factor={self.factor!r} does not apply to rope_scaling={self.method!r}: "
+                             + ("it recomputes s from the current length" if self.method != "none" else
+                                "choose pi, ntk or yarn"))
+
+    def factor_at(self, n_keys, block_size):
+        """s for a pass in which one query sees at most n_keys positions."""
+        return float(self.factor) if self.factor is not None else n_keys / block_size
+
+
+def interpolate(theta, scaling, s, block_size):
+    """(theta'_j, sharpen): the interpolated angles at factor s, and the factor q and k are each multiplied by."""
+    if scaling is None or scaling.method == "none" or s <= 1:
+        return theta, 1.0
+    d, j = 2 * len(theta), torch.arange(len(theta), device=theta.device, dtype=theta.dtype)
+    if scaling.method == "pi":
+        return theta / s, 1.0
+    if scaling.method in ("ntk", "dynamic_ntk"):  # base' = base * s^(d/(d-2)), i.e. theta'_j = theta_j * s^(-2j/(d-2))
+        return (theta * s ** (-2 * j / (d - 2)) if d > 2 else theta), 1.0
+    # YaRN: pair j turns r_j = l / lambda_j times over the training length (wavelength lambda_j = 2 pi / theta_j).
+    # Below alpha turns training never showed it a full turn: interpolate (theta_j / s); above beta it saw every
+    # angle: keep theta_j; in between the paper's linear ramp (r_j - alpha) / (beta - alpha). (The official code ramps
+    # linearly in the pair index instead.) Its temperature, sqrt(1/t) = 0.1 ln s + 1 on q and k alike, undoes the
+    # thinner spread of attention over a longer context.
+    ramp = ((block_size * theta / (2 * math.pi) - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0, 1)
+    return (1 - ramp) * theta / s + ramp * theta, 0.1 * math.log(s) + 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Attention sinks (StreamingLLM, Xiao et al. 2023): the sinks rule is a sliding window of W keys of which the first S
+# tokens always stay. The first tokens soak up the attention a softmax must put somewhere; dropping them is what breaks
+# a plain sliding window.
+
+
+def attention_with_sinks(q, k, v, table, queries, keys, sink_kv):
+    """The sinks rule past its first window, for raw q at window-frame positions `queries` and raw k, v at `keys`:
+    every query sees the S sinks (sink_kv: their raw keys and values, batch B, for a batch of B * n windows) and the
+    window's keys at distance < W - S.
+
+    StreamingLLM positions keys by their place in its cache: the sinks at 0 .. S-1 and the recent keys right after
+    them, so a query stands at W-1 as seen from the sinks but at its true distance from the recent keys. One rotation
+    of q cannot give both, so the two kinds of scores are computed apart and share one softmax, in float32:
+    softmax([q_(W-1) . sink_k | q . k] / sqrt(d) - slope * distance) @ [sink_v | v]."""
+    rule, hd = table.rule, q.size(-1)
+    S, W = rule.sinks, rule.window
+    sink_k, sink_v = (x.repeat_interleave(q.size(0) // x.size(0), dim=0).float() for x in sink_kv)
+    q, k, q_at_edge = q.float(), k.float(), q.float()
+    if table.q is not None:  # RoPE / xPos: pairs as complex numbers times their positions' factors
+        rotate = lambda x, f: torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * f).flatten(-2)
+        q_at_edge, sink_k = rotate(q, table.q[W - 1 : W]), rotate(sink_k, table.k[:S])
+        q, k = rotate(q, table.q[queries.start : queries.stop]), rotate(k, table.k[keys.start : keys.stop])
+    distance = torch.arange(queries.start, queries.stop, device=q.device)[:, None] - \
+        torch.arange(keys.start, keys.stop, device=q.device)
+    window_scores = (q @ k.mT).masked_fill((distance < 0) | (distance >= W - S), float("-inf"))
+    scores = torch.cat((q_at_edge @ sink_k.mT, window_scores), dim=-1) / math.sqrt(hd)
+    if table.slopes is not None:  # ALiBi's bias, the sinks at distance W-1-j from the query
+        sink_distance = (W - 1 - torch.arange(S, device=q.device)).expand(len(queries), S)
+        scores = scores - table.slopes * torch.cat((sink_distance, distance), dim=-1)
+    return (torch.softmax(scores, dim=-1) @ torch.cat((sink_v, v.float()), dim=2)).to(v.dtype)
