@@ -33,10 +33,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (CHECKPOINT_FORMAT, DTYPES, UserError, all_reduce_sum, autocast, check_tokenizer, load_checkpoint,
-                    load_meta, load_weights, model_config, peak_flops, read_tokens, resolve_dtype, save_checkpoint,
-                    setup_distributed, teardown_distributed, tokenizer_identity, train_flops_per_token,
-                    writable_dir)
+from common import (CHECKPOINT_FORMAT, DTYPES, UserError, all_reduce_sum, autocast, load_checkpoint, load_weights,
+                    model_config, peak_flops, resolve_dtype, save_checkpoint, setup_distributed, teardown_distributed,
+                    train_flops_per_token, writable_dir)
+from data import check_tokenizer, load_meta, read_tokens, tokenizer_identity
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
