@@ -22,11 +22,10 @@ import math
 import os
 import sys
 import time
-import traceback
 from contextlib import nullcontext
 from dataclasses import asdict, fields
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -36,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common import (CHECKPOINT_FORMAT, DTYPES, UserError, all_reduce_sum, autocast, load_checkpoint, load_weights,
                     model_config, peak_flops, resolve_dtype, save_checkpoint, setup_distributed, teardown_distributed,
                     train_flops_per_token, writable_dir)
+from configurator import AT_LEAST_ONE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE, configure
 from data import check_tokenizer, load_meta, read_tokens, tokenizer_identity
 from model import GPT, GPTConfig
 
@@ -87,86 +87,19 @@ DEFAULTS = dict(
     seed=1337,
     overwrite=False,  # init_from=scratch in an out_dir that holds ckpt.pt: refused unless this is True
 )
-CHOICES = dict(init_from=("scratch", "resume"), lr_schedule=("cosine", "polynomial"),
-               dtype=DTYPES)
-MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
-finite = lambda low, high=math.inf: lambda v: math.isfinite(v) and low <= v < high  # NaN fails every comparison
+CHOICES = dict(init_from=("scratch", "resume"), lr_schedule=("cosine", "polynomial"), dtype=DTYPES)
 LIMITS = dict(  # numeric keys, checked once the whole configuration is known
-    learning_rate=(lambda v: finite(0)(v) and v > 0, "a finite number > 0"),
-    min_lr=(finite(0), "a finite number >= 0"),
-    weight_decay=(finite(0), "a finite number >= 0"),
-    beta1=(finite(0, 1), "in [0, 1)"),
-    beta2=(finite(0, 1), "in [0, 1)"),
-    adam_eps=(lambda v: finite(0)(v) and v > 0, "a finite number > 0"),
-    grad_clip=(finite(0), "a finite number >= 0 (0 disables clipping)"),
-    lr_power=(lambda v: finite(0)(v) and v > 0, "a finite number > 0"),
-    **{k: (lambda v: v >= 0, "an integer >= 0") for k in ("max_iters", "warmup_iters", "lr_decay_iters")},
-    **{k: (lambda v: v >= 1, "an integer >= 1") for k in ("eval_interval", "eval_iters", "log_interval", "batch_size",
-                                                          "gradient_accumulation_steps")},
+    learning_rate=POSITIVE, min_lr=NON_NEGATIVE, weight_decay=NON_NEGATIVE, beta1=FRACTION, beta2=FRACTION,
+    adam_eps=POSITIVE, grad_clip=(NON_NEGATIVE[0], "a finite number >= 0 (0 disables clipping)"), lr_power=POSITIVE,
+    **dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters"), COUNT),
+    **dict.fromkeys(("eval_interval", "eval_iters", "log_interval", "batch_size", "gradient_accumulation_steps"),
+                    AT_LEAST_ONE),
 )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Configuration
-
-
-def set_key(config, key, value, source):
-    if key not in DEFAULTS:
-        raise UserError(f"unknown config key {key!r} (from {source}); known keys: {', '.join(DEFAULTS)}")
-    want = type(DEFAULTS[key])
-    if isinstance(value, str) and want is not str:  # from the command line: parse by the default's type
-        try:
-            value = {"true": True, "false": False}[value.lower()] if want is bool else want(value)
-        except (KeyError, ValueError):
-            raise UserError(f"config key {key}={value!r} (from {source}) must be a {want.__name__}") from None
-    if want is float and type(value) is int:
-        value = float(value)
-    if type(value) is not want:
-        raise UserError(f"config key {key}={value!r} (from {source}) must be a {want.__name__}")
-    if key in CHOICES and value not in CHOICES[key]:
-        raise UserError(f"config key {key}={value!r} (from {source}) must be one of {', '.join(CHOICES[key])}")
-    config[key] = value
+MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
 
 
 def load_config(argv):
-    config = dict(DEFAULTS)
-    for arg in argv:
-        if arg.startswith("--"):
-            key, eq, value = arg[2:].partition("=")
-            if not eq:
-                raise UserError(f"expected --key=value, got {arg!r}")
-            set_key(config, key, value, arg)
-        else:
-            for key, value in run_config_file(arg).items():
-                if not key.startswith("_") and not isinstance(value, ModuleType):
-                    set_key(config, key, value, arg)
-    for key, (ok, allowed) in LIMITS.items():
-        if not ok(config[key]):
-            raise UserError(f"config key {key}={config[key]!r} is not allowed: must be {allowed}")
-    return config
-
-
-def run_config_file(path):
-    """A config file's assignments; any error in it is reported as one line naming the file and the line."""
-    if not Path(path).is_file():
-        raise UserError(f"config file {path!r} does not exist")
-    data = Path(path).read_bytes()
-    try:
-        source = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise UserError(f"config file {path}, line {line}: byte 0x{data[e.start]:02x} is not UTF-8 text") from None
-    namespace = {}
-    try:
-        exec(compile(source, path, "exec"), namespace)
-    except SyntaxError as e:
-        raise UserError(f"config file {e.filename}, line {e.lineno}: {e.msg}") from None
-    except Exception as e:  # the deepest frame in a config file, not in Python or its packages
-        frames = [f for f in traceback.extract_tb(e.__traceback__)
-                  if not f.filename.startswith(("<", sys.prefix, sys.base_prefix, __file__))]
-        where = f"{frames[-1].filename}, line {frames[-1].lineno}" if frames else path
-        raise UserError(f"config file {where}: {type(e).__name__}: {e}") from None
-    return namespace
+    return configure(DEFAULTS, argv, CHOICES, LIMITS)
 
 
 def get_lr(it, c):
