@@ -5,8 +5,7 @@ Train a lex-gpt model, on one device or with DDP under torchrun. nanoGPT's usage
     torchrun --standalone --nproc_per_node=8 train.py config/paper_lex_350m.py            # one node
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py ...
 
-Configuration: the defaults below, then each config file in order (plain Python assignments), then --key=value.
-An unknown key or a value of the wrong type stops with a one-line error naming the key.
+Configuration: the defaults below, then each config file in order, then --key=value (configurator.py).
 
 Data sampling is a pure function of (seed, iteration): every global batch is drawn from np.random.default_rng
 ([seed, 0, iter]) and cut into per-rank micro-batches, so 1 and N processes see the same global batch, and a
@@ -123,8 +122,8 @@ def get_lr(it, c):
 
 
 def get_batch(data, offsets, block_size, device):
-    """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather (4x faster than a slice per
-    sequence), as x = all but the last and y = all but the first."""
+    """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather rather than a slice per
+    sequence, as x = all but the last and y = all but the first."""
     xy = torch.from_numpy(data[offsets[:, None] + np.arange(block_size + 1)].astype(np.int64))
     x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
     if device.startswith("cuda"):
@@ -167,12 +166,9 @@ def make_optimizer(model, c, device_type):
 
 
 def fused_adamw(device_type):
-    """AdamW's fused kernel (one pass over each parameter) instead of torch's default, several foreach kernels, on
-    CUDA and CPU, which torch 2.13 has it for. On CPU it makes the step 4x faster (0.7 vs 2.9 ms for 0.8M
-    parameters). It is safe with the float16 GradScaler: the NaNs nanoGPT's users saw (pytorch#95781) were fixed in
-    torch 2.0 (pytorch#95847); the scaler hands the fused step its found-inf flag, and a step it skips leaves the
-    weights and AdamW's step count untouched, as without fusing (checked on CPU and an H200, with and without
-    clipping). MPS keeps the default: untried there."""
+    """AdamW's fused kernel (one pass over each parameter, not torch's several foreach kernels) where torch has it,
+    CUDA and CPU; MPS keeps the default. Safe with float16's GradScaler: a step it skips leaves the weights and
+    AdamW's step count untouched, as without fusing (docs/engineering_notes.md)."""
     return device_type in ("cuda", "cpu")
 
 
@@ -186,7 +182,8 @@ def check_out_dir(c, ckpt_path, master):
     if c["init_from"] == "scratch" and ckpt_path.exists() and not c["overwrite"]:
         raise UserError(f"{ckpt_path} exists and init_from=scratch would replace it: continue it with "
                         "--init_from=resume, or start over with --overwrite=True")
-    return writable_dir(c["out_dir"], "out_dir") if master else Path(c["out_dir"])
+    if master:
+        writable_dir(c["out_dir"], "out_dir")
 
 
 def open_log(out_dir, resume_iter):
@@ -213,16 +210,6 @@ def open_log(out_dir, resume_iter):
     return open(path, "a")
 
 
-def resume_state(ckpt, ckpt_path, meta, c):
-    """Check a checkpoint before resuming from it: a lex-gpt training checkpoint for this dataset's tokenizer."""
-    missing = [k for k in ("optimizer", "scaler", "iter_num", "best_val_loss", "rng") if k not in ckpt]
-    if missing:
-        raise UserError(f"checkpoint {ckpt_path} cannot be resumed: it has no {', '.join(missing)}")
-    config = model_config(ckpt, ckpt_path)
-    check_tokenizer(ckpt, ckpt_path, meta, c["data_dir"])
-    return config
-
-
 def setup(c):
     """Processes, device and precision, and every check that can fail before any work: wandb, out_dir, the dataset,
     the checkpoint and the model's configuration (the checkpoint's on resume). Returns the state the pieces below
@@ -237,14 +224,23 @@ def setup(c):
                           ctx=autocast(device, dtype), ckpt_path=Path(c["out_dir"]) / "ckpt.pt")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    wandb = import_wandb() if c["wandb_log"] else None  # checked on every rank, so that all stop together
-    run.wandb = wandb if run.master else None
+    wandb = None
+    if c["wandb_log"]:  # checked on every rank, so that all stop together
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("wandb_log=True needs the wandb package: pip install wandb") from None
+    run.wandb = wandb if run.master else None  # the module; start_logging replaces it with the run
 
     run.meta = load_meta(c["data_dir"])
-    run.out_dir = check_out_dir(c, run.ckpt_path, run.master)
+    check_out_dir(c, run.ckpt_path, run.master)
     ckpt = load_checkpoint(run.ckpt_path) if c["init_from"] == "resume" else None
-    if ckpt:  # the architecture is the checkpoint's; note any key given differently this time
-        run.gpt_config = resume_state(ckpt, run.ckpt_path, run.meta, c)
+    if ckpt:  # a training checkpoint for this dataset's tokenizer, whose architecture wins over the config's
+        missing = [k for k in ("optimizer", "scaler", "iter_num", "best_val_loss", "rng") if k not in ckpt]
+        if missing:
+            raise UserError(f"checkpoint {run.ckpt_path} cannot be resumed: it has no {', '.join(missing)}")
+        run.gpt_config = model_config(ckpt, run.ckpt_path)
+        check_tokenizer(ckpt, run.ckpt_path, run.meta, c["data_dir"])
         for k in MODEL_KEYS:
             if getattr(run.gpt_config, k) != c[k] and run.master:
                 print(f"note: {k}={c[k]!r} ignored, the checkpoint has {getattr(run.gpt_config, k)!r}")
@@ -263,14 +259,6 @@ def setup(c):
     return run, ckpt
 
 
-def import_wandb():
-    try:
-        import wandb
-    except ImportError:
-        raise UserError("wandb_log=True needs the wandb package: pip install wandb") from None
-    return wandb
-
-
 def build(run, c, ckpt):
     """The model (run.raw_model; run.model is it compiled and DDP-wrapped as asked), AdamW and the GradScaler: fresh,
     or as the checkpoint left them."""
@@ -278,7 +266,7 @@ def build(run, c, ckpt):
     run.raw_model = GPT(run.gpt_config).to(run.device)
     run.optimizer = make_optimizer(run.raw_model, c, run.device_type)
     run.scaler = torch.amp.GradScaler(run.device_type, enabled=run.dtype == "float16")
-    run.first_nonfinite = torch.full((), -1, device=run.device)  # see note_nonfinite
+    run.first_nonfinite = torch.full((), -1, device=run.device)  # see train_step
     run.best_val_loss = float("inf")
     torch.manual_seed(c["seed"] + run.rank)  # dropout differs between ranks
     if ckpt:
@@ -309,9 +297,9 @@ def start_logging(run, c):
     """Rank 0: log.jsonl, the wandb run, MFU's constants, and the run's first line."""
     if not run.master:
         return
-    run.log = open_log(run.out_dir, run.start_iter if c["init_from"] == "resume" else None)
-    run.wandb_run = run.wandb.init(project=c["wandb_project"], name=c["wandb_run_name"] or None, config=c) \
-        if run.wandb else None
+    run.log = open_log(run.ckpt_path.parent, run.start_iter if c["init_from"] == "resume" else None)
+    if run.wandb:
+        run.wandb = run.wandb.init(project=c["wandb_project"], name=c["wandb_run_name"] or None, config=c)
     run.flops_per_token = train_flops_per_token(run.gpt_config)
     run.peak_flops = peak_flops(run.device, run.dtype)  # per device; None where unknown (CPU: measured, < 1 s)
     print(f"{run.raw_model.get_num_params() / 1e6:.2f}M parameters, pos={c['pos']}, {run.device} {run.dtype}, "
@@ -324,8 +312,8 @@ def record(run, entry, wandb_entry):
     if run.master:
         run.log.write(json.dumps(entry) + "\n")
         run.log.flush()
-        if run.wandb_run:
-            run.wandb_run.log(wandb_entry)
+        if run.wandb:
+            run.wandb.log(wandb_entry)
 
 
 def stop(run, problem):
@@ -338,14 +326,15 @@ def stop(run, problem):
 def finish_logging(run):
     if run.master:
         run.log.close()
-        if run.wandb_run:
-            run.wandb_run.finish()
+        if run.wandb:
+            run.wandb.finish()
 
 
 def train_step(run, c, iter_num):
     """One iteration: this rank's micro-steps of the global batch, gradient clipping, and the optimizer step through
     the GradScaler (which does nothing unless float16). Returns the micro-steps' summed loss as a tensor, unread:
-    reading it makes the host wait for the device, so the loop does that at log steps only."""
+    reading it makes the host wait for the device, so the loop does that at log steps only; the first iteration
+    whose loss was not finite is remembered on the device, for the next log step to stop at."""
     lr = get_lr(iter_num, c)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
@@ -367,15 +356,10 @@ def train_step(run, c, iter_num):
     run.scaler.step(run.optimizer)
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
-    return loss_sum
-
-
-def note_nonfinite(run, iter_num, loss_sum):
-    """Remember, on the device (no wait for it), the first iteration whose loss was not finite. With float16's
-    GradScaler that is a skipped step, not an error: the scaler already left the weights alone."""
-    if not run.scaler.is_enabled():
+    if not run.scaler.is_enabled():  # float16's GradScaler skips such a step itself: no error there
         first = (run.first_nonfinite < 0) & ~torch.isfinite(loss_sum)
         run.first_nonfinite = torch.where(first, iter_num, run.first_nonfinite)
+    return loss_sum
 
 
 def log_step(run, c, iter_num, loss_sum, dt):
@@ -398,18 +382,13 @@ def log_step(run, c, iter_num, loss_sum, dt):
     if run.peak_flops:  # the global batch ran on world devices, each with this peak
         entry["mfu"] = run.flops_per_token * tokens / dt / (run.world * run.peak_flops)
     if run.scaler.is_enabled():  # a skipped step is one AdamW did not count
-        entry.update(grad_scale=run.scaler.get_scale(), skipped_steps=iter_num + 1 - optimizer_steps(run.optimizer))
+        state = run.optimizer.state.get(run.optimizer.param_groups[0]["params"][0])  # AdamW's count of its updates
+        entry.update(grad_scale=run.scaler.get_scale(), skipped_steps=iter_num + 1 - int(state["step"] if state else 0))
     record(run, entry, {k: entry[k] for k in ("iter", "loss", "lr", "mfu") if k in entry})
     extra = f", scale {entry['grad_scale']:g}, skipped {entry['skipped_steps']}" if run.scaler.is_enabled() else ""
     mfu = f"{entry['mfu']:.2%}" if "mfu" in entry else "n/a"
     print(f"iter {iter_num}: loss {loss:.4f}, lr {entry['lr']:.2e}, {dt * 1e3:.0f} ms, "
           f"{entry['tokens_per_s']:,.0f} tok/s, mfu {mfu}{extra}")
-
-
-def optimizer_steps(optimizer):
-    """How many updates AdamW has applied, over the whole run (it counts none for a step the GradScaler skipped)."""
-    state = optimizer.state.get(optimizer.param_groups[0]["params"][0])
-    return int(state["step"]) if state else 0
 
 
 def evaluate_and_checkpoint(run, c, iter_num):
@@ -463,7 +442,6 @@ def train(c):
         if iter_num >= c["max_iters"]:
             break
         loss_sum = train_step(run, c, iter_num)
-        note_nonfinite(run, iter_num, loss_sum)
         t1 = time.perf_counter()  # before the log step reads the loss, as nanoGPT: no wait for the device here
         dt, t0 = t1 - t0, t1
         if iter_num % c["log_interval"] == 0:
