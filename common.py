@@ -153,17 +153,11 @@ def teardown_distributed(ddp):
     """Leave the process group: a barrier whose handle this process keeps until it exits, then
     destroy_process_group.
 
-    Why (two core dumps of the crash showed it): gloo runs each collective on a worker thread, which drops its
-    reference to the finished work a moment after the caller has returned from the collective. When that is the
-    last reference, the work is destroyed on the worker thread, and destroying a tensor that Python also wraps
-    needs the GIL. Once the main thread has started shutting the interpreter down, a thread that asks for the GIL
-    is stopped inside a noexcept destructor, and std::terminate aborts the process ("terminate called without an
-    active exception"): one two-process run in five failed that way after its work was done, on a rank other than
-    0, which goes from the checkpoint's all_gather_object straight to exit while rank 0 is still writing.
-    The barrier waits, with the GIL released, until every rank has finished; gloo's barrier work also holds every
-    collective still in flight when it was issued. Keeping its handle to the end of the process makes this thread,
-    not a worker, the last to release all of them (destroy_process_group does not stop gloo's worker threads).
-    A plain barrier was not enough: it moved the crash into the barrier's own release (2 runs in 24).
+    Why: gloo finishes each collective on a worker thread, and if that thread drops the last reference to the work
+    while the interpreter shuts down, the process aborts ("terminate called without an active exception"). The
+    barrier waits, with the GIL released, until every rank has finished, and its work holds every collective still
+    in flight; keeping its handle to the end makes this thread, not a worker, the last to release them. A plain
+    barrier is not enough. docs/engineering_notes.md has the whole story.
     """
     if ddp:
         barrier = dist.barrier(async_op=True)
@@ -284,9 +278,10 @@ def peak_flops(device, dtype):
 
 @functools.cache
 def cpu_matmul_flops(dtype):
-    """This CPU's matmul FLOP/s in dtype, measured once per process in well under a second: the median of 3 timed
-    n x n F.linear calls (the op nn.Linear runs), n doubled from 256 until one takes 10 ms, so that every core is
-    busy, or n reaches 2048. A machine busy with other work measures low, and MFU then reads high."""
+    """This CPU's matmul FLOP/s in dtype, measured once per process (a CPU has no vendor peak to divide by): the
+    median of 3 timed n x n F.linear calls (the op nn.Linear runs), n doubled from 256 until one takes 10 ms, so
+    that every core is busy, or n reaches 2048. A machine busy with other work measures low, and MFU then reads
+    high."""
     n = 256
     while True:
         a, b = (torch.randn(n, n).to(getattr(torch, dtype)) for _ in range(2))

@@ -7,6 +7,10 @@ Train a lex-gpt model, on one device or with DDP under torchrun. nanoGPT's usage
 
 Configuration: the defaults below, then each config file in order, then --key=value (configurator.py).
 
+The model trains at block_size only: the LeX Transformer's claim (paper §3) is that xPos (§3.2) trained short
+extrapolates at inference, with blockwise causal attention (§3.3), which the evaluation scripts apply to the
+checkpoints this writes. Training is therefore plain causal language modelling, as the paper's §4.1 recipe.
+
 Data sampling is a pure function of (seed, iteration): every global batch is drawn from np.random.default_rng
 ([seed, 0, iter]) and cut into per-rank micro-batches, so 1 and N processes see the same global batch, and a
 resumed run sees exactly the batches the uninterrupted run would have seen.
@@ -72,7 +76,7 @@ DEFAULTS = dict(
     beta2=0.95,
     adam_eps=1e-8,
     grad_clip=1.0,  # 0 disables
-    # learning-rate schedule: linear warmup, then cosine or polynomial (the paper's) decay to min_lr
+    # learning-rate schedule: linear warmup, then cosine or polynomial (the paper's, §4.1) decay to min_lr
     decay_lr=True,
     lr_schedule="cosine",  # cosine | polynomial
     lr_power=1.0,  # polynomial decay power (1 = linear, fairseq's default)
@@ -301,7 +305,7 @@ def start_logging(run, c):
     if run.wandb:
         run.wandb = run.wandb.init(project=c["wandb_project"], name=c["wandb_run_name"] or None, config=c)
     run.flops_per_token = train_flops_per_token(run.gpt_config)
-    run.peak_flops = peak_flops(run.device, run.dtype)  # per device; None where unknown (CPU: measured, < 1 s)
+    run.peak_flops = peak_flops(run.device, run.dtype)  # per device; None where unknown (CPU: measured)
     print(f"{run.raw_model.get_num_params() / 1e6:.2f}M parameters, pos={c['pos']}, {run.device} {run.dtype}, "
           f"{run.world} process(es), global batch {c['batch_size'] * c['gradient_accumulation_steps']} x "
           f"{c['block_size']} tokens, iterations {run.start_iter} -> {c['max_iters']}")
