@@ -57,24 +57,11 @@ DEFAULTS = dict(
     batch_size=16,  # sequences per micro-step per rank
     gradient_accumulation_steps=1,  # global micro-steps per iteration, divided among the ranks
     # model (GPTConfig; vocab_size comes from data_dir/meta.json)
-    block_size=256,
-    n_layer=6,
-    n_head=6,
-    n_embd=384,
-    dropout=0.0,
-    bias=True,
-    pos="xpos",  # learned | sinusoidal | rope | alibi | xpos | none
-    rope_base=10000.0,
-    xpos_gamma=0.4,
-    xpos_scale_base=512.0,
-    xpos_rotate=True,
+    block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.0, bias=True,
+    pos="xpos",  # learned | sinusoidal | rope | alibi | xpos (paper §3.2) | none
+    rope_base=10000.0, xpos_gamma=0.4, xpos_scale_base=512.0, xpos_rotate=True,
     # AdamW
-    learning_rate=1e-3,
-    max_iters=5000,
-    weight_decay=0.1,
-    beta1=0.9,
-    beta2=0.95,
-    adam_eps=1e-8,
+    learning_rate=1e-3, max_iters=5000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8,
     grad_clip=1.0,  # 0 disables
     # learning-rate schedule: linear warmup, then cosine or polynomial (the paper's, §4.1) decay to min_lr
     decay_lr=True,
@@ -86,8 +73,7 @@ DEFAULTS = dict(
     # system
     device="auto",  # auto | cpu | cuda | cuda:N | mps
     dtype="auto",  # auto (bf16 on sm80+, fp16 + GradScaler on older CUDA, fp32 on CPU) | float32 | bfloat16 | float16
-    compile=False,
-    seed=1337,
+    compile=False, seed=1337,
     overwrite=False,  # init_from=scratch in an out_dir that holds ckpt.pt: refused unless this is True
 )
 CHOICES = dict(init_from=("scratch", "resume"), lr_schedule=("cosine", "polynomial"), dtype=DTYPES)
@@ -273,28 +259,23 @@ def build(run, c, ckpt):
     run.first_nonfinite = torch.full((), -1, device=run.device)  # see train_step
     run.best_val_loss = float("inf")
     torch.manual_seed(c["seed"] + run.rank)  # dropout differs between ranks
-    if ckpt:
-        resume(run, ckpt)
+    if ckpt:  # weights, optimizer and GradScaler state, best val loss, and each rank's RNG state
+        load_weights(run.raw_model, ckpt["model"], run.ckpt_path)
+        for group in ckpt["optimizer"]["param_groups"]:  # the saved choice may be another device's: this run's,
+            group["fused"] = fused_adamw(run.device_type)  # set before loading, places the state to suit this device
+        run.optimizer.load_state_dict(ckpt["optimizer"])
+        if run.scaler.is_enabled() and ckpt["scaler"]:  # a bfloat16/float32 run saved none: float16 starts afresh
+            run.scaler.load_state_dict(ckpt["scaler"])
+        run.best_val_loss = ckpt["best_val_loss"]
+        if len(ckpt["rng"]) == run.world:
+            torch.set_rng_state(ckpt["rng"][run.rank]["torch"])
+            if run.device_type == "cuda" and ckpt["rng"][run.rank]["cuda"] is not None:
+                torch.cuda.set_rng_state(ckpt["rng"][run.rank]["cuda"], run.device)
+        elif run.master:
+            print(f"note: checkpoint from {len(ckpt['rng'])} processes, resuming on {run.world}: dropout RNG reseeded")
     model = torch.compile(run.raw_model) if c["compile"] else run.raw_model
     run.model = DDP(model, device_ids=[torch.device(run.device)] if run.device_type == "cuda" else None) \
         if run.ddp else model
-
-
-def resume(run, ckpt):
-    """Weights, optimizer and GradScaler state, best val loss, and each rank's RNG state from the checkpoint."""
-    load_weights(run.raw_model, ckpt["model"], run.ckpt_path)
-    for group in ckpt["optimizer"]["param_groups"]:  # the saved run's choice may be another device's: put back this
-        group["fused"] = fused_adamw(run.device_type)  # run's before loading, which places the state to suit it
-    run.optimizer.load_state_dict(ckpt["optimizer"])
-    if run.scaler.is_enabled() and ckpt["scaler"]:  # a bfloat16/float32 run saved none: float16 starts a fresh one
-        run.scaler.load_state_dict(ckpt["scaler"])
-    run.best_val_loss = ckpt["best_val_loss"]
-    if len(ckpt["rng"]) == run.world:
-        torch.set_rng_state(ckpt["rng"][run.rank]["torch"])
-        if run.device_type == "cuda" and ckpt["rng"][run.rank]["cuda"] is not None:
-            torch.cuda.set_rng_state(ckpt["rng"][run.rank]["cuda"], run.device)
-    elif run.master:
-        print(f"note: checkpoint from {len(ckpt['rng'])} processes, resuming on {run.world}: dropout RNG reseeded")
 
 
 def start_logging(run, c):
