@@ -35,10 +35,11 @@ import sys
 import numpy as np
 import torch
 
-from common import (BCA_MODES, RULE_FIELDS, UserError, add_checkpoint_args, all_reduce_sum, attention_options, autocast,
-                    checkpoint_dataset, curves_figure, default_batch_tokens, finish_curves, learned_length_check,
-                    load_checkpoint, load_model, model_config, output_path, plan_runs, read_tokens, resolve_dtype,
-                    rule_fields, rule_label, setup_distributed, teardown_distributed, write_json)
+from common import (UserError, all_reduce_sum, autocast, load_checkpoint, load_model, model_config, output_path,
+                    resolve_dtype, setup_distributed, teardown_distributed, write_json)
+from data import checkpoint_dataset, read_tokens
+from evaluation import (BCA_MODES, RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure,
+                        default_batch_tokens, finish_curves, learned_length_check, plan_runs, rule_fields, rule_label)
 
 
 def parse_lengths(text):

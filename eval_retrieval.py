@@ -34,11 +34,11 @@ import sys
 import numpy as np
 import torch
 
-from common import (RULE_FIELDS, UserError, add_checkpoint_args, attention_options, autocast, checkpoint_dataset,
-                    curves_figure, default_batch_tokens, finish_curves, learned_length_check, load_checkpoint,
-                    load_model, model_config, output_path, passkey_document, passkey_parts, plan_runs, pyplot,
-                    read_tokens, resolve_device, resolve_dtype, rule_fields, rule_label, save_figure,
-                    tokenizer_from_meta, write_json)
+from common import (UserError, autocast, load_checkpoint, load_model, model_config, output_path, pyplot, resolve_device,
+                    resolve_dtype, write_json)
+from data import checkpoint_dataset, passkey_document, passkey_parts, read_tokens, tokenizer_from_meta
+from evaluation import (RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure, default_batch_tokens,
+                        finish_curves, learned_length_check, plan_runs, rule_fields, rule_label, save_figure)
 
 PROBES = ("repeat", "passkey")
 DIGITS = 5  # the passkey's digits, as prepare_data.py --passkey writes them by default

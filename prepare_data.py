@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (PASSKEY_CHARS, Tokenizer, UserError, ends_sha256, passkey_document, passkey_fixed_tokens,
-                    writable_dir)
+from common import UserError, writable_dir
+from data import PASSKEY_CHARS, Tokenizer, ends_sha256, passkey_document, passkey_fixed_tokens
 
 TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 # A few books of PG-19's test split (Rae et al. 2019; public-domain Project Gutenberg books published before 1919).
@@ -176,7 +176,7 @@ def split_documents(docs, val_fraction, seed):
 def mix_passkeys(train_docs, tokenizer, fraction, n_tokens, digits, seed):
     """Training documents with passkey documents mixed in at seeded places, about `fraction` of the training tokens:
     each n_tokens long, filler from the training text around the key sentence at a uniform depth, the question and
-    the answer at the end (common.passkey_document). Validation is never touched."""
+    the answer at the end (data.passkey_document). Validation is never touched."""
     filler_size = n_tokens - passkey_fixed_tokens(tokenizer, digits)
     if filler_size < 1:
         raise UserError(f"--passkey_tokens {n_tokens} is too short: the key sentence, question and answer alone take "

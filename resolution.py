@@ -25,9 +25,10 @@ import sys
 
 import torch
 
-from common import (UserError, add_checkpoint_args, attention_options, check_rule, checkpoint_dataset,
-                    learned_length_check, load_model, output_path, pointless, pyplot, read_tokens, resolve_device,
-                    rule_fields, rule_label, save_figure, write_json)
+from common import UserError, load_model, output_path, pyplot, resolve_device, write_json
+from data import checkpoint_dataset, read_tokens
+from evaluation import (add_checkpoint_args, attention_options, check_rule, learned_length_check, pointless,
+                        rule_fields, rule_label, save_figure)
 from model import GPTConfig, PositionTable
 
 

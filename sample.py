@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-from common import (UserError, add_checkpoint_args, attention_options, autocast, check_rule, checkpoint_dataset,
-                    learned_length_check, load_model, pointless, resolve_device, resolve_dtype, tokenizer_from_meta)
+from common import UserError, autocast, load_model, resolve_device, resolve_dtype
+from data import checkpoint_dataset, tokenizer_from_meta
+from evaluation import add_checkpoint_args, attention_options, check_rule, learned_length_check, pointless
 
 
 def read_prompt(path):

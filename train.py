@@ -5,8 +5,11 @@ Train a lex-gpt model, on one device or with DDP under torchrun. nanoGPT's usage
     torchrun --standalone --nproc_per_node=8 train.py config/paper_lex_350m.py            # one node
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py ...
 
-Configuration: the defaults below, then each config file in order (plain Python assignments), then --key=value.
-An unknown key or a value of the wrong type stops with a one-line error naming the key.
+Configuration: the defaults below, then each config file in order, then --key=value (configurator.py).
+
+The model trains at block_size only: the LeX Transformer's claim (paper §3) is that xPos (§3.2) trained short
+extrapolates at inference, with blockwise causal attention (§3.3), which the evaluation scripts apply to the
+checkpoints this writes. Training is therefore plain causal language modelling, as the paper's §4.1 recipe.
 
 Data sampling is a pure function of (seed, iteration): every global batch is drawn from np.random.default_rng
 ([seed, 0, iter]) and cut into per-rank micro-batches, so 1 and N processes see the same global batch, and a
@@ -22,21 +25,21 @@ import math
 import os
 import sys
 import time
-import traceback
 from contextlib import nullcontext
 from dataclasses import asdict, fields
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (CHECKPOINT_FORMAT, DTYPES, UserError, all_reduce_sum, autocast, check_tokenizer, load_checkpoint,
-                    load_meta, load_weights, model_config, peak_flops, read_tokens, resolve_dtype, save_checkpoint,
-                    setup_distributed, teardown_distributed, tokenizer_identity, train_flops_per_token,
-                    writable_dir)
+from common import (CHECKPOINT_FORMAT, DTYPES, UserError, all_reduce_sum, autocast, load_checkpoint, load_weights,
+                    model_config, peak_flops, resolve_dtype, save_checkpoint, setup_distributed, teardown_distributed,
+                    train_flops_per_token, writable_dir)
+from configurator import AT_LEAST_ONE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE, configure
+from data import check_tokenizer, load_meta, read_tokens, tokenizer_identity
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -54,26 +57,13 @@ DEFAULTS = dict(
     batch_size=16,  # sequences per micro-step per rank
     gradient_accumulation_steps=1,  # global micro-steps per iteration, divided among the ranks
     # model (GPTConfig; vocab_size comes from data_dir/meta.json)
-    block_size=256,
-    n_layer=6,
-    n_head=6,
-    n_embd=384,
-    dropout=0.0,
-    bias=True,
-    pos="xpos",  # learned | sinusoidal | rope | alibi | xpos | none
-    rope_base=10000.0,
-    xpos_gamma=0.4,
-    xpos_scale_base=512.0,
-    xpos_rotate=True,
+    block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.0, bias=True,
+    pos="xpos",  # learned | sinusoidal | rope | alibi | xpos (paper §3.2) | none
+    rope_base=10000.0, xpos_gamma=0.4, xpos_scale_base=512.0, xpos_rotate=True,
     # AdamW
-    learning_rate=1e-3,
-    max_iters=5000,
-    weight_decay=0.1,
-    beta1=0.9,
-    beta2=0.95,
-    adam_eps=1e-8,
+    learning_rate=1e-3, max_iters=5000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8,
     grad_clip=1.0,  # 0 disables
-    # learning-rate schedule: linear warmup, then cosine or polynomial (the paper's) decay to min_lr
+    # learning-rate schedule: linear warmup, then cosine or polynomial (the paper's, §4.1) decay to min_lr
     decay_lr=True,
     lr_schedule="cosine",  # cosine | polynomial
     lr_power=1.0,  # polynomial decay power (1 = linear, fairseq's default)
@@ -83,90 +73,22 @@ DEFAULTS = dict(
     # system
     device="auto",  # auto | cpu | cuda | cuda:N | mps
     dtype="auto",  # auto (bf16 on sm80+, fp16 + GradScaler on older CUDA, fp32 on CPU) | float32 | bfloat16 | float16
-    compile=False,
-    seed=1337,
+    compile=False, seed=1337,
     overwrite=False,  # init_from=scratch in an out_dir that holds ckpt.pt: refused unless this is True
 )
-CHOICES = dict(init_from=("scratch", "resume"), lr_schedule=("cosine", "polynomial"),
-               dtype=DTYPES)
-MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
-finite = lambda low, high=math.inf: lambda v: math.isfinite(v) and low <= v < high  # NaN fails every comparison
+CHOICES = dict(init_from=("scratch", "resume"), lr_schedule=("cosine", "polynomial"), dtype=DTYPES)
 LIMITS = dict(  # numeric keys, checked once the whole configuration is known
-    learning_rate=(lambda v: finite(0)(v) and v > 0, "a finite number > 0"),
-    min_lr=(finite(0), "a finite number >= 0"),
-    weight_decay=(finite(0), "a finite number >= 0"),
-    beta1=(finite(0, 1), "in [0, 1)"),
-    beta2=(finite(0, 1), "in [0, 1)"),
-    adam_eps=(lambda v: finite(0)(v) and v > 0, "a finite number > 0"),
-    grad_clip=(finite(0), "a finite number >= 0 (0 disables clipping)"),
-    lr_power=(lambda v: finite(0)(v) and v > 0, "a finite number > 0"),
-    **{k: (lambda v: v >= 0, "an integer >= 0") for k in ("max_iters", "warmup_iters", "lr_decay_iters")},
-    **{k: (lambda v: v >= 1, "an integer >= 1") for k in ("eval_interval", "eval_iters", "log_interval", "batch_size",
-                                                          "gradient_accumulation_steps")},
+    learning_rate=POSITIVE, min_lr=NON_NEGATIVE, weight_decay=NON_NEGATIVE, beta1=FRACTION, beta2=FRACTION,
+    adam_eps=POSITIVE, grad_clip=(NON_NEGATIVE[0], "a finite number >= 0 (0 disables clipping)"), lr_power=POSITIVE,
+    **dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters"), COUNT),
+    **dict.fromkeys(("eval_interval", "eval_iters", "log_interval", "batch_size", "gradient_accumulation_steps"),
+                    AT_LEAST_ONE),
 )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Configuration
-
-
-def set_key(config, key, value, source):
-    if key not in DEFAULTS:
-        raise UserError(f"unknown config key {key!r} (from {source}); known keys: {', '.join(DEFAULTS)}")
-    want = type(DEFAULTS[key])
-    if isinstance(value, str) and want is not str:  # from the command line: parse by the default's type
-        try:
-            value = {"true": True, "false": False}[value.lower()] if want is bool else want(value)
-        except (KeyError, ValueError):
-            raise UserError(f"config key {key}={value!r} (from {source}) must be a {want.__name__}") from None
-    if want is float and type(value) is int:
-        value = float(value)
-    if type(value) is not want:
-        raise UserError(f"config key {key}={value!r} (from {source}) must be a {want.__name__}")
-    if key in CHOICES and value not in CHOICES[key]:
-        raise UserError(f"config key {key}={value!r} (from {source}) must be one of {', '.join(CHOICES[key])}")
-    config[key] = value
+MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
 
 
 def load_config(argv):
-    config = dict(DEFAULTS)
-    for arg in argv:
-        if arg.startswith("--"):
-            key, eq, value = arg[2:].partition("=")
-            if not eq:
-                raise UserError(f"expected --key=value, got {arg!r}")
-            set_key(config, key, value, arg)
-        else:
-            for key, value in run_config_file(arg).items():
-                if not key.startswith("_") and not isinstance(value, ModuleType):
-                    set_key(config, key, value, arg)
-    for key, (ok, allowed) in LIMITS.items():
-        if not ok(config[key]):
-            raise UserError(f"config key {key}={config[key]!r} is not allowed: must be {allowed}")
-    return config
-
-
-def run_config_file(path):
-    """A config file's assignments; any error in it is reported as one line naming the file and the line."""
-    if not Path(path).is_file():
-        raise UserError(f"config file {path!r} does not exist")
-    data = Path(path).read_bytes()
-    try:
-        source = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise UserError(f"config file {path}, line {line}: byte 0x{data[e.start]:02x} is not UTF-8 text") from None
-    namespace = {}
-    try:
-        exec(compile(source, path, "exec"), namespace)
-    except SyntaxError as e:
-        raise UserError(f"config file {e.filename}, line {e.lineno}: {e.msg}") from None
-    except Exception as e:  # the deepest frame in a config file, not in Python or its packages
-        frames = [f for f in traceback.extract_tb(e.__traceback__)
-                  if not f.filename.startswith(("<", sys.prefix, sys.base_prefix, __file__))]
-        where = f"{frames[-1].filename}, line {frames[-1].lineno}" if frames else path
-        raise UserError(f"config file {where}: {type(e).__name__}: {e}") from None
-    return namespace
+    return configure(DEFAULTS, argv, CHOICES, LIMITS)
 
 
 def get_lr(it, c):
@@ -190,8 +112,8 @@ def get_lr(it, c):
 
 
 def get_batch(data, offsets, block_size, device):
-    """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather (4x faster than a slice per
-    sequence), as x = all but the last and y = all but the first."""
+    """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather rather than a slice per
+    sequence, as x = all but the last and y = all but the first."""
     xy = torch.from_numpy(data[offsets[:, None] + np.arange(block_size + 1)].astype(np.int64))
     x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
     if device.startswith("cuda"):
@@ -234,12 +156,9 @@ def make_optimizer(model, c, device_type):
 
 
 def fused_adamw(device_type):
-    """AdamW's fused kernel (one pass over each parameter) instead of torch's default, several foreach kernels, on
-    CUDA and CPU, which torch 2.13 has it for. On CPU it makes the step 4x faster (0.7 vs 2.9 ms for 0.8M
-    parameters). It is safe with the float16 GradScaler: the NaNs nanoGPT's users saw (pytorch#95781) were fixed in
-    torch 2.0 (pytorch#95847); the scaler hands the fused step its found-inf flag, and a step it skips leaves the
-    weights and AdamW's step count untouched, as without fusing (checked on CPU and an H200, with and without
-    clipping). MPS keeps the default: untried there."""
+    """AdamW's fused kernel (one pass over each parameter, not torch's several foreach kernels) where torch has it,
+    CUDA and CPU; MPS keeps the default. Safe with float16's GradScaler: a step it skips leaves the weights and
+    AdamW's step count untouched, as without fusing (docs/engineering_notes.md)."""
     return device_type in ("cuda", "cpu")
 
 
@@ -253,7 +172,8 @@ def check_out_dir(c, ckpt_path, master):
     if c["init_from"] == "scratch" and ckpt_path.exists() and not c["overwrite"]:
         raise UserError(f"{ckpt_path} exists and init_from=scratch would replace it: continue it with "
                         "--init_from=resume, or start over with --overwrite=True")
-    return writable_dir(c["out_dir"], "out_dir") if master else Path(c["out_dir"])
+    if master:
+        writable_dir(c["out_dir"], "out_dir")
 
 
 def open_log(out_dir, resume_iter):
@@ -280,16 +200,6 @@ def open_log(out_dir, resume_iter):
     return open(path, "a")
 
 
-def resume_state(ckpt, ckpt_path, meta, c):
-    """Check a checkpoint before resuming from it: a lex-gpt training checkpoint for this dataset's tokenizer."""
-    missing = [k for k in ("optimizer", "scaler", "iter_num", "best_val_loss", "rng") if k not in ckpt]
-    if missing:
-        raise UserError(f"checkpoint {ckpt_path} cannot be resumed: it has no {', '.join(missing)}")
-    config = model_config(ckpt, ckpt_path)
-    check_tokenizer(ckpt, ckpt_path, meta, c["data_dir"])
-    return config
-
-
 def setup(c):
     """Processes, device and precision, and every check that can fail before any work: wandb, out_dir, the dataset,
     the checkpoint and the model's configuration (the checkpoint's on resume). Returns the state the pieces below
@@ -304,14 +214,23 @@ def setup(c):
                           ctx=autocast(device, dtype), ckpt_path=Path(c["out_dir"]) / "ckpt.pt")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    wandb = import_wandb() if c["wandb_log"] else None  # checked on every rank, so that all stop together
-    run.wandb = wandb if run.master else None
+    wandb = None
+    if c["wandb_log"]:  # checked on every rank, so that all stop together
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("wandb_log=True needs the wandb package: pip install wandb") from None
+    run.wandb = wandb if run.master else None  # the module; start_logging replaces it with the run
 
     run.meta = load_meta(c["data_dir"])
-    run.out_dir = check_out_dir(c, run.ckpt_path, run.master)
+    check_out_dir(c, run.ckpt_path, run.master)
     ckpt = load_checkpoint(run.ckpt_path) if c["init_from"] == "resume" else None
-    if ckpt:  # the architecture is the checkpoint's; note any key given differently this time
-        run.gpt_config = resume_state(ckpt, run.ckpt_path, run.meta, c)
+    if ckpt:  # a training checkpoint for this dataset's tokenizer, whose architecture wins over the config's
+        missing = [k for k in ("optimizer", "scaler", "iter_num", "best_val_loss", "rng") if k not in ckpt]
+        if missing:
+            raise UserError(f"checkpoint {run.ckpt_path} cannot be resumed: it has no {', '.join(missing)}")
+        run.gpt_config = model_config(ckpt, run.ckpt_path)
+        check_tokenizer(ckpt, run.ckpt_path, run.meta, c["data_dir"])
         for k in MODEL_KEYS:
             if getattr(run.gpt_config, k) != c[k] and run.master:
                 print(f"note: {k}={c[k]!r} ignored, the checkpoint has {getattr(run.gpt_config, k)!r}")
@@ -330,14 +249,6 @@ def setup(c):
     return run, ckpt
 
 
-def import_wandb():
-    try:
-        import wandb
-    except ImportError:
-        raise UserError("wandb_log=True needs the wandb package: pip install wandb") from None
-    return wandb
-
-
 def build(run, c, ckpt):
     """The model (run.raw_model; run.model is it compiled and DDP-wrapped as asked), AdamW and the GradScaler: fresh,
     or as the checkpoint left them."""
@@ -345,42 +256,37 @@ def build(run, c, ckpt):
     run.raw_model = GPT(run.gpt_config).to(run.device)
     run.optimizer = make_optimizer(run.raw_model, c, run.device_type)
     run.scaler = torch.amp.GradScaler(run.device_type, enabled=run.dtype == "float16")
-    run.first_nonfinite = torch.full((), -1, device=run.device)  # see note_nonfinite
+    run.first_nonfinite = torch.full((), -1, device=run.device)  # see train_step
     run.best_val_loss = float("inf")
     torch.manual_seed(c["seed"] + run.rank)  # dropout differs between ranks
-    if ckpt:
-        resume(run, ckpt)
+    if ckpt:  # weights, optimizer and GradScaler state, best val loss, and each rank's RNG state
+        load_weights(run.raw_model, ckpt["model"], run.ckpt_path)
+        for group in ckpt["optimizer"]["param_groups"]:  # the saved choice may be another device's: this run's,
+            group["fused"] = fused_adamw(run.device_type)  # set before loading, places the state to suit this device
+        run.optimizer.load_state_dict(ckpt["optimizer"])
+        if run.scaler.is_enabled() and ckpt["scaler"]:  # a bfloat16/float32 run saved none: float16 starts afresh
+            run.scaler.load_state_dict(ckpt["scaler"])
+        run.best_val_loss = ckpt["best_val_loss"]
+        if len(ckpt["rng"]) == run.world:
+            torch.set_rng_state(ckpt["rng"][run.rank]["torch"])
+            if run.device_type == "cuda" and ckpt["rng"][run.rank]["cuda"] is not None:
+                torch.cuda.set_rng_state(ckpt["rng"][run.rank]["cuda"], run.device)
+        elif run.master:
+            print(f"note: checkpoint from {len(ckpt['rng'])} processes, resuming on {run.world}: dropout RNG reseeded")
     model = torch.compile(run.raw_model) if c["compile"] else run.raw_model
     run.model = DDP(model, device_ids=[torch.device(run.device)] if run.device_type == "cuda" else None) \
         if run.ddp else model
-
-
-def resume(run, ckpt):
-    """Weights, optimizer and GradScaler state, best val loss, and each rank's RNG state from the checkpoint."""
-    load_weights(run.raw_model, ckpt["model"], run.ckpt_path)
-    for group in ckpt["optimizer"]["param_groups"]:  # the saved run's choice may be another device's: put back this
-        group["fused"] = fused_adamw(run.device_type)  # run's before loading, which places the state to suit it
-    run.optimizer.load_state_dict(ckpt["optimizer"])
-    if run.scaler.is_enabled() and ckpt["scaler"]:  # a bfloat16/float32 run saved none: float16 starts a fresh one
-        run.scaler.load_state_dict(ckpt["scaler"])
-    run.best_val_loss = ckpt["best_val_loss"]
-    if len(ckpt["rng"]) == run.world:
-        torch.set_rng_state(ckpt["rng"][run.rank]["torch"])
-        if run.device_type == "cuda" and ckpt["rng"][run.rank]["cuda"] is not None:
-            torch.cuda.set_rng_state(ckpt["rng"][run.rank]["cuda"], run.device)
-    elif run.master:
-        print(f"note: checkpoint from {len(ckpt['rng'])} processes, resuming on {run.world}: dropout RNG reseeded")
 
 
 def start_logging(run, c):
     """Rank 0: log.jsonl, the wandb run, MFU's constants, and the run's first line."""
     if not run.master:
         return
-    run.log = open_log(run.out_dir, run.start_iter if c["init_from"] == "resume" else None)
-    run.wandb_run = run.wandb.init(project=c["wandb_project"], name=c["wandb_run_name"] or None, config=c) \
-        if run.wandb else None
+    run.log = open_log(run.ckpt_path.parent, run.start_iter if c["init_from"] == "resume" else None)
+    if run.wandb:
+        run.wandb = run.wandb.init(project=c["wandb_project"], name=c["wandb_run_name"] or None, config=c)
     run.flops_per_token = train_flops_per_token(run.gpt_config)
-    run.peak_flops = peak_flops(run.device, run.dtype)  # per device; None where unknown (CPU: measured, < 1 s)
+    run.peak_flops = peak_flops(run.device, run.dtype)  # per device; None where unknown (CPU: measured)
     print(f"{run.raw_model.get_num_params() / 1e6:.2f}M parameters, pos={c['pos']}, {run.device} {run.dtype}, "
           f"{run.world} process(es), global batch {c['batch_size'] * c['gradient_accumulation_steps']} x "
           f"{c['block_size']} tokens, iterations {run.start_iter} -> {c['max_iters']}")
@@ -391,8 +297,8 @@ def record(run, entry, wandb_entry):
     if run.master:
         run.log.write(json.dumps(entry) + "\n")
         run.log.flush()
-        if run.wandb_run:
-            run.wandb_run.log(wandb_entry)
+        if run.wandb:
+            run.wandb.log(wandb_entry)
 
 
 def stop(run, problem):
@@ -405,14 +311,15 @@ def stop(run, problem):
 def finish_logging(run):
     if run.master:
         run.log.close()
-        if run.wandb_run:
-            run.wandb_run.finish()
+        if run.wandb:
+            run.wandb.finish()
 
 
 def train_step(run, c, iter_num):
     """One iteration: this rank's micro-steps of the global batch, gradient clipping, and the optimizer step through
     the GradScaler (which does nothing unless float16). Returns the micro-steps' summed loss as a tensor, unread:
-    reading it makes the host wait for the device, so the loop does that at log steps only."""
+    reading it makes the host wait for the device, so the loop does that at log steps only; the first iteration
+    whose loss was not finite is remembered on the device, for the next log step to stop at."""
     lr = get_lr(iter_num, c)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
@@ -434,15 +341,10 @@ def train_step(run, c, iter_num):
     run.scaler.step(run.optimizer)
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
-    return loss_sum
-
-
-def note_nonfinite(run, iter_num, loss_sum):
-    """Remember, on the device (no wait for it), the first iteration whose loss was not finite. With float16's
-    GradScaler that is a skipped step, not an error: the scaler already left the weights alone."""
-    if not run.scaler.is_enabled():
+    if not run.scaler.is_enabled():  # float16's GradScaler skips such a step itself: no error there
         first = (run.first_nonfinite < 0) & ~torch.isfinite(loss_sum)
         run.first_nonfinite = torch.where(first, iter_num, run.first_nonfinite)
+    return loss_sum
 
 
 def log_step(run, c, iter_num, loss_sum, dt):
@@ -465,18 +367,13 @@ def log_step(run, c, iter_num, loss_sum, dt):
     if run.peak_flops:  # the global batch ran on world devices, each with this peak
         entry["mfu"] = run.flops_per_token * tokens / dt / (run.world * run.peak_flops)
     if run.scaler.is_enabled():  # a skipped step is one AdamW did not count
-        entry.update(grad_scale=run.scaler.get_scale(), skipped_steps=iter_num + 1 - optimizer_steps(run.optimizer))
+        state = run.optimizer.state.get(run.optimizer.param_groups[0]["params"][0])  # AdamW's count of its updates
+        entry.update(grad_scale=run.scaler.get_scale(), skipped_steps=iter_num + 1 - int(state["step"] if state else 0))
     record(run, entry, {k: entry[k] for k in ("iter", "loss", "lr", "mfu") if k in entry})
     extra = f", scale {entry['grad_scale']:g}, skipped {entry['skipped_steps']}" if run.scaler.is_enabled() else ""
     mfu = f"{entry['mfu']:.2%}" if "mfu" in entry else "n/a"
     print(f"iter {iter_num}: loss {loss:.4f}, lr {entry['lr']:.2e}, {dt * 1e3:.0f} ms, "
           f"{entry['tokens_per_s']:,.0f} tok/s, mfu {mfu}{extra}")
-
-
-def optimizer_steps(optimizer):
-    """How many updates AdamW has applied, over the whole run (it counts none for a step the GradScaler skipped)."""
-    state = optimizer.state.get(optimizer.param_groups[0]["params"][0])
-    return int(state["step"]) if state else 0
 
 
 def evaluate_and_checkpoint(run, c, iter_num):
@@ -530,7 +427,6 @@ def train(c):
         if iter_num >= c["max_iters"]:
             break
         loss_sum = train_step(run, c, iter_num)
-        note_nonfinite(run, iter_num, loss_sum)
         t1 = time.perf_counter()  # before the log step reads the loss, as nanoGPT: no wait for the device here
         dt, t0 = t1 - t0, t1
         if iter_num % c["log_interval"] == 0:

@@ -1,99 +1,13 @@
-"""Tests for common.py: datasets checked on open, checkpoints checked on load, devices, output paths."""
+"""Tests for common.py: checkpoints checked on load, devices, output paths, MFU."""
 
-import json
 import os
-import shutil
 
-import numpy as np
 import pytest
 import torch
 
 import common
-from common import UserError
 from conftest import make_checkpoint
-from prepare_data import write_dataset
-
-
-def dataset(root, seed=0, vocab="abcdefghijk", n_train=500, n_val=75):
-    rng = np.random.default_rng(seed)
-    train = rng.integers(0, len(vocab), n_train).astype(np.uint16)
-    val = rng.integers(0, len(vocab), n_val).astype(np.uint16)
-    meta = dict(tokenizer="char", vocab_size=len(vocab), dtype="uint16", chars=list(vocab), eot_token=None,
-                train_documents=[{"name": "t", "start": 0, "end": n_train}],
-                val_documents=[{"name": "v", "start": 0, "end": n_val}])
-    write_dataset(root, {"train": train, "val": val}, meta)
-    return root
-
-
-def read_meta(root):
-    return json.loads((root / "meta.json").read_text())
-
-
-def edit_meta(root, **changes):
-    (root / "meta.json").write_text(json.dumps(dict(read_meta(root), **changes)))
-
-
-def file_of(root, split):
-    return root / json.loads((root / "meta.json").read_text())["files"][split]["file"]
-
-
-def error(fn, *args, **kwargs):
-    with pytest.raises(UserError) as e:
-        fn(*args, **kwargs)
-    return str(e.value)
-
-
-def test_load_meta_accepts_a_complete_dataset(tmp_path):
-    meta = common.load_meta(dataset(tmp_path / "a"))
-    assert meta["files"]["train"]["tokens"] == 500
-    assert len(common.read_tokens(tmp_path / "a", "val", meta)) == 75
-
-
-def test_mixed_directory_assembled_by_hand_is_refused(tmp_path):
-    a, b = dataset(tmp_path / "a", seed=0), dataset(tmp_path / "b", seed=1)
-    shutil.copy(file_of(b, "val"), file_of(a, "val"))  # same size, other content, under a's name
-    assert "do not belong together" in error(common.load_meta, a)
-    c = dataset(tmp_path / "c", seed=2, n_train=600)
-    shutil.copy(file_of(b, "train"), file_of(c, "train"))  # another token count
-    assert "(500 tokens, 600 recorded" in error(common.load_meta, c)
-    shutil.copy(b / "meta.json", c / "meta.json")  # b's meta.json names files that are not in c
-    assert "is missing: the dataset" in error(common.load_meta, c)
-
-
-@pytest.mark.parametrize("damage,message", [
-    (lambda d: (d / "meta.json").write_text("{not json"), "meta.json is corrupt"),
-    (lambda d: (d / "meta.json").write_bytes(b"\xff\xfe"), "meta.json is corrupt"),
-    (lambda d: (d / "meta.json").write_text(json.dumps({"tokenizer": "char"})), "corrupt: no vocab_size, dtype, files"),
-    (lambda d: (d / "meta.json").write_text("[1, 2]"), "corrupt: not a JSON object"),
-    (lambda d: edit_meta(d, vocab_size="11"), "corrupt: vocab_size='11' is not allowed"),
-    (lambda d: edit_meta(d, chars=list("abc")), "corrupt: chars=['a', 'b', 'c'] is not allowed"),
-    (lambda d: edit_meta(d, files={"train": {"file": 5, "tokens": 1, "ends_sha256": ""}}), "corrupt: files="),
-    (lambda d: edit_meta(d, files=dict(read_meta(d)["files"], val=dict(read_meta(d)["files"]["val"], tokens="75"))),
-     "corrupt: files="),
-    (lambda d: file_of(d, "train").write_bytes(b""), "is empty (0 tokens)"),
-    (lambda d: file_of(d, "val").unlink(), "is missing"),
-    (lambda d: (d / "meta.json").unlink(), "missing meta.json"),
-])
-def test_damaged_datasets_are_one_line_errors(tmp_path, damage, message):
-    d = dataset(tmp_path / "d")
-    damage(d)
-    assert message in error(common.load_meta, d)
-
-
-def test_tokenizer_mismatch_names_both(tmp_path):
-    a = dataset(tmp_path / "a")
-    small = dataset(tmp_path / "small", vocab="abcdefghijklmnop")  # 16 characters
-    ckpt_path = tmp_path / "m.pt"
-    make_checkpoint(ckpt_path, a)
-    ckpt = common.load_checkpoint(ckpt_path)
-    assert ckpt["tokenizer"]["vocab_size"] == 11
-    message = error(common.checkpoint_dataset, ckpt, ckpt_path, small)
-    assert "vocab_size 11" in message and "vocab_size 16" in message and "--data_dir" in message
-    same_size = dataset(tmp_path / "same", vocab="ABCDEFGHIJK")  # 11 other characters: only the hash differs
-    assert "chars_sha256" in error(common.checkpoint_dataset, ckpt, ckpt_path, same_size)
-    assert common.checkpoint_dataset(ckpt, ckpt_path)[0] == str(a)  # the training data_dir by default
-    del ckpt["tokenizer"]  # older checkpoints: the vocabulary size is still compared
-    assert "vocab_size 11" in error(common.checkpoint_dataset, ckpt, ckpt_path, small)
+from test_data import dataset, error
 
 
 def test_checkpoint_errors(tmp_path):

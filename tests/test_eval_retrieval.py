@@ -10,8 +10,8 @@ import torch
 
 import eval_retrieval
 import prepare_data
-from common import PASSKEY_CHARS, Tokenizer
 from conftest import make_checkpoint
+from data import PASSKEY_CHARS, Tokenizer
 
 
 def run(*argv):

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import common
+import data
 import prepare_data
-from common import Tokenizer, gpt2_encoding
+from data import Tokenizer, gpt2_encoding
 
 
 def run(*argv):
@@ -296,11 +296,11 @@ def test_a_kill_between_the_moves_leaves_the_old_dataset(tmp_path, monkeypatch, 
     with pytest.raises(Killed):
         run("--dataset", "files", "--path", new, "--out_dir", out)
     monkeypatch.setattr(prepare_data.os, "replace", real_replace)
-    common.load_meta(out)  # every reader's check: complete and consistent
+    data.load_meta(out)  # every reader's check: complete and consistent
     assert snapshot(out) == before  # the old dataset, whole
     run("--dataset", "files", "--path", new, "--out_dir", out)  # the next run replaces it, and removes the debris
     assert snapshot(out) != before and len(snapshot(out)[0]) == 1
-    meta = common.load_meta(out)
+    meta = data.load_meta(out)
     assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "train.bin", "val.bin",
                                                             meta["files"]["train"]["file"],
                                                             meta["files"]["val"]["file"]])
@@ -313,7 +313,7 @@ def test_debris_of_older_runs_is_removed(tmp_path):
         (out / name).write_bytes(b"\0\0")
     (out / "notes.txt").write_text("mine")
     run("--dataset", "files", "--path", write_corpus(tmp_path / "c", n=3), "--out_dir", out)
-    meta = common.load_meta(out)
+    meta = data.load_meta(out)
     assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "notes.txt", "train.bin", "val.bin",
                                                             meta["files"]["train"]["file"],
                                                             meta["files"]["val"]["file"]])

