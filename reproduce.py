@@ -3,6 +3,7 @@ The small-scale study of the paper's claims, in one resumable command:
 
     python reproduce.py                      # the whole study: data, training, evaluation, results/char
     python reproduce.py --plan               # the jobs and what is finished, without running anything
+    python reproduce.py --report             # redraw the tables and plots from results/char alone
     python reproduce.py --variant gpt2 --device cuda   # GPT-2 BPE tokens, for a GPU (config/study_gpt2.py)
     python reproduce.py --budget toy --results /tmp/r --runs /tmp/o   # the whole pipeline in a minute or two
 
@@ -18,11 +19,19 @@ Resumable: every job writes one file (JSON, or a checkpoint that has reached max
 there is skipped; a training run that was stopped resumes from its last checkpoint, and a result older than one of
 its checkpoints (a run trained again) is measured again. So the study can run in pieces; a changed recipe needs
 its run directories removed. Progress lines carry an estimate of the time left, from
-the durations of the jobs finished so far (kept in the results directory across pieces).
+the durations of the jobs finished so far (kept in the results directory across pieces). With the study finished,
+a run only redraws the tables and plots; --report does just that from the results directory alone (a checkout
+holds the results but neither the data nor the checkpoints).
+
+The results directory keeps each job's JSON compact (raw/): numbers rounded far below the printed decimals, one row
+per line, and without the per-position curves that no table or plot here draws (eval_extrapolate.py's "curves",
+resolution.py's s_hat, s_hat_heads and pairs); the scripts run by hand with --json still write them in full.
 """
 
 import argparse
 import json
+import math
+import os
 import subprocess
 import sys
 import time
@@ -75,6 +84,11 @@ BUDGETS = {
                 multiples=(0.25, 1, 2, 4), spans="2", repeat_sequences=2, scaled_spans="2", scaled_sequences=2,
                 passkey_sequences=1, texts=1),
 }
+# Compact raw results: the fields dropped (per-position curves that no table or plot reads), and the significant
+# digits kept: 10 move a mean over seeds by about 1e-10 of itself, far below the 2-3 decimals the tables print, and
+# leave the plots drawn from these files unchanged to the pixel (at 7, Figure 2's theory curves already move).
+RAW_DROPPED = ("curves", "s_hat", "s_hat_heads", "pairs")
+RAW_DIGITS = 10
 GUESS_SECONDS = dict(prepare=10, train=300, extrapolate=240, scalings=240, resolution=20, theory=5, repeat=120,
                      repeat_scaled=120, passkey=300, report=10)  # until a job of the kind has run here
 
@@ -195,7 +209,7 @@ def plan(args, budget):
                                     inputs=[ckpts[f"{scheme}_passkey"]]))
     jobs += passkey_jobs
     jobs.append(Job("tables and plots", "report", Path(args.results) / "summary.json",
-                    action=lambda: report(args, budget)))
+                    action=lambda measured: report(args, budget, measured)))
     return jobs
 
 
@@ -226,8 +240,8 @@ def tune_plan(args, budget):
             jobs.append(Job(f"tune {scheme} at {factor} x learning_rate", "train", out_dir / "ckpt.pt",
                             [PY, "train.py", VARIANTS[args.variant]["config"]]
                             + [f"--{k}={v}" for k, v in settings.items()]))
-    jobs.append(Job("tuning table", "report", Path(args.results) / "tuning.json", action=lambda: tune_report(args,
-                                                                                                          budget)))
+    jobs.append(Job("tuning table", "report", Path(args.results) / "tuning.json",
+                    action=lambda measured: tune_report(args, budget)))
     return jobs
 
 
@@ -279,7 +293,7 @@ def run_jobs(args, budget, jobs):
               flush=True)
         began = time.time()
         if job.action:
-            job.action()
+            job.action(i > 0)  # whether this run measured anything (the report comes last)
         else:
             command = job.command[1:]
             resumed_at = 0
@@ -292,6 +306,8 @@ def run_jobs(args, budget, jobs):
             if result.returncode != 0:
                 raise UserError(f"{job.name} failed (exit {result.returncode}); its command is above. Finished jobs "
                                 "are kept: fix the cause and run reproduce.py again to go on")
+            if job.output.parent == Path(args.results) / "raw":
+                compact_raw(job.output)
         seconds = time.time() - began
         if job.kind == "train":  # a resumed run: its whole duration, at the rate of the part measured
             max_iters = budget["recipe"]["max_iters"]
@@ -314,6 +330,53 @@ def expected_seconds(job, timings, budget):
         return timings[job.name]["seconds"]
     done = [t["seconds"] for t in timings.values() if t["kind"] == job.kind]
     return sum(done) / len(done) if done else GUESS_SECONDS[job.kind] * (budget == "full")
+
+
+def compact_raw(path):
+    """Rewrite a job's JSON compact (without RAW_DROPPED, RAW_DIGITS, one row per line), keeping its modification
+    time: whether a result is finished, or older than its checkpoints, is judged by that time. A compact file is left
+    as it is."""
+    path = Path(path)
+    text = path.read_text()
+    try:
+        result = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} is not JSON ({e}): remove it and run reproduce.py again to measure it again") \
+            from None
+    compact = compact_json(compacted(result)) + "\n"
+    if compact != text:
+        stat = path.stat()
+        partial = path.with_name(path.name + ".partial")  # one atomic rename, as common.write_json
+        partial.write_text(compact)
+        os.utime(partial, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        partial.replace(path)
+
+
+def compacted(value):
+    """The value without RAW_DROPPED's fields, its floats rounded to RAW_DIGITS significant digits. Applied twice,
+    it changes nothing more."""
+    if isinstance(value, dict):
+        return {k: compacted(v) for k, v in value.items() if k not in RAW_DROPPED}
+    if isinstance(value, list):
+        return [compacted(v) for v in value]
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.{RAW_DIGITS}g}")
+    return value
+
+
+def compact_json(value, indent=0):
+    """JSON with one row per line: a list of numbers, or a dict of numbers and such lists, on one line; any other
+    dict or list one item per line."""
+    def flat(v):
+        return not isinstance(v, (dict, list)) or (isinstance(v, list) and not any(isinstance(x, (dict, list))
+                                                                                     for x in v))
+    if flat(value) or (isinstance(value, dict) and all(map(flat, value.values()))):
+        return json.dumps(value)
+    pad = " " * (indent + 1)
+    if isinstance(value, dict):
+        items = [f"{pad}{json.dumps(k)}: {compact_json(v, indent + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+    return "[\n" + ",\n".join(pad + compact_json(v, indent + 1) for v in value) + "\n" + " " * indent + "]"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -489,9 +552,13 @@ def plot_effective_context(summary, path):
     plt.close(fig)
 
 
-def report(args, budget):
-    """results/summary.json, then tables.md and the plots drawn from it alone, from whatever has finished."""
+def report(args, budget, measured=True):
+    """results/summary.json, then tables.md and the plots drawn from it alone, from whatever has finished. Its
+    machine is this one where this run measured something, else the one the summary already names (a redraw)."""
     results = Path(args.results)
+    for path in sorted((results / "raw").glob("*.json")):  # put there by hand, or before they were kept compact
+        compact_raw(path)
+    ran_on = None if measured else previous_machine(results / "summary.json")
     panels = {}
     ppl = gather(args, ".ppl.json", lambda r: r["length"], lambda r: r["ppl"], panels)
     ppl.update(gather(args, ".scaled.json", lambda r: r["length"], lambda r: r["ppl"], panels))
@@ -507,7 +574,8 @@ def report(args, budget):
                 repeat.setdefault(name, {}).update(by_key)
     passkey = gather(args, ".passkey.json", lambda r: r["length"], lambda r: r["accuracy"])  # spread over depths
     summary = {"variant": args.variant, "budget": args.budget, "recipe": budget["recipe"], "seeds": list(SEEDS),
-               "lengths": study_lengths(budget), "wall_time": wall_time(args, budget), "machine": machine(args.device),
+               "lengths": study_lengths(budget), "wall_time": wall_time(args, budget),
+               "machine": ran_on or machine(args.device),
                "perplexity": ppl, "panels": panels, "resolution": resolution, "effective_context": repeat,
                "passkey_accuracy": passkey}
     write_json(results / "summary.json", summary)
@@ -555,8 +623,15 @@ def wall_time(args, budget):
     return {"seconds": round(seconds, 1), "measured": sum(job.name in timings for job in jobs), "jobs": len(jobs)}
 
 
+def previous_machine(path):
+    """The machine an existing summary names (None without one: a missing or unreadable summary is drawn anew)."""
+    try:
+        return json.loads(path.read_text()).get("machine")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def machine(device):
-    import os
     import platform
     import torch
     if device.startswith("cuda"):
@@ -602,6 +677,9 @@ def parse_args(argv=None):
     p.add_argument("--tune", action="store_true", help="instead of the study: the learning-rate check behind the "
                    f"recipe ({', '.join(TUNE_SCHEMES)} at {', '.join(f'{f:g}' for f in TUNE_FACTORS)} x its "
                    "learning_rate), results/VARIANT/tuning.json")
+    p.add_argument("--report", action="store_true", help="only redraw summary.json, tables.md and the plots from the "
+                   "results directory (raw/, timings.json), running no job: for a checkout, which holds the results "
+                   "but neither the data nor the checkpoints")
     p.add_argument("--verbose", action="store_true", help="show each job's own output")
     args = p.parse_args(argv)
     toy = "_toy" if args.budget == "toy" else ""
@@ -620,6 +698,12 @@ def main(argv=None):
             raise UserError(f"--schemes {args.schemes}: unknown {', '.join(sorted(unknown))}; the study's schemes are "
                             + ", ".join(s for s, _, _ in SCHEMES))
         budget["recipe"] = dict(read_recipe(HERE / VARIANTS[args.variant]["config"]), **budget["train"])
+        if args.report:
+            if args.tune or args.plan:
+                raise UserError("--report redraws the study's tables alone: give it without --tune and --plan")
+            if not Path(args.results, "raw").is_dir():
+                raise UserError(f"--report: {Path(args.results, 'raw')} does not exist; nothing to draw from")
+            return report(args, budget, measured=False)
         Path(args.results, "raw").mkdir(parents=True, exist_ok=True)
         run_jobs(args, budget, tune_plan(args, budget) if args.tune else plan(args, budget))
     except UserError as e:

@@ -2,6 +2,8 @@
 resumability, the spread over seeds by hand, and its errors."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +105,61 @@ def test_resumes_only_what_is_missing(toy_study):
     assert [json.loads(line)["iter"] for line in log if "val_loss" in line] == [0, 2]
     assert (raw / "learned.repeat.json").exists()
     assert ((raw / "learned.ppl.json").stat().st_mtime_ns, (raw / "rope.passkey.json").stat().st_mtime_ns) == kept
+
+
+def test_raw_results_are_stored_compact(toy_study):
+    """Each job's JSON as the study keeps it: one row per line, without per-position curves, already compact."""
+    tmp, _ = toy_study
+    raw = tmp / "results" / "raw"
+    ppl = (raw / "rope.ppl.json").read_text()
+    rows = json.loads(ppl)["rows"]
+    assert "curves" not in json.loads(ppl) and len(rows) == 48
+    assert [line.strip(" ,") for line in ppl.splitlines() if '"ppl": ' in line] == [json.dumps(r) for r in rows]
+    resolution = json.loads((raw / "rope_s1337.resolution1.json").read_text())
+    assert all("s_hat" not in mode and "pairs" not in mode and "R_shared" in mode for mode in resolution["modes"])
+    for path in raw.glob("*.json"):
+        text = path.read_text()
+        assert reproduce.compact_json(reproduce.compacted(json.loads(text))) + "\n" == text, path.name
+
+
+def test_compact_raw_keeps_the_time_a_result_is_judged_by(tmp_path):
+    path = tmp_path / "x.ppl.json"
+    path.write_text(json.dumps({"rows": [{"ppl": 1 / 3, "length": 8}], "curves": [{"mean_nll": [0.5] * 8}]},
+                               indent=1))
+    os.utime(path, ns=(10**18, 10**18))
+    reproduce.compact_raw(path)
+    assert path.read_text() == '{\n "rows": [\n  {"ppl": 0.3333333333, "length": 8}\n ]\n}\n'
+    assert path.stat().st_mtime_ns == 10**18
+    path.write_text('{"rows": [')  # cut short
+    with pytest.raises(reproduce.UserError, match="x.ppl.json is not JSON"):
+        reproduce.compact_raw(path)
+
+
+def flat_numbers(value, key=""):
+    """{path: leaf} of a JSON value."""
+    if isinstance(value, dict):
+        return {k: v for name, item in value.items() for k, v in flat_numbers(item, f"{key}/{name}").items()}
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in flat_numbers(item, f"{key}[{i}]").items()}
+    return {key: value}
+
+
+def test_committed_raw_results_reproduce_the_committed_tables(tmp_path):
+    """--report from the committed results/char alone (raw/, timings.json) draws the committed tables.md exactly,
+    a summary.json whose every number agrees with the committed one, and leaves the raw files as they are."""
+    committed = ROOT / "results" / "char"
+    shutil.copytree(committed, tmp_path / "char")
+    reproduce.main(["--report", "--results", str(tmp_path / "char")])
+    assert (tmp_path / "char" / "tables.md").read_text() == (committed / "tables.md").read_text()
+    drawn, kept = (flat_numbers(json.loads((d / "summary.json").read_text())) for d in (tmp_path / "char", committed))
+    assert drawn.keys() == kept.keys()
+    for key, value in kept.items():
+        if isinstance(value, float):
+            assert drawn[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+        else:
+            assert drawn[key] == value, key
+    for path in sorted((committed / "raw").glob("*.json")):
+        assert (tmp_path / "char" / "raw" / path.name).read_bytes() == path.read_bytes(), f"{path.name} not compact"
 
 
 def test_spread():
