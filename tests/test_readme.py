@@ -1,6 +1,7 @@
-"""The README's commands run as written: every command in its bash blocks is either run here, in README order
-(training shortened to 2 iterations), or listed below with the reason it cannot run on a CPU machine without a
-network, so the README cannot drift from the code again."""
+"""The documentation's commands run as written: every command in the bash blocks of README.md and of every page in
+docs/ is either run here (the README first, then the pages in alphabetical order, each page's commands in order;
+training shortened to 2 iterations), or listed below with the reason it cannot run on a CPU machine without a
+network, so the documentation cannot drift from the code again. Every relative link of those pages resolves."""
 
 import os
 import re
@@ -13,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ("prepare_data.py", "train.py", "eval_extrapolate.py", "eval_retrieval.py", "resolution.py", "sample.py",
            "reproduce.py")
 NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test does not run it
-    "make ": "make test is this suite; make demo and make passkey take minutes",
+    "make ": "make test and make test-all run the suites; make demo and make passkey take minutes; make gpu-check "
+             "needs a GPU",
     "pip install": "installs packages",
     "--nproc_per_node=8": "needs 8 GPUs",
     "--nnodes=2": "needs two machines",
@@ -29,15 +31,21 @@ NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test
 SHORTEN_TRAINING = ["--max_iters=2", "--eval_iters=1"]
 
 
-def readme_blocks():
-    """Each ```bash block of the README as a list of commands (continuation lines joined, comments dropped)."""
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-    out = []
-    for block in blocks:
-        text = block.replace("\\\n", " ")
-        commands = [shlex.split(line, comments=True) for line in text.splitlines()]
-        out.append([c for c in commands if c])
-    return out
+def pages():
+    """README.md first, then every page of docs/ in alphabetical order: the order their commands run in."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def page_commands(page):
+    """Every command in the page's ```bash blocks, in order (continuation lines joined, comments dropped)."""
+    blocks = re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S)
+    commands = [shlex.split(line, comments=True) for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    return [c for c in commands if c]
+
+
+def all_commands():
+    """(page name, command) for every command of every page, in the order they run."""
+    return [(page.relative_to(ROOT).as_posix(), c) for page in pages() for c in page_commands(page)]
 
 
 def skip_reason(command):
@@ -53,29 +61,45 @@ def argv_for(command):
     elif command[0] == "python":
         command = [sys.executable, *command[1:]]
     else:
-        raise AssertionError(f"README command neither run nor listed in NOT_RUN: {' '.join(command)}")
+        raise AssertionError(f"command neither run nor listed in NOT_RUN: {' '.join(command)}")
     argv = [str(ROOT / a) if a in SCRIPTS else a for a in command]
     return argv + SHORTEN_TRAINING if "train.py" in command else argv
 
 
-def test_every_readme_command_is_run_or_excused():
-    commands = [c for block in readme_blocks() for c in block]
+def test_every_command_is_run_or_excused():
+    commands = [c for _, c in all_commands()]
     assert len(commands) > 15
+    assert page_commands(ROOT / "README.md"), "the README has commands of its own"
     run = [c for c in commands if skip_reason(c) is None]
     assert {Path(c[1]).name for c in run if c[0] == "python"} == set(SCRIPTS)  # every script has a runnable line
     for c in run:
         argv_for(c)
 
 
-def test_readme_commands_run_in_order(tmp_path):
-    """Every runnable command, top to bottom, in one working directory as a user has it (config/, a folder of text):
-    a command that trips over what an earlier one left (an existing checkpoint) fails here too."""
+def test_relative_links_resolve_and_every_page_is_linked_from_the_readme():
+    """A moved page or figure breaks no link: every relative link (and image) of every page points at a file that
+    exists, relative to the page; and the README links every page of docs/."""
+    for page in pages():
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a URL or an anchor within the page
+            path = (page.parent / target.split("#")[0]).resolve()
+            assert path.exists(), f"{page.relative_to(ROOT)}: the link {target} points at nothing"
+    readme = (ROOT / "README.md").read_text()
+    for page in pages()[1:]:
+        assert f"]({page.relative_to(ROOT).as_posix()})" in readme, f"the README does not link {page.name}"
+
+
+def test_commands_run_in_order(tmp_path):
+    """Every runnable command, the README's first, then each page's top to bottom, in one working directory as a user
+    has it (config/, a folder of text): a page's commands may use what the README's quick start made (its
+    checkpoints), and a command that trips over what an earlier one left (an existing checkpoint) fails here too."""
     (tmp_path / "config").symlink_to(ROOT / "config")
     (tmp_path / "corpus" / "part").mkdir(parents=True)
     for i in range(4):
         (tmp_path / "corpus" / "part" / f"{i}.txt").write_text(f"Chapter {i}.\n" + "It was a dark night. " * 50)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    for command in [c for block in readme_blocks() for c in block if skip_reason(c) is None]:
+    for page, command in [(p, c) for p, c in all_commands() if skip_reason(c) is None]:
         result = subprocess.run(argv_for(command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr[-2000:]}"
-        assert "Traceback" not in result.stderr, f"{' '.join(command)}\n{result.stderr[-2000:]}"
+        assert result.returncode == 0, f"{page}: {' '.join(command)}\n{result.stderr[-2000:]}"
+        assert "Traceback" not in result.stderr, f"{page}: {' '.join(command)}\n{result.stderr[-2000:]}"

@@ -211,24 +211,28 @@ def test_tune_reports_the_last_validation_loss_of_each_run(tmp_path):
 
 
 def readme_results_section():
+    """The README's headline results: from its "Results at small scale" heading to the next heading."""
     text = (ROOT / "README.md").read_text()
     start = text.index("## Results at small scale")
     end = text.find("\n## ", start + 1)
     return text[start:end if end > 0 else None]
 
 
-def test_readme_results_match_the_committed_summary():
-    """Every table row and every decimal number in the README's results section is in the tables drawn from the
-    committed results/char/summary.json (which also carry the paper's numbers beside ours)."""
+def test_results_pages_match_the_committed_summary():
+    """Every table row and every decimal number of the full results page (docs/results.md) and of the README's
+    headline results is in the tables drawn from the committed results/char/summary.json (which also carry the
+    paper's numbers beside ours)."""
     import re
     summary = json.loads((ROOT / "results" / "char" / "summary.json").read_text())
     tables = reproduce.tables_markdown(summary)
     assert tables == (ROOT / "results" / "char" / "tables.md").read_text()  # the committed tables are up to date
-    section = readme_results_section()
-    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| model")]
-    assert len(rows) >= 20, "the section shows the paper's tables beside ours"
-    for line in rows:
-        assert line in tables.splitlines(), f"README row not in the tables drawn from summary.json: {line}"
     cells = set(re.findall(r"(?<![\d.])\d+\.\d+(?![\d.])", tables))
-    for number in re.findall(r"(?<![\d.])\d+\.\d+(?![\d.])", section):
-        assert number in cells, f"README number {number} is not in results/char/summary.json's tables"
+    pages = {"docs/results.md": ((ROOT / "docs" / "results.md").read_text(), 20),  # the paper's tables beside ours
+             "README.md": (readme_results_section(), 5)}  # one headline table
+    for page, (section, least) in pages.items():
+        rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| model")]
+        assert len(rows) >= least, f"{page} shows too few rows of the study's tables"
+        for line in rows:
+            assert line in tables.splitlines(), f"{page} row not in the tables drawn from summary.json: {line}"
+        for number in re.findall(r"(?<![\d.])\d+\.\d+(?![\d.])", section):
+            assert number in cells, f"{page} number {number} is not in results/char/summary.json's tables"
