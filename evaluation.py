@@ -7,13 +7,13 @@ must mean the same thing by the same flags.
 """
 
 from common import DTYPES, UserError, pyplot
-from model import ATTENTION_RULES, ROPE_SCALINGS, AttentionRule, RopeScaling, check_length
+from model import ATTENTION_RULES, ROPE_SCALINGS, AttentionRule, PositionTable, RopeScaling
 
 
 def learned_length_check(config, length, path):
-    """model.check_length's rule (learned positions stop at block_size), before any work, as a one-line error."""
+    """model.py's rule that learned positions stop at block_size, before any work, as a one-line error."""
     try:
-        check_length(config, length)
+        PositionTable(config, length, "causal")
     except ValueError as e:
         raise UserError(f"{path}: {e}") from None
 
@@ -133,7 +133,8 @@ def rule_fields(rule, scaling, block_size, length):
     """The attention/scaling fields of a result row: attention, bca, window, sinks, rope_scaling, rope_factor."""
     resolved = rule.resolve(length, block_size)
     return dict(attention=rule.name, bca="auto" if rule.name == "auto" else rule.name == "bca",
-                window=resolved.window, sinks=resolved.sinks if resolved.name == "sinks" else None, rope_scaling=scaling.method,
+                window=resolved.window, sinks=resolved.sinks if resolved.name == "sinks" else None,
+                rope_scaling=scaling.method,
                 rope_factor=scaling.factor)
 
 

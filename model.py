@@ -1,9 +1,9 @@
 """
 lex-gpt: a GPT in nanoGPT's layout with the LeX Transformer of "A Length-Extrapolatable Transformer" (Sun et al.):
 xPos (§3.2, Eq. 10, Algorithm 1) and blockwise causal attention, BCA (§3.3). Read top to bottom: config -> position
-schemes -> attention rules -> PositionTable (xPos) -> attention and the window pass (BCA) -> KV cache -> GPT. The
-alternatives people compare with (attention sinks, RoPE interpolation) live in alternatives.py and enter at the lines
-marked "alternatives:"; a reader of the method may skip those lines.
+schemes -> attention rules -> PositionTable (xPos) -> attention -> KV cache -> the modules (BCA's window pass is in
+CausalSelfAttention) -> GPT. The alternatives people compare with (attention sinks, RoPE interpolation) live in
+alternatives.py and enter at the lines marked "alternatives:"; a reader of the method may skip those lines.
 
 Conventions: attention tensors are (batch, n_head, time, head_dim); rotary pairs are interleaved, (x0, x1), (x2, x3),
 ..., as in Algorithm 1; positions are integer ranges in a frame, absolute (0 .. T-1) or a window's (0 .. 2b-1);
@@ -13,7 +13,6 @@ nothing length-dependent lives in the state_dict, so a checkpoint runs at any le
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
-from itertools import accumulate
 
 import torch
 import torch.nn as nn
@@ -68,13 +67,6 @@ class GPTConfig:
 # inside attention (PositionTable).
 
 
-def check_length(config, n_positions):
-    """Learned absolute positions exist only for 0 .. block_size-1; every other scheme runs at any length."""
-    if config.pos == "learned" and n_positions > config.block_size:
-        raise ValueError(f"pos='learned' cannot go past block_size={config.block_size} (asked for {n_positions} "
-                         "positions): learned absolute positions cannot extrapolate")
-
-
 def sinusoidal_embedding(pos, dim):
     """Vaswani et al.'s table, PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(...), at any position."""
     inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim)
@@ -93,7 +85,7 @@ def alibi_slopes(n_head):
 def xpos_largest_scale(n_keys, config):
     """xPos's largest factor on a q or k pair over a frame of n_keys positions, zeta_0^(-(n_keys/2)/scale_base) (1 for
     the other schemes). Times a |q| of about 20 it passes float16's 65,504 from about 4,500 tokens at the paper's
-    defaults, whatever the split between q and k; so past 2^8 attention runs in float32. BCA's windows keep it at 3.5."""
+    defaults, however q and k split it; so past 2^8 attention runs in float32. BCA's windows keep it at 3.5."""
     zeta_0 = config.xpos_gamma / (1 + config.xpos_gamma)
     return zeta_0 ** (-(n_keys // 2) / config.xpos_scale_base) if config.pos == "xpos" else 1.0
 
@@ -127,10 +119,9 @@ class AttentionRule:
         positive = lambda x: isinstance(x, int) and not isinstance(x, bool) and x > 0
         if self.name not in ATTENTION_RULES:
             raise ValueError(f"attention={self.name!r} is not allowed: must be one of {', '.join(ATTENTION_RULES)}")
-        if self.window is not None and not positive(self.window):
-            raise ValueError(f"window={self.window!r} is not allowed: must be a positive integer")
-        if not positive(self.sinks):
-            raise ValueError(f"sinks={self.sinks!r} is not allowed: must be a positive integer")
+        for flag, value in (("window", 1 if self.window is None else self.window), ("sinks", self.sinks)):
+            if not positive(value):
+                raise ValueError(f"{flag}={value!r} is not allowed: must be a positive integer")
         if self.name == "sinks" and self.window is not None and self.sinks >= self.window:
             raise ValueError(f"sinks={self.sinks} is not allowed with window={self.window}: the window holds the "
                              "sinks and at least one recent key, so sinks must be < window")
@@ -156,16 +147,18 @@ class PositionTable:
     def __init__(self, config, n_tokens, attention=None, rope_scaling=None, device=None):
         rule = attention if isinstance(attention, AttentionRule) else AttentionRule(attention or "auto")  # a name
         rule = rule.resolve(n_tokens, config.block_size)
-        check_length(config, n_tokens)
+        if config.pos == "learned" and n_tokens > config.block_size:  # every other scheme runs at any length
+            raise ValueError(f"pos='learned' cannot go past block_size={config.block_size} (asked for {n_tokens} "
+                             "positions): learned absolute positions cannot extrapolate")
         scaling = rope_scaling if isinstance(rope_scaling, RopeScaling) else RopeScaling(rope_scaling or "none")
-        self.config, self.rule, self.scaling, self.masks = config, rule, scaling, {}
+        self.rule, self.scaling, self.masks = rule, scaling, {}
         W = rule.window
         self.b = {"bca": (W or 0) // 2, "sliding": W, "sinks": W}.get(rule.name)  # a query in block t // b sees blocks
         self.reach = {"sliding": W, "sinks": (W or 0) - rule.sinks}.get(rule.name)  # i-1 and i, within its reach
         self.n = 2 * self.b if self.b and n_tokens > self.b else n_tokens  # the frame: a window's, or the sequence's
         span = min(n_tokens, W) if self.b else n_tokens  # the most positions one query sees
         self.factor = scaling.factor_at(span, config.block_size)
-        d = config.n_embd // config.n_head
+        d, l = config.n_embd // config.n_head, config.block_size
         j = torch.arange(d // 2, device=device, dtype=torch.float32)
         self.theta = config.rope_base ** (-2 * j / d)
         if config.pos == "xpos" and not config.xpos_rotate:
@@ -173,7 +166,7 @@ class PositionTable:
         self.zeta = (2 * j + config.xpos_gamma * d) / ((1 + config.xpos_gamma) * d)
         self.q = self.k = self.slopes = None
         if config.pos in ("rope", "xpos"):
-            theta, sharpen = alternatives.interpolate(self.theta, scaling, self.factor, config.block_size)  # alternatives: PI, NTK, YaRN
+            theta, sharpen = alternatives.interpolate(self.theta, scaling, self.factor, l)  # alternatives: RoPE interp.
             pos = torch.arange(self.n, device=device, dtype=torch.float32)[:, None]
             self.q = self.k = torch.polar(torch.full_like(pos * theta, sharpen), pos * theta)
             if config.pos == "xpos":
@@ -184,7 +177,7 @@ class PositionTable:
         self.float32 = xpos_largest_scale(self.n, config) > 2.0**8
 
 
-# Attention: one function for every scheme, rule and cache; and the window pass BCA runs on.
+# Attention: one function for every scheme, rule and cache.
 
 
 def attention(q, k, v, table, queries, keys, sink_kv=None, dropout_p=0.0):
@@ -222,35 +215,15 @@ def attention(q, k, v, table, queries, keys, sink_kv=None, dropout_p=0.0):
     return y.to(v.dtype)
 
 
-def windowed_attention(q, k, v, table, sink_kv=None):
-    """BCA (paper §3.3), and every window rule, vectorised over blocks for a sequence longer than b: O(T * b) time and
-    memory, never T x T. The first block is plain causal attention; block i > 0 attends to the window of blocks i-1
-    and i in the frame 0 .. 2b-1, its queries at b .. 2b-1, so that under BCA no distance exceeds l-1. Each block's
-    keys and values serve the two windows that hold them."""
-    b, (B, nh, T, hd) = table.b, q.shape
-    first = range(b)
-    y_first = attention(q[:, :, :b], k[:, :, :b], v[:, :, :b], table, first, first)
-    n = -(-(T - b) // b)  # padded queries are dropped below; padded keys lie in every real query's future
-    blocks = lambda x, m: F.pad(x, (0, 0, 0, m * b - x.size(2))).view(B, nh, m, b, hd).transpose(1, 2)
-    windows = lambda x: torch.cat((x[:, :-1], x[:, 1:]), dim=3).flatten(0, 1)  # (B * n, nh, 2b, hd)
-    y = attention(blocks(q[:, :, b:], n).flatten(0, 1), windows(blocks(k, n + 1)), windows(blocks(v, n + 1)), table,
-                  range(b, 2 * b), range(2 * b), sink_kv)
-    return torch.cat((y_first, y.view(B, n, nh, b, hd).transpose(1, 2).reshape(B, nh, n * b, hd)[:, :, : T - b]), 2)
-
-
-# KV cache: generation, chunked prefill and streaming evaluation.
-
-
 class KVCache:
-    """One layer's keys and values, stored raw and rotated when read (attention): neither a moving window nor a growing
-    interpolation factor ever re-positions what is stored. Under a window rule it holds the current window, at most 2b
-    keys, so each token costs the same at any length (for BCA the paper's "recurrently reuses the overlapped key and
-    value vectors"); under causal attention every key. Any number of tokens may be added per call (prefill, decode,
-    chunks), each attending exactly as in the full forward pass."""
+    """One layer's keys and values for generation, chunked prefill and streaming evaluation, stored raw and rotated when
+    read (attention): neither a moving window nor a growing interpolation factor re-positions what is stored. Under a
+    window rule it holds the current window, at most 2b keys, so a token costs the same at any length (for BCA the
+    paper's "recurrently reuses the overlapped key and value vectors"); under causal attention every key."""
 
     def __init__(self, table, max_tokens):
         self.table, self.max_tokens = table, max_tokens  # the table of a pass over max_tokens
-        self.start = self.n = 0  # absolute position of the first key held (the window frame's origin); keys held
+        self.start = self.n = 0  # absolute position of the first key held (the window's origin), and keys held
         self.k = self.v = None  # (B, n_head, capacity, head_dim), allocated on the first call
         self.sink_kv = None  # alternatives: the sinks rule's first S keys and values, kept past every window
 
@@ -280,15 +253,13 @@ class KVCache:
                 keep = self.n - drop
                 self.k[:, :, :keep], self.v[:, :, :keep] = self.k[:, :, drop : self.n], self.v[:, :, drop : self.n]
                 self.start, self.n = self.start + drop, keep
-            self.k[:, :, self.n : self.n + n], self.v[:, :, self.n : self.n + n] = k[:, :, i : i + n], v[:, :, i : i + n]
+            self.k[:, :, self.n : self.n + n] = k[:, :, i : i + n]
+            self.v[:, :, self.n : self.n + n] = v[:, :, i : i + n]
             self.n, queries = self.n + n, range(t - self.start, t - self.start + n)
             ys.append(attention(q[:, :, i : i + n], self.k[:, :, : self.n], self.v[:, :, : self.n], table, queries,
                                 range(self.n), self.sink_kv))
             i += n
         return torch.cat(ys, dim=2)
-
-
-# The transformer.
 
 
 class CausalSelfAttention(nn.Module):
@@ -300,15 +271,24 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, table, cache=None):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).view(B, T, 3, self.config.n_head, C // self.config.n_head).permute(2, 0, 3, 1, 4)
+        (B, T, C), nh, b = x.shape, self.config.n_head, table.b
+        q, k, v = self.c_attn(x).view(B, T, 3, nh, C // nh).permute(2, 0, 3, 1, 4)
         if cache is not None:
             y = cache.attend(q, k, v, table)
-        elif table.b and T > table.b:  # BCA (and the other windows) past the first block
-            S = table.rule.sinks if table.rule.name == "sinks" else 0  # alternatives: StreamingLLM's first S tokens
-            y = windowed_attention(q, k, v, table, (k[:, :, :S], v[:, :, :S]) if S else None)
-        else:
+        elif not b or T <= b:  # causal attention (training), or a sequence within one block
             y = attention(q, k, v, table, range(T), range(T), dropout_p=self.config.dropout if self.training else 0.0)
+        else:  # BCA (paper §3.3) and the other windows, vectorised over blocks: O(T * b) time and memory, never T x T.
+            # The first block is plain causal attention. Block i > 0 attends to the window of blocks i-1 and i in the
+            # frame 0 .. 2b-1, its queries at b .. 2b-1, so that under BCA no distance exceeds l-1; each block's keys
+            # serve the two windows holding them. Padded queries are dropped; padded keys lie in every query's future.
+            n, hd = -(-(T - b) // b), C // nh
+            blocks = lambda z, m: F.pad(z, (0, 0, 0, m * b - z.size(2))).view(B, nh, m, b, hd).transpose(1, 2)
+            windows = lambda z: torch.cat((z[:, :-1], z[:, 1:]), dim=3).flatten(0, 1)  # (B * n, nh, 2b, hd)
+            S = table.rule.sinks if table.rule.name == "sinks" else 0  # alternatives: StreamingLLM's first S tokens
+            y = attention(blocks(q[:, :, b:], n).flatten(0, 1), windows(blocks(k, n + 1)), windows(blocks(v, n + 1)),
+                          table, range(b, 2 * b), range(2 * b), (k[:, :, :S], v[:, :, :S]) if S else None)
+            y = y.view(B, n, nh, b, hd).transpose(1, 2).reshape(B, nh, n * b, hd)[:, :, : T - b]
+            y = torch.cat((attention(q[:, :, :b], k[:, :, :b], v[:, :, :b], table, range(b), range(b)), y), dim=2)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C)))
 
 
@@ -368,12 +348,10 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, *, attention=None, rope_scaling=None, cache=None):
         """Returns (logits, loss).
 
-        idx, targets: (B, T) token ids; targets of -1 are ignored. With targets, logits cover every position and loss
-        is the mean next-token NLL; without, only the last position's logits are computed and loss is None.
-        attention: an AttentionRule or its name; None is auto, BCA exactly when the sequence is longer than block_size.
-        rope_scaling: a RopeScaling or its name; None is none. cache: from new_cache, which fixes both; idx then
-        continues the sequence.
-        """
+        idx, targets: (B, T) token ids, -1 ignored. With targets, logits at every position and the mean next-token NLL;
+        without, only the last position's logits. attention: an AttentionRule or its name; None is auto, BCA exactly
+        when the sequence is longer than block_size. rope_scaling: a RopeScaling or its name. cache: from new_cache,
+        which fixes both; idx then continues the sequence."""
         x = self.hidden_states(idx, attention, rope_scaling, cache)
         if targets is None:
             return self.head(x[:, [-1], :]), None
@@ -408,29 +386,26 @@ class GPT(nn.Module):
         return self.transformer.ln_f(x)
 
     def new_cache(self, max_tokens, attention=None, rope_scaling=None):
-        """An empty KV cache (one KVCache per layer) for a sequence of up to max_tokens tokens, with the rule and the
-        interpolation factor of a full pass over max_tokens (dynamic NTK: of the length so far)."""
+        """An empty KV cache, one KVCache per layer, with the rule and the table of a pass over max_tokens."""
         table = PositionTable(self.config, max_tokens, attention, rope_scaling, self.lm_head.weight.device)
         return [KVCache(table, max_tokens) for _ in self.transformer.h]
 
     @torch.no_grad()
     def token_nll(self, idx, targets, *, attention=None, rope_scaling=None, chunk_tokens=16384):
-        """(B, T) next-token NLL for evaluation, chunk_tokens / B positions at a time, equal to the one-piece pass. Under
-        a window rule the sequence streams through a KV cache of one window (memory flat at any T); under causal
+        """(B, T) next-token NLL for evaluation, chunk_tokens / B positions at a time, equal to the one-piece pass.
+        Under a window rule the sequence streams through a KV cache of one window (memory flat at any T); under causal
         attention only the output layer goes chunk by chunk (bounding the logits). Dynamic NTK, where it scales
         anything, decodes token by token past block_size: each token at the factor of its own length."""
         B, T = idx.shape
-        step, l = max(1, chunk_tokens // B), self.config.block_size
-        table = PositionTable(self.config, T, attention, rope_scaling)
-        sizes = None
-        if table.scaling.method == "dynamic_ntk" and table.q is not None and table.factor > 1:
-            sizes = [l] + [1] * (T - l)
+        step, table = max(1, chunk_tokens // B), PositionTable(self.config, T, attention, rope_scaling)
+        starts = None
+        if table.scaling.method == "dynamic_ntk" and table.q is not None and table.factor > 1:  # alternatives
+            starts = [0, *range(self.config.block_size, T)]
         elif table.b and T > step:
-            sizes = [min(step, T - i) for i in range(0, T, step)]
-        if sizes:
+            starts = list(range(0, T, step))
+        if starts:
             cache = self.new_cache(T, table.rule, table.scaling)
-            starts = accumulate(sizes[:-1], initial=0)
-            pieces = ((i, self.hidden_states(idx[:, i : i + n], cache=cache)) for i, n in zip(starts, sizes))
+            pieces = ((i, self.hidden_states(idx[:, i:j], cache=cache)) for i, j in zip(starts, starts[1:] + [T]))
         else:
             x = self.hidden_states(idx, table.rule, table.scaling)
             pieces = ((i, x[:, i : i + step]) for i in range(0, T, step))
@@ -439,8 +414,8 @@ class GPT(nn.Module):
         return torch.cat(nll, dim=1)
 
     def head(self, x):
-        """The output layer. Outside training it runs in float32 even under autocast: bfloat16 logits are rounded
-        before the loss (about +-0.06 at |logit| 20), which evaluation should not measure."""
+        """The output layer, in float32 outside training even under autocast: evaluation should not measure bfloat16's
+        rounding of the logits (about +-0.06 at |logit| 20)."""
         if self.training:
             return self.lm_head(x)
         with torch.autocast(x.device.type, enabled=False):

@@ -125,7 +125,8 @@ def pre_softmax_scores(model, idx, observe, attention=None, rope_scaling=None):
                 q = model.transformer.h[layer].attn.c_attn(x)[..., :C].view(B, n, nh, C // nh).transpose(1, 2)
                 queries = range(t0 - c.start, t0 - c.start + n)
                 absolute = range(t0, t0 + n)
-                observe(layer, scores(q, c.k[:, :, : c.n], table, queries, range(c.n)), absolute, range(c.start, c.end()))
+                window = scores(q, c.k[:, :, : c.n], table, queries, range(c.n))
+                observe(layer, window, absolute, range(c.start, c.end()))
                 if c.sink_kv is not None and queries.start >= table.b:
                     observe(layer, sink_scores(q, c.sink_kv[0], table), absolute, range(c.sink_kv[0].size(2)))
     finally:

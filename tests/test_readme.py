@@ -39,7 +39,8 @@ def pages():
 def page_commands(page):
     """Every command in the page's ```bash blocks, in order (continuation lines joined, comments dropped)."""
     blocks = re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S)
-    commands = [shlex.split(line, comments=True) for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    commands = [shlex.split(line, comments=True) for line in lines]
     return [c for c in commands if c]
 
 
@@ -103,3 +104,25 @@ def test_commands_run_in_order(tmp_path):
         result = subprocess.run(argv_for(command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, f"{page}: {' '.join(command)}\n{result.stderr[-2000:]}"
         assert "Traceback" not in result.stderr, f"{page}: {' '.join(command)}\n{result.stderr[-2000:]}"
+
+
+def test_the_tour_of_model_py_points_at_the_read_path():
+    """Each [`name`](model.py#Ln) of the README's tour points at the line that defines name, and the path's table
+    holds at most 8 definitions whose lines add up to the count the README gives (at most 250)."""
+    import ast
+    readme = (ROOT / "README.md").read_text()
+    tree = ast.parse((ROOT / "model.py").read_text())
+    defs = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defs[node.name] = node
+            if isinstance(node, ast.ClassDef):
+                defs.update({f"{node.name}.{n.name}": n for n in node.body if isinstance(n, ast.FunctionDef)})
+    links = re.findall(r"\[`([\w.]+)`\]\(model\.py#L(\d+)\)", readme)
+    assert len(links) >= 8
+    for name, line in links:
+        assert name in defs and defs[name].lineno == int(line), f"README: {name} is not defined at model.py line {line}"
+    path = re.findall(r"^\| \d+ \| \[`([\w.]+)`\]", readme, flags=re.M)
+    lines = sum(defs[name].end_lineno - defs[name].lineno + 1 for name in path)
+    assert len(path) <= 8 and lines <= 250
+    assert f"These {len(path)} definitions hold {lines} lines" in readme
