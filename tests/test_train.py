@@ -450,6 +450,7 @@ def test_float16_skipped_steps_are_counted_over_the_whole_run(data_dir, tmp_path
     assert log_entries(tmp_path / "halves") == log_entries(tmp_path / "straight")
 
 
+@pytest.mark.slow
 def test_compile(data_dir, tmp_path):
     """torch.compile on CPU (inductor builds C++ kernels with the system's compiler): about 30 s cold on
     2 CPU cores, a few seconds once inductor's cache (/tmp/torchinductor_$USER) holds its kernels."""
