@@ -241,7 +241,7 @@ class KVCache:
         elif k.size(0) != self.k.size(0) or v.dtype != self.v.dtype:
             raise ValueError(f"this KV cache holds a batch of {self.k.size(0)} in {self.v.dtype}, got {k.size(0)} in "
                              f"{v.dtype}: make a new one (new_cache) for another batch size or precision")
-        if rule.name == "sinks" and self.sink_kv is None and self.end() + k.size(2) >= rule.sinks:  # alternatives
+        if rule.name == "sinks" and self.sink_kv is None and self.end() + k.size(2) >= rule.sinks:  # alternatives: S
             self.sink_kv = tuple(torch.cat((old[:, :, : self.n], new), 2)[:, :, : rule.sinks]
                                  for old, new in ((self.k, k), (self.v, v)))
         ys, i = [], 0
@@ -399,7 +399,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         step, table = max(1, chunk_tokens // B), PositionTable(self.config, T, attention, rope_scaling)
         starts = None
-        if table.scaling.method == "dynamic_ntk" and table.q is not None and table.factor > 1:  # alternatives
+        if table.scaling.method == "dynamic_ntk" and table.q is not None and table.factor > 1:  # alternatives: NTK
             starts = [0, *range(self.config.block_size, T)]
         elif table.b and T > step:
             starts = list(range(0, T, step))
