@@ -7,17 +7,17 @@ Train a lex-gpt model, on one device or with DDP under torchrun. nanoGPT's usage
 
 Configuration: the defaults below, then each config file in order, then --key=value (configurator.py).
 
-The model trains at block_size only: the LeX Transformer's claim (paper §3) is that xPos (§3.2) trained short
-extrapolates at inference, with blockwise causal attention (§3.3), which the evaluation scripts apply to the
-checkpoints this writes. Training is therefore plain causal language modelling, as the paper's §4.1 recipe.
+Training is plain causal language modelling at block_size, the paper's §4.1 recipe: the LeX Transformer's claim (§3)
+is that xPos (§3.2) trained short extrapolates at inference with blockwise causal attention (§3.3), which the
+evaluation scripts apply to the checkpoints this writes.
 
-Data sampling is a pure function of (seed, iteration): every global batch is drawn from np.random.default_rng
-([seed, 0, iter]) and cut into per-rank micro-batches, so 1 and N processes see the same global batch, and a
-resumed run sees exactly the batches the uninterrupted run would have seen.
+Every global batch is a pure function of (seed, iteration), drawn from np.random.default_rng([seed, 0, iter]) and
+cut into per-rank micro-batches: 1 and N processes see the same global batch, and a resumed run sees exactly the
+batches the uninterrupted run would have seen.
 
-Logging (rank 0): every log_interval iterations the loss, learning rate, time and MFU (model FLOPs utilization: the
-PaLM FLOPs estimate over the device's peak in the dtype used), and each evaluation's losses, to the console and to
-out_dir/log.jsonl; with --wandb_log=True also to Weights & Biases (pip install wandb).
+Rank 0 logs the loss, learning rate, time and MFU (PaLM's FLOPs estimate over the device's peak in the dtype used)
+every log_interval iterations, and each evaluation's losses, to the console, to out_dir/log.jsonl and, with
+--wandb_log=True, to Weights & Biases (pip install wandb).
 """
 
 import json
@@ -64,12 +64,9 @@ DEFAULTS = dict(
     learning_rate=1e-3, max_iters=5000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8,
     grad_clip=1.0,  # 0 disables
     # learning-rate schedule: linear warmup, then cosine or polynomial (the paper's, §4.1) decay to min_lr
-    decay_lr=True,
+    decay_lr=True, warmup_iters=100, lr_decay_iters=5000, min_lr=1e-4,
     lr_schedule="cosine",  # cosine | polynomial
     lr_power=1.0,  # polynomial decay power (1 = linear, fairseq's default)
-    warmup_iters=100,
-    lr_decay_iters=5000,
-    min_lr=1e-4,
     # system
     device="auto",  # auto | cpu | cuda | cuda:N | mps
     dtype="auto",  # auto (bf16 on sm80+, fp16 + GradScaler on older CUDA, fp32 on CPU) | float32 | bfloat16 | float16
@@ -146,34 +143,8 @@ def evaluate(run, c):
     return out
 
 
-def make_optimizer(model, c, device_type):
-    """AdamW; weight decay on matrices and embeddings only."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": c["weight_decay"]},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=c["learning_rate"], betas=(c["beta1"], c["beta2"]), eps=c["adam_eps"],
-                             fused=fused_adamw(device_type))
-
-
-def fused_adamw(device_type):
-    """AdamW's fused kernel (one pass over each parameter, not torch's several foreach kernels) where torch has it,
-    CUDA and CPU; MPS keeps the default. Safe with float16's GradScaler: a step it skips leaves the weights and
-    AdamW's step count untouched, as without fusing (docs/engineering_notes.md)."""
-    return device_type in ("cuda", "cpu")
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Training
-
-
-def check_out_dir(c, ckpt_path, master):
-    """Refuse, before any work, a fresh run over an existing one (every rank, so that all stop together), and an
-    out_dir that cannot take checkpoints (rank 0, which writes them)."""
-    if c["init_from"] == "scratch" and ckpt_path.exists() and not c["overwrite"]:
-        raise UserError(f"{ckpt_path} exists and init_from=scratch would replace it: continue it with "
-                        "--init_from=resume, or start over with --overwrite=True")
-    if master:
-        writable_dir(c["out_dir"], "out_dir")
 
 
 def open_log(out_dir, resume_iter):
@@ -223,7 +194,11 @@ def setup(c):
     run.wandb = wandb if run.master else None  # the module; start_logging replaces it with the run
 
     run.meta = load_meta(c["data_dir"])
-    check_out_dir(c, run.ckpt_path, run.master)
+    if c["init_from"] == "scratch" and run.ckpt_path.exists() and not c["overwrite"]:  # every rank: all stop together
+        raise UserError(f"{run.ckpt_path} exists and init_from=scratch would replace it: continue it with "
+                        "--init_from=resume, or start over with --overwrite=True")
+    if run.master:  # which writes the checkpoints
+        writable_dir(c["out_dir"], "out_dir")
     ckpt = load_checkpoint(run.ckpt_path) if c["init_from"] == "resume" else None
     if ckpt:  # a training checkpoint for this dataset's tokenizer, whose architecture wins over the config's
         missing = [k for k in ("optimizer", "scaler", "iter_num", "best_val_loss", "rng") if k not in ckpt]
@@ -254,7 +229,14 @@ def build(run, c, ckpt):
     or as the checkpoint left them."""
     torch.manual_seed(c["seed"])  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     run.raw_model = GPT(run.gpt_config).to(run.device)
-    run.optimizer = make_optimizer(run.raw_model, c, run.device_type)
+    # AdamW, weight decay on matrices and embeddings only. The fused kernel (one pass over each parameter) where torch
+    # has it, CUDA and CPU, is safe with float16's GradScaler (docs/engineering_notes.md); MPS keeps the default.
+    fused = run.device_type in ("cuda", "cpu")
+    params = [p for p in run.raw_model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": c["weight_decay"]},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    run.optimizer = torch.optim.AdamW(groups, lr=c["learning_rate"], betas=(c["beta1"], c["beta2"]),
+                                      eps=c["adam_eps"], fused=fused)
     run.scaler = torch.amp.GradScaler(run.device_type, enabled=run.dtype == "float16")
     run.first_nonfinite = torch.full((), -1, device=run.device)  # see train_step
     run.best_val_loss = float("inf")
@@ -262,7 +244,7 @@ def build(run, c, ckpt):
     if ckpt:  # weights, optimizer and GradScaler state, best val loss, and each rank's RNG state
         load_weights(run.raw_model, ckpt["model"], run.ckpt_path)
         for group in ckpt["optimizer"]["param_groups"]:  # the saved choice may be another device's: this run's,
-            group["fused"] = fused_adamw(run.device_type)  # set before loading, places the state to suit this device
+            group["fused"] = fused  # set before loading, places the state to suit this device
         run.optimizer.load_state_dict(ckpt["optimizer"])
         if run.scaler.is_enabled() and ckpt["scaler"]:  # a bfloat16/float32 run saved none: float16 starts afresh
             run.scaler.load_state_dict(ckpt["scaler"])
@@ -301,18 +283,19 @@ def record(run, entry, wandb_entry):
             run.wandb.log(wandb_entry)
 
 
-def stop(run, problem):
-    """Stop on a non-finite loss. Every rank gets here at the same iteration, since the check was all-reduced."""
-    finish_logging(run)
-    teardown_distributed(run.ddp)
-    raise UserError(f"{problem}; stopped, the last good checkpoint ({run.ckpt_path}) is kept")
-
-
-def finish_logging(run):
+def finish(run):
+    """Close log.jsonl and the wandb run (rank 0), and leave the process group."""
     if run.master:
         run.log.close()
         if run.wandb:
             run.wandb.finish()
+    teardown_distributed(run.ddp)
+
+
+def stop(run, problem):
+    """Stop on a non-finite loss. Every rank gets here at the same iteration, since the check was all-reduced."""
+    finish(run)
+    raise UserError(f"{problem}; stopped, the last good checkpoint ({run.ckpt_path}) is kept")
 
 
 def train_step(run, c, iter_num):
@@ -362,8 +345,7 @@ def log_step(run, c, iter_num, loss_sum, dt):
         return
     tokens = c["batch_size"] * c["gradient_accumulation_steps"] * c["block_size"]  # the global batch
     entry = {"iter": iter_num, "loss": loss if math.isfinite(loss) else None,  # null: a step the GradScaler skipped
-             "lr": get_lr(iter_num, c), "ms_per_iter": dt * 1e3,
-             "tokens_per_s": tokens / dt}
+             "lr": get_lr(iter_num, c), "ms_per_iter": dt * 1e3, "tokens_per_s": tokens / dt}
     if run.peak_flops:  # the global batch ran on world devices, each with this peak
         entry["mfu"] = run.flops_per_token * tokens / dt / (run.world * run.peak_flops)
     if run.scaler.is_enabled():  # a skipped step is one AdamW did not count
@@ -377,8 +359,8 @@ def log_step(run, c, iter_num, loss_sum, dt):
 
 
 def evaluate_and_checkpoint(run, c, iter_num):
-    """Evaluate, stop on a non-finite val loss, log, and write the checkpoint (unless this process has not trained
-    yet: at its first iteration the checkpoint, if any, is already this state)."""
+    """Evaluate, stop on a non-finite val loss, log, and write the checkpoint with every rank's RNG state (unless this
+    process has not trained yet: at its first iteration the checkpoint, if any, is already this state)."""
     losses = evaluate(run, c)
     if not math.isfinite(losses["val"]):
         stop(run, f"non-finite val loss {losses['val']} at iter {iter_num}")
@@ -387,12 +369,8 @@ def evaluate_and_checkpoint(run, c, iter_num):
            {"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "lr": get_lr(iter_num, c)})
     if run.master:
         print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-    if iter_num > run.start_iter:
-        checkpoint(run, c, iter_num)
-
-
-def checkpoint(run, c, iter_num):
-    """Rank 0 writes the checkpoint, with every rank's RNG state."""
+    if iter_num <= run.start_iter:
+        return
     rng = {"torch": torch.get_rng_state(),
            "cuda": torch.cuda.get_rng_state(run.device) if run.device_type == "cuda" else None}
     rngs = [None] * run.world if run.ddp else [rng]
@@ -433,10 +411,9 @@ def train(c):
             log_step(run, c, iter_num, loss_sum, dt)
         iter_num += 1
 
-    finish_logging(run)
+    finish(run)
     if run.master:
         print(f"done: {run.ckpt_path} (iter {iter_num}, best val loss {run.best_val_loss:.4f})")
-    teardown_distributed(run.ddp)
 
 
 def main(argv=None):
