@@ -99,10 +99,6 @@ def get_lr(it, c):
     return c["min_lr"] + coeff * (c["learning_rate"] - c["min_lr"])
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Data
-
-
 def get_batch(data, offsets, block_size, device):
     """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather rather than a slice per
     sequence, as x = all but the last and y = all but the first."""
@@ -136,10 +132,6 @@ def evaluate(run, c):
         out[split] = (total[0] / total[1]).item()
     run.model.train()
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Training
 
 
 def setup(c):
