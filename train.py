@@ -320,7 +320,7 @@ def log_step(run, c, iter_num, loss_sum, dt):
              f"non-finite loss on another rank, after iter {iter_num - c['log_interval']}")
     if not run.master:
         return
-    tokens = run.global_batch * c["block_size"]
+    tokens = run.global_batch * c["block_size"]  # in the global batch
     entry = {"iter": iter_num, "loss": loss if math.isfinite(loss) else None,  # null: a step the GradScaler skipped
              "lr": get_lr(iter_num, c), "ms_per_iter": dt * 1e3, "tokens_per_s": tokens / dt}
     if run.peak_flops:  # the global batch ran on world devices, each with this peak
