@@ -7,17 +7,14 @@ Train a lex-gpt model, on one device or with DDP under torchrun. nanoGPT's usage
 
 Configuration: the defaults below, then each config file in order, then --key=value (configurator.py).
 
-The model trains at block_size only: the LeX Transformer's claim (paper §3) is that xPos (§3.2) trained short
-extrapolates at inference, with blockwise causal attention (§3.3), which the evaluation scripts apply to the
-checkpoints this writes. Training is therefore plain causal language modelling, as the paper's §4.1 recipe.
+Training is plain causal language modelling at block_size, the paper's §4.1 recipe: the LeX Transformer's claim (§3)
+is that xPos (§3.2) trained short extrapolates at inference with blockwise causal attention (§3.3), which the
+evaluation scripts apply to the checkpoints this writes.
 
-Data sampling is a pure function of (seed, iteration): every global batch is drawn from np.random.default_rng
-([seed, 0, iter]) and cut into per-rank micro-batches, so 1 and N processes see the same global batch, and a
-resumed run sees exactly the batches the uninterrupted run would have seen.
-
-Logging (rank 0): every log_interval iterations the loss, learning rate, time and MFU (model FLOPs utilization: the
-PaLM FLOPs estimate over the device's peak in the dtype used), and each evaluation's losses, to the console and to
-out_dir/log.jsonl; with --wandb_log=True also to Weights & Biases (pip install wandb).
+Every global batch is drawn from np.random.default_rng([seed, 0, iter]) and cut into per-rank micro-batches, so 1 and
+N processes see the same batches, and a resumed run those the uninterrupted run would have seen. Rank 0 logs to the
+console, out_dir/log.jsonl and, with --wandb_log=True, Weights & Biases (pip install wandb); MFU (model FLOPs
+utilization) is PaLM's FLOPs estimate over the device's peak in the dtype used.
 """
 
 import json
@@ -44,14 +41,12 @@ from model import GPT, GPTConfig
 
 DEFAULTS = dict(
     # I/O
-    out_dir="out",
+    out_dir="out", log_interval=10,
     init_from="scratch",  # scratch | resume (from out_dir/ckpt.pt)
     eval_interval=250,  # evaluate and write the checkpoint every this many iterations, and at the end
     eval_iters=20,  # batches per split per evaluation, shared out among the ranks
-    log_interval=10,
     wandb_log=False,  # also log to Weights & Biases (pip install wandb), from rank 0
-    wandb_project="lex-gpt",
-    wandb_run_name="",  # empty: wandb picks one
+    wandb_project="lex-gpt", wandb_run_name="",  # empty run name: wandb picks one
     # data
     data_dir="data/shakespeare_char",
     batch_size=16,  # sequences per micro-step per rank
@@ -64,12 +59,9 @@ DEFAULTS = dict(
     learning_rate=1e-3, max_iters=5000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8,
     grad_clip=1.0,  # 0 disables
     # learning-rate schedule: linear warmup, then cosine or polynomial (the paper's, §4.1) decay to min_lr
-    decay_lr=True,
+    decay_lr=True, warmup_iters=100, lr_decay_iters=5000, min_lr=1e-4,
     lr_schedule="cosine",  # cosine | polynomial
     lr_power=1.0,  # polynomial decay power (1 = linear, fairseq's default)
-    warmup_iters=100,
-    lr_decay_iters=5000,
-    min_lr=1e-4,
     # system
     device="auto",  # auto | cpu | cuda | cuda:N | mps
     dtype="auto",  # auto (bf16 on sm80+, fp16 + GradScaler on older CUDA, fp32 on CPU) | float32 | bfloat16 | float16
@@ -107,10 +99,6 @@ def get_lr(it, c):
     return c["min_lr"] + coeff * (c["learning_rate"] - c["min_lr"])
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Data
-
-
 def get_batch(data, offsets, block_size, device):
     """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather rather than a slice per
     sequence, as x = all but the last and y = all but the first."""
@@ -146,64 +134,9 @@ def evaluate(run, c):
     return out
 
 
-def make_optimizer(model, c, device_type):
-    """AdamW; weight decay on matrices and embeddings only."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": c["weight_decay"]},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=c["learning_rate"], betas=(c["beta1"], c["beta2"]), eps=c["adam_eps"],
-                             fused=fused_adamw(device_type))
-
-
-def fused_adamw(device_type):
-    """AdamW's fused kernel (one pass over each parameter, not torch's several foreach kernels) where torch has it,
-    CUDA and CPU; MPS keeps the default. Safe with float16's GradScaler: a step it skips leaves the weights and
-    AdamW's step count untouched, as without fusing (docs/engineering_notes.md)."""
-    return device_type in ("cuda", "cpu")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Training
-
-
-def check_out_dir(c, ckpt_path, master):
-    """Refuse, before any work, a fresh run over an existing one (every rank, so that all stop together), and an
-    out_dir that cannot take checkpoints (rank 0, which writes them)."""
-    if c["init_from"] == "scratch" and ckpt_path.exists() and not c["overwrite"]:
-        raise UserError(f"{ckpt_path} exists and init_from=scratch would replace it: continue it with "
-                        "--init_from=resume, or start over with --overwrite=True")
-    if master:
-        writable_dir(c["out_dir"], "out_dir")
-
-
-def open_log(out_dir, resume_iter):
-    """log.jsonl opened for appending. Debris of killed runs goes first: a stale ckpt.pt.tmp, and (on resume) every
-    entry from the checkpoint's iteration on, which the resumed run writes again, so that after any number of kills
-    and resumes the log equals the uninterrupted run's. A fresh run starts a fresh log, and drops an overwritten
-    run's checkpoint at once, so the directory never pairs the new log with the old checkpoint."""
-    (out_dir / "ckpt.pt.tmp").unlink(missing_ok=True)
-    path = out_dir / "log.jsonl"
-    kept = []
-    if resume_iter is None:
-        (out_dir / "ckpt.pt").unlink(missing_ok=True)
-    elif path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a kill
-                continue
-            if isinstance(entry, dict) and entry.get("iter", resume_iter) < resume_iter:
-                kept.append(line + "\n")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
-    return open(path, "a")
-
-
 def setup(c):
-    """Processes, device and precision, and every check that can fail before any work: wandb, out_dir, the dataset,
-    the checkpoint and the model's configuration (the checkpoint's on resume). Returns the state the pieces below
-    share, and the checkpoint (None from scratch)."""
+    """Processes, device, precision, and every check that can fail before any work: wandb, out_dir, the dataset, the
+    checkpoint and the model's configuration (the checkpoint's on resume). Returns the shared state and checkpoint."""
     ddp, rank, world, device = setup_distributed(c["device"])
     if c["gradient_accumulation_steps"] % world:
         raise UserError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be divisible by the "
@@ -211,19 +144,24 @@ def setup(c):
     dtype = resolve_dtype(c["dtype"], device)
     run = SimpleNamespace(ddp=ddp, rank=rank, world=world, device=device, device_type=device.split(":")[0],
                           master=rank == 0, micro_steps=c["gradient_accumulation_steps"] // world, dtype=dtype,
-                          ctx=autocast(device, dtype), ckpt_path=Path(c["out_dir"]) / "ckpt.pt")
+                          ctx=autocast(device, dtype), ckpt_path=Path(c["out_dir"]) / "ckpt.pt",
+                          global_batch=c["batch_size"] * c["gradient_accumulation_steps"], wandb=None)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    wandb = None
     if c["wandb_log"]:  # checked on every rank, so that all stop together
         try:
             import wandb
         except ImportError:
             raise UserError("wandb_log=True needs the wandb package: pip install wandb") from None
-    run.wandb = wandb if run.master else None  # the module; start_logging replaces it with the run
+        if run.master:
+            run.wandb = wandb  # the module; start_logging replaces it with the run
 
     run.meta = load_meta(c["data_dir"])
-    check_out_dir(c, run.ckpt_path, run.master)
+    if c["init_from"] == "scratch" and run.ckpt_path.exists() and not c["overwrite"]:  # every rank: all stop together
+        raise UserError(f"{run.ckpt_path} exists and init_from=scratch would replace it: continue it with "
+                        "--init_from=resume, or start over with --overwrite=True")
+    if run.master:  # which writes the checkpoints
+        writable_dir(c["out_dir"], "out_dir")
     ckpt = load_checkpoint(run.ckpt_path) if c["init_from"] == "resume" else None
     if ckpt:  # a training checkpoint for this dataset's tokenizer, whose architecture wins over the config's
         missing = [k for k in ("optimizer", "scaler", "iter_num", "best_val_loss", "rng") if k not in ckpt]
@@ -254,42 +192,67 @@ def build(run, c, ckpt):
     or as the checkpoint left them."""
     torch.manual_seed(c["seed"])  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     run.raw_model = GPT(run.gpt_config).to(run.device)
-    run.optimizer = make_optimizer(run.raw_model, c, run.device_type)
+    # AdamW, weight decay on matrices and embeddings only. The fused kernel (one pass over each parameter) where torch
+    # has it, CUDA and CPU, is safe with float16's GradScaler (docs/engineering_notes.md); MPS keeps the default.
+    fused = run.device_type in ("cuda", "cpu")
+    params = [p for p in run.raw_model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": c["weight_decay"]},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    run.optimizer = torch.optim.AdamW(groups, lr=c["learning_rate"], betas=(c["beta1"], c["beta2"]),
+                                      eps=c["adam_eps"], fused=fused)
     run.scaler = torch.amp.GradScaler(run.device_type, enabled=run.dtype == "float16")
     run.first_nonfinite = torch.full((), -1, device=run.device)  # see train_step
-    run.best_val_loss = float("inf")
+    run.best_val_loss = ckpt["best_val_loss"] if ckpt else float("inf")
     torch.manual_seed(c["seed"] + run.rank)  # dropout differs between ranks
     if ckpt:  # weights, optimizer and GradScaler state, best val loss, and each rank's RNG state
         load_weights(run.raw_model, ckpt["model"], run.ckpt_path)
         for group in ckpt["optimizer"]["param_groups"]:  # the saved choice may be another device's: this run's,
-            group["fused"] = fused_adamw(run.device_type)  # set before loading, places the state to suit this device
+            group["fused"] = fused  # set before loading, places the state to suit this device
         run.optimizer.load_state_dict(ckpt["optimizer"])
         if run.scaler.is_enabled() and ckpt["scaler"]:  # a bfloat16/float32 run saved none: float16 starts afresh
             run.scaler.load_state_dict(ckpt["scaler"])
-        run.best_val_loss = ckpt["best_val_loss"]
         if len(ckpt["rng"]) == run.world:
             torch.set_rng_state(ckpt["rng"][run.rank]["torch"])
             if run.device_type == "cuda" and ckpt["rng"][run.rank]["cuda"] is not None:
                 torch.cuda.set_rng_state(ckpt["rng"][run.rank]["cuda"], run.device)
         elif run.master:
             print(f"note: checkpoint from {len(ckpt['rng'])} processes, resuming on {run.world}: dropout RNG reseeded")
-    model = torch.compile(run.raw_model) if c["compile"] else run.raw_model
-    run.model = DDP(model, device_ids=[torch.device(run.device)] if run.device_type == "cuda" else None) \
-        if run.ddp else model
+    run.model = torch.compile(run.raw_model) if c["compile"] else run.raw_model
+    if run.ddp:
+        run.model = DDP(run.model, device_ids=[torch.device(run.device)] if run.device_type == "cuda" else None)
 
 
 def start_logging(run, c):
-    """Rank 0: log.jsonl, the wandb run, MFU's constants, and the run's first line."""
+    """Rank 0: log.jsonl, the wandb run, MFU's constants, and the run's first line. Debris of killed runs goes first:
+    a stale ckpt.pt.tmp, and (on resume) every log entry from the checkpoint's iteration on, which the resumed run
+    writes again, so that after any number of kills and resumes the log equals the uninterrupted run's. A fresh run
+    starts a fresh log, and drops an overwritten run's checkpoint at once, so the directory never pairs the new log
+    with the old checkpoint."""
     if not run.master:
         return
-    run.log = open_log(run.ckpt_path.parent, run.start_iter if c["init_from"] == "resume" else None)
+    run.ckpt_path.with_name("ckpt.pt.tmp").unlink(missing_ok=True)
+    path, kept = run.ckpt_path.with_name("log.jsonl"), []
+    if c["init_from"] == "scratch":
+        run.ckpt_path.unlink(missing_ok=True)
+    elif path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+            if isinstance(entry, dict) and entry.get("iter", run.start_iter) < run.start_iter:
+                kept.append(line + "\n")
+    tmp = path.with_name("log.jsonl.tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+    run.log = open(path, "a")
     if run.wandb:
         run.wandb = run.wandb.init(project=c["wandb_project"], name=c["wandb_run_name"] or None, config=c)
     run.flops_per_token = train_flops_per_token(run.gpt_config)
     run.peak_flops = peak_flops(run.device, run.dtype)  # per device; None where unknown (CPU: measured)
     print(f"{run.raw_model.get_num_params() / 1e6:.2f}M parameters, pos={c['pos']}, {run.device} {run.dtype}, "
-          f"{run.world} process(es), global batch {c['batch_size'] * c['gradient_accumulation_steps']} x "
-          f"{c['block_size']} tokens, iterations {run.start_iter} -> {c['max_iters']}")
+          f"{run.world} process(es), global batch {run.global_batch} x {c['block_size']} tokens, "
+          f"iterations {run.start_iter} -> {c['max_iters']}")
 
 
 def record(run, entry, wandb_entry):
@@ -301,31 +264,29 @@ def record(run, entry, wandb_entry):
             run.wandb.log(wandb_entry)
 
 
-def stop(run, problem):
-    """Stop on a non-finite loss. Every rank gets here at the same iteration, since the check was all-reduced."""
-    finish_logging(run)
-    teardown_distributed(run.ddp)
-    raise UserError(f"{problem}; stopped, the last good checkpoint ({run.ckpt_path}) is kept")
-
-
-def finish_logging(run):
+def finish(run):
+    """Close log.jsonl and the wandb run (rank 0), and leave the process group."""
     if run.master:
         run.log.close()
         if run.wandb:
             run.wandb.finish()
+    teardown_distributed(run.ddp)
+
+
+def stop(run, problem):
+    """Stop on a non-finite loss. Every rank gets here at the same iteration, since the check was all-reduced."""
+    finish(run)
+    raise UserError(f"{problem}; stopped, the last good checkpoint ({run.ckpt_path}) is kept")
 
 
 def train_step(run, c, iter_num):
     """One iteration: this rank's micro-steps of the global batch, gradient clipping, and the optimizer step through
-    the GradScaler (which does nothing unless float16). Returns the micro-steps' summed loss as a tensor, unread:
-    reading it makes the host wait for the device, so the loop does that at log steps only; the first iteration
-    whose loss was not finite is remembered on the device, for the next log step to stop at."""
-    lr = get_lr(iter_num, c)
+    the GradScaler (a no-op unless float16). Returns the summed loss unread, since reading it makes the host wait for
+    the device; the first iteration with a non-finite loss is kept on the device for the next log step to stop at."""
     for group in run.optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = get_lr(iter_num, c)
     data = read_tokens(c["data_dir"], "train", run.meta)  # re-opened each step: a long-lived memmap leaks
-    offsets = sample_offsets(c["seed"], 0, iter_num, len(data), c["batch_size"] * c["gradient_accumulation_steps"],
-                             c["block_size"])
+    offsets = sample_offsets(c["seed"], 0, iter_num, len(data), run.global_batch, c["block_size"])
     loss_sum = torch.zeros((), device=run.device)
     for micro in range(run.micro_steps):
         first = (run.rank * run.micro_steps + micro) * c["batch_size"]
@@ -348,10 +309,9 @@ def train_step(run, c, iter_num):
 
 
 def log_step(run, c, iter_num, loss_sum, dt):
-    """Read the iteration's loss, the mean over its micro-steps and the ranks, stop if any loss since the last log
-    step was not finite (every rank takes part in the all-reduce at the same iterations, so all stop together),
-    and log it with the learning rate, the time since the previous iteration ended, MFU and the GradScaler's
-    state."""
+    """Read the loss (mean over micro-steps and ranks), stop if any loss since the last log step was not finite (every
+    rank all-reduces at the same iterations, so all stop together), and log it with the learning rate, the time since
+    the previous iteration ended, MFU and the GradScaler's state."""
     total = all_reduce_sum(torch.stack((loss_sum, (run.first_nonfinite >= 0).float())), run.ddp).tolist()
     loss, ranks_nonfinite = total[0] / (run.micro_steps * run.world), total[1]
     if ranks_nonfinite:
@@ -360,10 +320,9 @@ def log_step(run, c, iter_num, loss_sum, dt):
              f"non-finite loss on another rank, after iter {iter_num - c['log_interval']}")
     if not run.master:
         return
-    tokens = c["batch_size"] * c["gradient_accumulation_steps"] * c["block_size"]  # the global batch
+    tokens = run.global_batch * c["block_size"]  # in the global batch
     entry = {"iter": iter_num, "loss": loss if math.isfinite(loss) else None,  # null: a step the GradScaler skipped
-             "lr": get_lr(iter_num, c), "ms_per_iter": dt * 1e3,
-             "tokens_per_s": tokens / dt}
+             "lr": get_lr(iter_num, c), "ms_per_iter": dt * 1e3, "tokens_per_s": tokens / dt}
     if run.peak_flops:  # the global batch ran on world devices, each with this peak
         entry["mfu"] = run.flops_per_token * tokens / dt / (run.world * run.peak_flops)
     if run.scaler.is_enabled():  # a skipped step is one AdamW did not count
@@ -377,8 +336,8 @@ def log_step(run, c, iter_num, loss_sum, dt):
 
 
 def evaluate_and_checkpoint(run, c, iter_num):
-    """Evaluate, stop on a non-finite val loss, log, and write the checkpoint (unless this process has not trained
-    yet: at its first iteration the checkpoint, if any, is already this state)."""
+    """Evaluate, stop on a non-finite val loss, log, and write the checkpoint with every rank's RNG state (unless this
+    process has not trained yet: at its first iteration the checkpoint, if any, is already this state)."""
     losses = evaluate(run, c)
     if not math.isfinite(losses["val"]):
         stop(run, f"non-finite val loss {losses['val']} at iter {iter_num}")
@@ -387,12 +346,8 @@ def evaluate_and_checkpoint(run, c, iter_num):
            {"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "lr": get_lr(iter_num, c)})
     if run.master:
         print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-    if iter_num > run.start_iter:
-        checkpoint(run, c, iter_num)
-
-
-def checkpoint(run, c, iter_num):
-    """Rank 0 writes the checkpoint, with every rank's RNG state."""
+    if iter_num <= run.start_iter:
+        return
     rng = {"torch": torch.get_rng_state(),
            "cuda": torch.cuda.get_rng_state(run.device) if run.device_type == "cuda" else None}
     rngs = [None] * run.world if run.ddp else [rng]
@@ -433,10 +388,9 @@ def train(c):
             log_step(run, c, iter_num, loss_sum, dt)
         iter_num += 1
 
-    finish_logging(run)
+    finish(run)
     if run.master:
         print(f"done: {run.ckpt_path} (iter {iter_num}, best val loss {run.best_val_loss:.4f})")
-    teardown_distributed(run.ddp)
 
 
 def main(argv=None):
