@@ -3,8 +3,8 @@ The inference-time alternatives to xPos + BCA that people compare it with, each 
 path: attention sinks (StreamingLLM) and RoPE interpolation (PI, NTK, dynamic NTK, YaRN). model.py calls them at the
 lines marked "alternatives:"; the sliding window needs nothing here, it is BCA's window mechanism with another width.
 
-Nothing here imports model.py: the PositionTable model.py passes in is used for its fields only (q, k: the rotary
-factors of the frame; slopes: ALiBi's; rule).
+Nothing here imports model.py: the PositionTable model.py passes in is used for its fields only (q_factor,
+k_factor: the rotary factors of the frame; slopes: ALiBi's; rule).
 """
 
 import math
@@ -92,20 +92,22 @@ def attention_with_sinks(q, k, v, table, queries, keys, sink_kv):
     rule, hd, dtype = table.rule, q.size(-1), v.dtype
     S, W = rule.sinks, rule.window
     sink_k, sink_v = (x.repeat_interleave(q.size(0) // x.size(0), dim=0).float() for x in sink_kv)
-    q = q_window = q.float()
-    k, v = k.float(), v.float()
-    if table.q is not None:  # RoPE / xPos: pairs as complex numbers times their positions' factors
-        rotate = lambda x, f: torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * f).flatten(-2)
-        sink_k = rotate(sink_k, table.k[:S] * table.q[W - 1 : W].conj())
-        q_window, k = rotate(q, table.q[queries.start : queries.stop]), rotate(k, table.k[keys.start : keys.stop])
-    distance = torch.arange(queries.start, queries.stop, device=q.device)[:, None] - \
-        torch.arange(keys.start, keys.stop, device=q.device)
-    scores, sink_scores = q_window @ k.mT / math.sqrt(hd), q @ sink_k.mT / math.sqrt(hd)
-    if table.slopes is not None:  # ALiBi's bias, the sinks at distance W-1-j from the query
-        scores -= table.slopes * distance
-        sink_scores -= table.slopes * (W - 1 - torch.arange(S, device=q.device))
-    scores.masked_fill_((distance < 0) | (distance >= W - S), float("-inf"))
-    top = torch.maximum(scores.amax(-1, keepdim=True), sink_scores.amax(-1, keepdim=True))
-    scores, sink_scores = scores.sub_(top).exp_(), sink_scores.sub_(top).exp_()  # one softmax over both, in place
-    total = scores.sum(-1, keepdim=True) + sink_scores.sum(-1, keepdim=True)
-    return ((scores @ v + sink_scores @ sink_v) / total).to(dtype)
+    with torch.autocast(q.device.type, enabled=False):  # float32 throughout, even under autocast
+        q = q_window = q.float()
+        k, v = k.float(), v.float()
+        if table.q_factor is not None:  # RoPE / xPos: pairs as complex numbers times their positions' factors
+            rotate = lambda x, f: torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * f).flatten(-2)
+            sink_k = rotate(sink_k, table.k_factor[:S] * table.q_factor[W - 1 : W].conj())
+            q_window = rotate(q, table.q_factor[queries.start : queries.stop])
+            k = rotate(k, table.k_factor[keys.start : keys.stop])
+        distance = torch.arange(queries.start, queries.stop, device=q.device)[:, None] - \
+            torch.arange(keys.start, keys.stop, device=q.device)
+        scores, sink_scores = q_window @ k.mT / math.sqrt(hd), q @ sink_k.mT / math.sqrt(hd)
+        if table.slopes is not None:  # ALiBi's bias, the sinks at distance W-1-j from the query
+            scores -= table.slopes * distance
+            sink_scores -= table.slopes * (W - 1 - torch.arange(S, device=q.device))
+        scores.masked_fill_((distance < 0) | (distance >= W - S), float("-inf"))
+        top = torch.maximum(scores.amax(-1, keepdim=True), sink_scores.amax(-1, keepdim=True))
+        scores, sink_scores = scores.sub_(top).exp_(), sink_scores.sub_(top).exp_()  # one softmax over both, in place
+        total = scores.sum(-1, keepdim=True) + sink_scores.sum(-1, keepdim=True)
+        return ((scores @ v + sink_scores @ sink_v) / total).to(dtype)

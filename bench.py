@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from common import (DTYPES, UserError, autocast, output_path, peak_flops, resolve_device, resolve_dtype,
-                    train_flops_per_token, write_json)
+from common import (DTYPES, UserError, autocast, cpu_matmul_flops, output_path, peak_flops, resolve_device,
+                    resolve_dtype, train_flops_per_token, write_json)
 from model import GPT, POSITION_SCHEMES, GPTConfig
 
 SECTIONS = ("train", "length", "decode", "dtype")
@@ -101,16 +101,23 @@ def train_step_fn(model, x, y, ctx, device):
 # Sections
 
 
+def matmul_peak(device, dtype):
+    """The MFU denominator: the vendor peak on a GPU; on a CPU, its matmul speed measured here, next to the steps timed
+    (train.py reports no CPU MFU: other work on the cores would make a peak measured once misleading)."""
+    return cpu_matmul_flops(dtype) if device == "cpu" else peak_flops(device, dtype)
+
+
 def bench_train(device, dtype, rounds):
     ctx, batch = autocast(device, dtype), 16
     models = {pos: build(TRAIN_SHAPE, device, pos=pos) for pos in POSITION_SCHEMES}
     x, y = random_batch(models["xpos"].config, batch, device)
     steps = alternating({pos: train_step_fn(m, x, y, ctx, device) for pos, m in models.items()}, rounds, 3)
-    peak = peak_flops(device, dtype)
+    peak = matmul_peak(device, dtype)
     rows = []
     for pos, seconds in steps.items():
         tokens = batch * TRAIN_SHAPE["block_size"]
         mfu = train_flops_per_token(models[pos].config) * tokens / seconds / peak if peak else None
+        mfu = mfu if mfu is None or mfu <= 1 else None  # above 100%: the peak was measured while the CPU was busy
         rows.append(dict(section="train", config=describe(TRAIN_SHAPE, batch), pos=pos, dtype=dtype, device=device,
                          ms_per_iter=seconds * 1e3, tokens_per_s=tokens / seconds, mfu=mfu))
     print_table(f"training step per position scheme ({describe(TRAIN_SHAPE, batch)}, {dtype}, {device})", rows,
@@ -253,7 +260,7 @@ def bench_dtype(device, rounds):
         model = build(DTYPE_SHAPE, device)
         x, y = random_batch(model.config, batch, device)
         runs[dtype] = train_step_fn(model, x, y, autocast(device, dtype), device)
-    matmul = {dtype: peak_flops(device, dtype) for dtype in runs}
+    matmul = {dtype: matmul_peak(device, dtype) for dtype in runs}
     slow_bf16 = device == "cpu" and matmul["bfloat16"] < matmul["float32"]
     steps = alternating(runs, 1 if slow_bf16 else rounds, 1 if slow_bf16 else 2)
     rows = [dict(section="dtype", config=describe(DTYPE_SHAPE, batch) + ", xpos", dtype=dtype, device=device,

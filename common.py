@@ -7,6 +7,8 @@ utilization (MFU).
 import functools
 import json
 import os
+import shutil
+import signal
 import statistics
 import tempfile
 import time
@@ -35,6 +37,23 @@ def save_checkpoint(obj, path):
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def keep_checkpoint(path, iter_num, keep, best):
+    """Keep the checkpoint just written at path as ckpt_<iter_num>.pt, and as ckpt_best.pt when best, removing all but
+    the `keep` latest ckpt_<iter>.pt: hard links where the filesystem has them (no second copy on disk), else copies;
+    each put in place by a rename, so that a kill never leaves one half-written."""
+    path = Path(path)
+    for name in [f"ckpt_{iter_num:07d}.pt"] + (["ckpt_best.pt"] if best else []):
+        target, tmp = path.with_name(name), path.with_name(name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(path, tmp)
+        except OSError:
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, target)
+    for old in sorted(path.parent.glob("ckpt_[0-9]*.pt"))[:-keep]:
+        old.unlink()
 
 
 # Format 2 (this version) records the tokenizer's identity, and goes with pos="sinusoidal" models whose token
@@ -80,11 +99,12 @@ def load_weights(model, state_dict, path):
 
 
 def load_model(path, device="cpu"):
-    """The checkpoint's model, uncompiled, in eval mode on device, and the checkpoint itself."""
-    ckpt = load_checkpoint(path, map_location=device)
+    """The checkpoint's model, uncompiled, in eval mode on device, and the checkpoint's other fields. The file is read
+    through a memory map and only the weights reach the device: AdamW's state, twice the weights, stays on disk."""
+    ckpt = load_checkpoint(path, mmap=True)
     model = GPT(model_config(ckpt, path))
     load_weights(model, ckpt["model"], path)
-    return model.to(device).eval(), ckpt
+    return model.to(device).eval(), {k: v for k, v in ckpt.items() if k not in ("model", "optimizer", "scaler", "rng")}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -147,6 +167,16 @@ def all_reduce_sum(t, ddp):
 
 
 _HELD_UNTIL_EXIT = []  # see teardown_distributed
+
+
+def catch_stop_signals():
+    """SIGTERM (a scheduler preempting the job; torchrun passes it on to every rank) and SIGUSR1 (e.g. SLURM's
+    --signal=USR1@120 warning) ask train.py for a checkpoint and a clean stop at its next log step, where the ranks
+    agree on it. Returns the list into which the names of the signals caught go."""
+    caught = []
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, frame: caught.append(signal.Signals(signum).name))
+    return caught
 
 
 def teardown_distributed(ddp):
@@ -261,11 +291,9 @@ GPU_PEAK_FLOPS = (  # name substring, {bfloat16, float16, tf32, float32}
 
 def peak_flops(device, dtype):
     """Peak matmul FLOP/s of one device in dtype ("float32", "bfloat16", "float16"), the denominator of MFU: the
-    table above for GPUs (None for a GPU not in it, or MPS: MFU is then not reported); on CPU, measured."""
-    kind = device.split(":")[0]
-    if kind == "cpu":
-        return cpu_matmul_flops(dtype)
-    if kind != "cuda":
+    table above for GPUs; None where no trustworthy peak is known (a GPU not in it, MPS, and a CPU, whose cores other
+    work may share: a peak measured then reads low and MFU impossibly high), and MFU is then not reported."""
+    if device.split(":")[0] != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
     peaks = next((p for key, p in GPU_PEAK_FLOPS if key in name), None)

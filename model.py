@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 from torch.nn.attention.bias import causal_lower_right
+from torch.utils.checkpoint import checkpoint
 
 import alternatives
 from alternatives import ROPE_SCALINGS, RopeScaling  # noqa: F401 (part of model.py's interface)
@@ -83,9 +84,10 @@ def alibi_slopes(n_head):
 
 
 def xpos_largest_scale(n_keys, config):
-    """xPos's largest factor on a q or k pair over a frame of n_keys positions, zeta_0^(-(n_keys/2)/scale_base) (1 for
-    the other schemes). Times a |q| of about 20 it passes float16's 65,504 from about 4,500 tokens at the paper's
-    defaults, however q and k split it; so past 2^8 attention runs in float32. BCA's windows keep it at 3.5."""
+    """xPos's largest factor F on a q or k pair over a frame of n_keys positions, zeta_0^(-(n_keys/2)/scale_base) (1
+    for the other schemes): 3.5^(n_keys/1024) at the paper's defaults. A masked future score carries F^2, and q itself
+    F (22,519 at 8,192 tokens, past float16's 65,504 at a |q| of 20), however q and k split it; so from F > 2^8 (about
+    4,500 tokens) attention runs in float32. BCA's windows of block_size keys keep F at 3.5."""
     zeta_0 = config.xpos_gamma / (1 + config.xpos_gamma)
     return zeta_0 ** (-(n_keys // 2) / config.xpos_scale_base) if config.pos == "xpos" else 1.0
 
@@ -97,7 +99,7 @@ def xpos_largest_scale(n_keys, config):
 #   causal   0 .. t                                absolute
 #   bca      (t//H - 1)*H .. t, H = l/2            rebased into the window 0 .. l-1     (paper §3.3)
 #   sliding  t-W+1 .. t                            rebased: no distance exceeds W-1
-#   sinks    0 .. S-1, and t-(W-S)+1 .. t          alternatives.py                       (StreamingLLM)
+#   sinks    0 .. S-1, and t-(W-S)+1 .. t          the sinks at 0 .. S-1, the query at W-1   (alternatives.py)
 #
 # BCA: a query sees the whole previous half-block and its own causally, H+1 .. l keys, so no distance reaches the
 # training length l; every layer does this, so information still travels n_layer * H tokens back through depth. The
@@ -152,10 +154,10 @@ class PositionTable:
                              "positions): learned absolute positions cannot extrapolate")
         scaling = rope_scaling if isinstance(rope_scaling, RopeScaling) else RopeScaling(rope_scaling or "none")
         self.rule, self.scaling, self.masks = rule, scaling, {}
-        W = rule.window
-        self.b = {"bca": (W or 0) // 2, "sliding": W, "sinks": W}.get(rule.name)  # a query in block t // b sees blocks
-        self.reach = {"sliding": W, "sinks": (W or 0) - rule.sinks}.get(rule.name)  # i-1 and i, within its reach
-        self.n = 2 * self.b if self.b and n_tokens > self.b else n_tokens  # the frame: a window's, or the sequence's
+        W = rule.window  # query t sees keys of blocks t // b - 1 and t // b only, and past the first within its reach:
+        self.b = None if rule.name == "causal" else W // 2 if rule.name == "bca" else W
+        self.reach = W if rule.name == "sliding" else W - rule.sinks if rule.name == "sinks" else None
+        self.frame = 2 * self.b if self.b and n_tokens > self.b else n_tokens  # a window's, or the sequence's
         span = min(n_tokens, W) if self.b else n_tokens  # the most positions one query sees
         self.factor = scaling.factor_at(span, config.block_size)
         d, l = config.n_embd // config.n_head, config.block_size
@@ -164,47 +166,46 @@ class PositionTable:
         if config.pos == "xpos" and not config.xpos_rotate:
             self.theta = torch.zeros_like(self.theta)
         self.zeta = (2 * j + config.xpos_gamma * d) / ((1 + config.xpos_gamma) * d)
-        self.q = self.k = self.slopes = None
+        self.q_factor = self.k_factor = self.slopes = None
         if config.pos in ("rope", "xpos"):
-            theta, sharpen = alternatives.interpolate(self.theta, scaling, self.factor, l)  # alternatives: RoPE interp.
-            pos = torch.arange(self.n, device=device, dtype=torch.float32)[:, None]
-            self.q = self.k = torch.polar(torch.full_like(pos * theta, sharpen), pos * theta)
+            theta, sharpen = self.theta, 1.0
+            theta, sharpen = alternatives.interpolate(theta, scaling, self.factor, l)  # alternatives: RoPE interp.
+            pos = torch.arange(self.frame, device=device, dtype=torch.float32)[:, None]
+            self.q_factor = self.k_factor = torch.polar(torch.full_like(pos * theta, sharpen), pos * theta)
             if config.pos == "xpos":
-                scale = self.zeta ** ((pos - (self.n - 1) // 2) / config.xpos_scale_base)
-                self.q, self.k = self.q * scale, self.k / scale
+                scale = self.zeta ** ((pos - (self.frame - 1) // 2) / config.xpos_scale_base)
+                self.q_factor, self.k_factor = self.q_factor * scale, self.k_factor / scale
         if config.pos == "alibi":
             self.slopes = alibi_slopes(config.n_head).to(device)[:, None, None]
-        self.float32 = xpos_largest_scale(self.n, config) > 2.0**8
+        self.float32 = xpos_largest_scale(self.frame, config) > 2.0**8
 
 
-# Attention: one function for every scheme, rule and cache.
-
-
-def attention(q, k, v, table, queries, keys, sink_kv=None, dropout_p=0.0):
+def attend(q, k, v, table, queries, keys, sink_kv=None, dropout_p=0.0):
     """Causal attention of raw q at frame positions `queries` to raw k, v at `keys` (ranges that end together): q and
     k are rotated here for rope and xpos, and masked by the rule. Relative schemes use only differences, so the frame
     is the caller's: absolute positions, or a window's 0 .. 2b-1."""
     if sink_kv is not None and queries.start >= table.b:  # alternatives: StreamingLLM's sinks join each window
         return alternatives.attention_with_sinks(q, k, v, table, queries, keys, sink_kv)
     float32 = q.dtype == torch.float16 and table.float32  # float16 cannot hold xPos's factors (xpos_largest_scale)
-    if table.q is not None:  # Algorithm 1: each pair as a complex number, times the factor of its position
+    if table.q_factor is not None:  # Algorithm 1: each pair as a complex number, times the factor of its position
         dtype = torch.float32 if float32 else q.dtype
         rotate = lambda x, f: torch.view_as_real(torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * f)
-        q = rotate(q, table.q[queries.start : queries.stop]).flatten(-2).to(dtype)
-        k = rotate(k, table.k[keys.start : keys.stop]).flatten(-2).to(dtype)
-    # The mask, shared by every layer: query m sees key n <= m, and past the first block only while m - n < reach. A
-    # causal mask aligned to the last key needs no tensor (SDPA's fast kernels); otherwise boolean, never an additive
-    # -inf (an overflowed masked score plus -inf is NaN). ALiBi's bias, -slope_h * (m - n), is the one float mask.
+        q = rotate(q, table.q_factor[queries.start : queries.stop]).flatten(-2).to(dtype)
+        k = rotate(k, table.k_factor[keys.start : keys.stop]).flatten(-2).to(dtype)
+    # The mask, shared by every layer: query i sees key j <= i, and past the first block only while i - j < reach. A
+    # causal mask aligned to the last key needs no tensor (SDPA's fast kernels); otherwise boolean: an additive -inf
+    # would turn an overflowed (inf) masked xPos score into NaN. ALiBi's bias, -slope_h * (i - j), is the one float
+    # mask, with -inf where hidden: its scores are never amplified.
     if (queries, keys, q.dtype) not in table.masks:
-        m = torch.arange(queries.start, queries.stop, device=q.device)[:, None]
-        n = torch.arange(keys.start, keys.stop, device=q.device)
+        i = torch.arange(queries.start, queries.stop, device=q.device)[:, None]
+        j = torch.arange(keys.start, keys.stop, device=q.device)
         band = table.reach is not None and queries.stop - 1 >= table.b and queries.stop - 1 - keys.start >= table.reach
         if table.slopes is None and not band:
-            mask = "causal" if queries == keys else None if len(queries) == 1 else causal_lower_right(len(m), len(n))
+            mask = "causal" if queries == keys else None if len(queries) == 1 else causal_lower_right(len(i), len(j))
         else:
-            visible = (n <= m) & ((m - n < table.reach) | (m < table.b) if band else True)
+            visible = (j <= i) & ((i - j < table.reach) | (i < table.b) if band else True)
             mask = visible if table.slopes is None else \
-                (-table.slopes * (m - n)).masked_fill(~visible, float("-inf")).to(q.dtype)
+                (-table.slopes * (i - j)).masked_fill(~visible, float("-inf")).to(q.dtype)
         if len(table.masks) > 4:  # a KV cache asks for a new shape at every token: keep only the latest
             table.masks.clear()
         table.masks[queries, keys, q.dtype] = mask
@@ -223,15 +224,15 @@ class KVCache:
 
     def __init__(self, table, max_tokens):
         self.table, self.max_tokens = table, max_tokens  # the table of a pass over max_tokens
-        self.start = self.n = 0  # absolute position of the first key held (the window's origin), and keys held
+        self.start = self.held = 0  # absolute position of the first key held (the window's origin), and keys held
         self.k = self.v = None  # (B, n_head, capacity, head_dim), allocated on the first call
         self.sink_kv = None  # alternatives: the sinks rule's first S keys and values, kept past every window
 
     def end(self):
         """Absolute position of the next token."""
-        return self.start + self.n
+        return self.start + self.held
 
-    def attend(self, q, k, v, table):
+    def attend_new(self, q, k, v, table):
         """Store the new tokens' keys and values and attend from their queries, in runs within one block (under
         causal attention, all at once): before each run the window moves on to the run's, dropping a block."""
         rule, b = table.rule, table.b
@@ -241,24 +242,25 @@ class KVCache:
         elif k.size(0) != self.k.size(0) or v.dtype != self.v.dtype:
             raise ValueError(f"this KV cache holds a batch of {self.k.size(0)} in {self.v.dtype}, got {k.size(0)} in "
                              f"{v.dtype}: make a new one (new_cache) for another batch size or precision")
-        if rule.name == "sinks" and self.sink_kv is None and self.end() + k.size(2) >= rule.sinks:  # alternatives: S
-            self.sink_kv = tuple(torch.cat((old[:, :, : self.n], new), 2)[:, :, : rule.sinks]
+        S = rule.sinks
+        if rule.name == "sinks" and self.sink_kv is None and self.end() + k.size(2) >= S:  # alternatives: keep S
+            self.sink_kv = tuple(torch.cat((old[:, :, : self.held], new[:, :, :S]), 2)[:, :, :S].clone()
                                  for old, new in ((self.k, k), (self.v, v)))
         ys, i = [], 0
         while i < q.size(2):
             t = self.end()
-            n = min(q.size(2) - i, b - t % b) if b else q.size(2) - i
-            drop = max(0, (t // b - 1) * b) - self.start if b else 0  # (t // b - 1) * b: the run's first key
-            if drop > 0:  # keep at most b keys, so the copy does not overlap
-                keep = self.n - drop
-                self.k[:, :, :keep], self.v[:, :, :keep] = self.k[:, :, drop : self.n], self.v[:, :, drop : self.n]
-                self.start, self.n = self.start + drop, keep
-            self.k[:, :, self.n : self.n + n] = k[:, :, i : i + n]
-            self.v[:, :, self.n : self.n + n] = v[:, :, i : i + n]
-            self.n, queries = self.n + n, range(t - self.start, t - self.start + n)
-            ys.append(attention(q[:, :, i : i + n], self.k[:, :, : self.n], self.v[:, :, : self.n], table, queries,
-                                range(self.n), self.sink_kv))
-            i += n
+            run = min(q.size(2) - i, b - t % b) if b else q.size(2) - i
+            drop = max(0, (t // b - 1) * b) - self.start if b else 0  # (t // b - 1) * b: the window's first key
+            if drop > 0:  # at most b keys stay, so the copy does not overlap
+                self.start, self.held = self.start + drop, self.held - drop
+                for buf in (self.k, self.v):
+                    buf[:, :, : self.held] = buf[:, :, drop : drop + self.held]
+            self.k[:, :, self.held : self.held + run] = k[:, :, i : i + run]
+            self.v[:, :, self.held : self.held + run] = v[:, :, i : i + run]
+            self.held, queries = self.held + run, range(t - self.start, t - self.start + run)
+            ys.append(attend(q[:, :, i : i + run], self.k[:, :, : self.held], self.v[:, :, : self.held], table,
+                             queries, range(self.held), self.sink_kv))
+            i += run
         return torch.cat(ys, dim=2)
 
 
@@ -274,21 +276,22 @@ class CausalSelfAttention(nn.Module):
         (B, T, C), nh, b = x.shape, self.config.n_head, table.b
         q, k, v = self.c_attn(x).view(B, T, 3, nh, C // nh).permute(2, 0, 3, 1, 4)
         if cache is not None:
-            y = cache.attend(q, k, v, table)
+            y = cache.attend_new(q, k, v, table)
         elif not b or T <= b:  # causal attention (training), or a sequence within one block
-            y = attention(q, k, v, table, range(T), range(T), dropout_p=self.config.dropout if self.training else 0.0)
+            y = attend(q, k, v, table, range(T), range(T), dropout_p=self.config.dropout if self.training else 0.0)
         else:  # BCA (paper §3.3) and the other windows, vectorised over blocks: O(T * b) time and memory, never T x T.
             # The first block is plain causal attention. Block i > 0 attends to the window of blocks i-1 and i in the
             # frame 0 .. 2b-1, its queries at b .. 2b-1, so that under BCA no distance exceeds l-1; each block's keys
             # serve the two windows holding them. Padded queries are dropped; padded keys lie in every query's future.
-            n, hd = -(-(T - b) // b), C // nh
-            blocks = lambda z, m: F.pad(z, (0, 0, 0, m * b - z.size(2))).view(B, nh, m, b, hd).transpose(1, 2)
-            windows = lambda z: torch.cat((z[:, :-1], z[:, 1:]), dim=3).flatten(0, 1)  # (B * n, nh, 2b, hd)
+            n_blocks, hd = -(-(T - b) // b), C // nh
+            blocks = lambda z, n: F.pad(z, (0, 0, 0, n * b - z.size(2))).view(B, nh, n, b, hd).transpose(1, 2)
+            windows = lambda z: torch.cat((z[:, :-1], z[:, 1:]), dim=3).flatten(0, 1)  # (B * n_blocks, nh, 2b, hd)
             S = table.rule.sinks if table.rule.name == "sinks" else 0  # alternatives: StreamingLLM's first S tokens
-            y = attention(blocks(q[:, :, b:], n).flatten(0, 1), windows(blocks(k, n + 1)), windows(blocks(v, n + 1)),
-                          table, range(b, 2 * b), range(2 * b), (k[:, :, :S], v[:, :, :S]) if S else None)
-            y = y.view(B, n, nh, b, hd).transpose(1, 2).reshape(B, nh, n * b, hd)[:, :, : T - b]
-            y = torch.cat((attention(q[:, :, :b], k[:, :, :b], v[:, :, :b], table, range(b), range(b)), y), dim=2)
+            sink_kv = (k[:, :, :S], v[:, :, :S]) if S else None  # alternatives: (None but for the sinks rule)
+            y = attend(blocks(q[:, :, b:], n_blocks).flatten(0, 1), windows(blocks(k, n_blocks + 1)),
+                       windows(blocks(v, n_blocks + 1)), table, range(b, 2 * b), range(2 * b), sink_kv)
+            y = y.view(B, n_blocks, nh, b, hd).transpose(1, 2).reshape(B, nh, n_blocks * b, hd)[:, :, : T - b]
+            y = torch.cat((attend(q[:, :, :b], k[:, :, :b], v[:, :, :b], table, range(b), range(b)), y), dim=2)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C)))
 
 
@@ -331,6 +334,7 @@ class GPT(nn.Module):
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying, as in GPT-2
+        self.grad_checkpoint = False  # training: recompute each block's activations in backward, to save memory
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by 1/sqrt(2 * n_layer)
             if name.endswith("c_proj.weight"):
@@ -341,9 +345,6 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             torch.nn.init.zeros_(module.bias)
-
-    def get_num_params(self):
-        return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, *, attention=None, rope_scaling=None, cache=None):
         """Returns (logits, loss).
@@ -382,7 +383,10 @@ class GPT(nn.Module):
             x = x * math.sqrt(self.config.n_embd) + sinusoidal_embedding(pos, self.config.n_embd).to(x.dtype)
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, table, cache[i] if cache else None)
+            if self.grad_checkpoint and self.training:
+                x = checkpoint(block, x, table, use_reentrant=False)
+            else:
+                x = block(x, table, cache[i] if cache else None)
         return self.transformer.ln_f(x)
 
     def new_cache(self, max_tokens, attention=None, rope_scaling=None):
@@ -399,7 +403,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         step, table = max(1, chunk_tokens // B), PositionTable(self.config, T, attention, rope_scaling)
         starts = None
-        if table.scaling.method == "dynamic_ntk" and table.q is not None and table.factor > 1:  # alternatives: NTK
+        if table.scaling.method == "dynamic_ntk" and table.q_factor is not None and table.factor > 1:  # alternatives
             starts = [0, *range(self.config.block_size, T)]
         elif table.b and T > step:
             starts = list(range(0, T, step))

@@ -32,9 +32,9 @@ from evaluation import (add_checkpoint_args, attention_options, check_rule, lear
 from model import GPTConfig, PositionTable
 
 
-def resolution(s):
+def resolution(curve):
     """Eq. 3 for one score curve s[0..N] (-inf = hidden distance, e^s = 0)."""
-    p = torch.softmax(torch.as_tensor(s, dtype=torch.float64), dim=-1)
+    p = torch.softmax(torch.as_tensor(curve, dtype=torch.float64), dim=-1)
     return (p[:-1] * (p[:-1] - p[1:])).sum().item()
 
 
@@ -70,7 +70,7 @@ def plot_theory(result, path):
 # ---------------------------------------------------------------------------------------------------------------
 # Measured: per-distance sums of each layer's pre-softmax scores. The model is streamed through a KV cache one window's
 # queries at a time (memory O(T * window)); a forward hook on each attention module hands over its input, and the
-# scores are written out here from it, the way model.attention computes them (tests/test_resolution.py checks that
+# scores are written out here from it, the way model.attend computes them (tests/test_resolution.py checks that
 # their softmax gives the model's attention output).
 
 
@@ -83,27 +83,28 @@ def scores(q, k, table, queries, keys):
     """Pre-softmax scores (B, n_head, Q, K) in float32 of raw q at frame positions `queries` against raw k at `keys`:
     rotated (rope, xpos), q.k / sqrt(head_dim), ALiBi's bias, -inf where the rule hides the key."""
     q, k = q.float(), k.float()
-    if table.q is not None:
-        q, k = rotated(q, table.q[queries.start : queries.stop]), rotated(k, table.k[keys.start : keys.stop])
+    if table.q_factor is not None:
+        q = rotated(q, table.q_factor[queries.start : queries.stop])
+        k = rotated(k, table.k_factor[keys.start : keys.stop])
     m = torch.arange(queries.start, queries.stop, device=q.device)[:, None]
     distance = m - torch.arange(keys.start, keys.stop, device=q.device)
     visible = distance >= 0
     if table.reach is not None:  # sliding, sinks: past the first block only the keys within reach
         visible &= (distance < table.reach) | (m < table.b)
-    s = q @ k.mT / math.sqrt(q.size(-1))
+    dots = q @ k.mT / math.sqrt(q.size(-1))
     if table.slopes is not None:
-        s = s - table.slopes * distance
-    return s.masked_fill(~visible, float("-inf"))
+        dots = dots - table.slopes * distance
+    return dots.masked_fill(~visible, float("-inf"))
 
 
 def sink_scores(q, sink_k, table):
     """The sinks rule past its first window: q stands at W-1 as seen from the S sinks at 0 .. S-1 (StreamingLLM)."""
     S, W = sink_k.size(2), table.rule.window
     q, sink_k = q.float(), sink_k.float()
-    if table.q is not None:
-        q, sink_k = rotated(q, table.q[W - 1 : W]), rotated(sink_k, table.k[:S])
-    s = q @ sink_k.mT / math.sqrt(q.size(-1))
-    return s if table.slopes is None else s - table.slopes * (W - 1 - torch.arange(S, device=q.device))
+    if table.q_factor is not None:
+        q, sink_k = rotated(q, table.q_factor[W - 1 : W]), rotated(sink_k, table.k_factor[:S])
+    dots = q @ sink_k.mT / math.sqrt(q.size(-1))
+    return dots if table.slopes is None else dots - table.slopes * (W - 1 - torch.arange(S, device=q.device))
 
 
 @torch.no_grad()
@@ -125,7 +126,7 @@ def pre_softmax_scores(model, idx, observe, attention=None, rope_scaling=None):
                 q = model.transformer.h[layer].attn.c_attn(x)[..., :C].view(B, n, nh, C // nh).transpose(1, 2)
                 queries = range(t0 - c.start, t0 - c.start + n)
                 absolute = range(t0, t0 + n)
-                window = scores(q, c.k[:, :, : c.n], table, queries, range(c.n))
+                window = scores(q, c.k[:, :, : c.held], table, queries, range(c.held))
                 observe(layer, window, absolute, range(c.start, c.end()))
                 if c.sink_kv is not None and queries.start >= table.b:
                     observe(layer, sink_scores(q, c.sink_kv[0], table), absolute, range(c.sink_kv[0].size(2)))

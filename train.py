@@ -32,9 +32,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (CHECKPOINT_FORMAT, DTYPES, UserError, all_reduce_sum, autocast, load_checkpoint, load_weights,
-                    model_config, peak_flops, resolve_dtype, save_checkpoint, setup_distributed, teardown_distributed,
-                    train_flops_per_token, writable_dir)
+from common import (CHECKPOINT_FORMAT, DTYPES, UserError, all_reduce_sum, autocast, catch_stop_signals,
+                    keep_checkpoint, load_checkpoint, load_weights, model_config, peak_flops, resolve_dtype,
+                    save_checkpoint, setup_distributed, teardown_distributed, train_flops_per_token, writable_dir)
 from configurator import AT_LEAST_ONE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE, configure
 from data import check_tokenizer, load_meta, read_tokens, tokenizer_identity
 from model import GPT, GPTConfig
@@ -44,6 +44,8 @@ DEFAULTS = dict(
     out_dir="out", log_interval=10,
     init_from="scratch",  # scratch | resume (from out_dir/ckpt.pt)
     eval_interval=250,  # evaluate and write the checkpoint every this many iterations, and at the end
+    keep_checkpoints=0,  # K >= 1: also keep the last K checkpoints as ckpt_<iter>.pt, and the best as ckpt_best.pt
+    checkpoint_minutes=0.0,  # > 0: also write the checkpoint this often (checked at log steps); 0 turns it off
     eval_iters=20,  # batches per split per evaluation, shared out among the ranks
     wandb_log=False,  # also log to Weights & Biases (pip install wandb), from rank 0
     wandb_project="lex-gpt", wandb_run_name="",  # empty run name: wandb picks one
@@ -66,13 +68,15 @@ DEFAULTS = dict(
     device="auto",  # auto | cpu | cuda | cuda:N | mps
     dtype="auto",  # auto (bf16 on sm80+, fp16 + GradScaler on older CUDA, fp32 on CPU) | float32 | bfloat16 | float16
     compile=False, seed=1337,
+    grad_checkpoint=False,  # recompute each block's activations in the backward pass: less memory, more compute
     overwrite=False,  # init_from=scratch in an out_dir that holds ckpt.pt: refused unless this is True
 )
 CHOICES = dict(init_from=("scratch", "resume"), lr_schedule=("cosine", "polynomial"), dtype=DTYPES)
 LIMITS = dict(  # numeric keys, checked once the whole configuration is known
     learning_rate=POSITIVE, min_lr=NON_NEGATIVE, weight_decay=NON_NEGATIVE, beta1=FRACTION, beta2=FRACTION,
     adam_eps=POSITIVE, grad_clip=(NON_NEGATIVE[0], "a finite number >= 0 (0 disables clipping)"), lr_power=POSITIVE,
-    **dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters"), COUNT),
+    checkpoint_minutes=NON_NEGATIVE,
+    **dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "keep_checkpoints"), COUNT),
     **dict.fromkeys(("eval_interval", "eval_iters", "log_interval", "batch_size", "gradient_accumulation_steps"),
                     AT_LEAST_ONE),
 )
@@ -162,7 +166,8 @@ def setup(c):
                         "--init_from=resume, or start over with --overwrite=True")
     if run.master:  # which writes the checkpoints
         writable_dir(c["out_dir"], "out_dir")
-    ckpt = load_checkpoint(run.ckpt_path) if c["init_from"] == "resume" else None
+    # memory-mapped: the ranks of a node share one copy of the file in the page cache instead of each holding it
+    ckpt = load_checkpoint(run.ckpt_path, mmap=True) if c["init_from"] == "resume" else None
     if ckpt:  # a training checkpoint for this dataset's tokenizer, whose architecture wins over the config's
         missing = [k for k in ("optimizer", "scaler", "iter_num", "best_val_loss", "rng") if k not in ckpt]
         if missing:
@@ -192,6 +197,7 @@ def build(run, c, ckpt):
     or as the checkpoint left them."""
     torch.manual_seed(c["seed"])  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     run.raw_model = GPT(run.gpt_config).to(run.device)
+    run.raw_model.grad_checkpoint = c["grad_checkpoint"]
     # AdamW, weight decay on matrices and embeddings only. The fused kernel (one pass over each parameter) where torch
     # has it, CUDA and CPU, is safe with float16's GradScaler (docs/engineering_notes.md); MPS keeps the default.
     fused = run.device_type in ("cuda", "cpu")
@@ -233,7 +239,8 @@ def start_logging(run, c):
     run.ckpt_path.with_name("ckpt.pt.tmp").unlink(missing_ok=True)
     path, kept = run.ckpt_path.with_name("log.jsonl"), []
     if c["init_from"] == "scratch":
-        run.ckpt_path.unlink(missing_ok=True)
+        for old in [run.ckpt_path, *run.ckpt_path.parent.glob("ckpt_*.pt")]:  # the latest, the kept ones, the best
+            old.unlink(missing_ok=True)
     elif path.is_file():
         for line in path.read_text().splitlines():
             try:
@@ -250,7 +257,7 @@ def start_logging(run, c):
         run.wandb = run.wandb.init(project=c["wandb_project"], name=c["wandb_run_name"] or None, config=c)
     run.flops_per_token = train_flops_per_token(run.gpt_config)
     run.peak_flops = peak_flops(run.device, run.dtype)  # per device; None where unknown (CPU: measured)
-    print(f"{run.raw_model.get_num_params() / 1e6:.2f}M parameters, pos={c['pos']}, {run.device} {run.dtype}, "
+    print(f"{sum(p.numel() for p in run.raw_model.parameters()) / 1e6:.2f}M parameters, pos={c['pos']}, {run.device} {run.dtype}, "
           f"{run.world} process(es), global batch {run.global_batch} x {c['block_size']} tokens, "
           f"iterations {run.start_iter} -> {c['max_iters']}")
 
@@ -282,84 +289,111 @@ def stop(run, problem):
 def train_step(run, c, iter_num):
     """One iteration: this rank's micro-steps of the global batch, gradient clipping, and the optimizer step through
     the GradScaler (a no-op unless float16). Returns the summed loss unread, since reading it makes the host wait for
-    the device; the first iteration with a non-finite loss is kept on the device for the next log step to stop at."""
+    the device, and the seconds spent reading batches; the gradient norm and the first iteration with a non-finite
+    loss stay on the device for the next log step."""
     for group in run.optimizer.param_groups:
         group["lr"] = get_lr(iter_num, c)
     data = read_tokens(c["data_dir"], "train", run.meta)  # re-opened each step: a long-lived memmap leaks
     offsets = sample_offsets(c["seed"], 0, iter_num, len(data), run.global_batch, c["block_size"])
-    loss_sum = torch.zeros((), device=run.device)
+    loss_sum, data_seconds = torch.zeros((), device=run.device), 0.0
     for micro in range(run.micro_steps):
         first = (run.rank * run.micro_steps + micro) * c["batch_size"]
+        t0 = time.perf_counter()
         x, y = get_batch(data, offsets[first : first + c["batch_size"]], c["block_size"], run.device)
+        data_seconds += time.perf_counter() - t0
         sync = not run.ddp or micro == run.micro_steps - 1  # gradients all-reduced on the last micro-step only
         with (nullcontext() if sync else run.model.no_sync()), run.ctx:
             _, loss = run.model(x, y)
         loss_sum += loss.detach()  # float32: the model's loss always is, autocast or not
         run.scaler.scale(loss / run.micro_steps).backward()
-    if c["grad_clip"]:
-        run.scaler.unscale_(run.optimizer)
-        torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), c["grad_clip"])
+    run.scaler.unscale_(run.optimizer)  # a no-op unless float16: the norm and clipping see the true gradients
+    params = run.raw_model.parameters()
+    run.grad_norm = torch.nn.utils.clip_grad_norm_(params, c["grad_clip"]) if c["grad_clip"] else \
+        torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])  # before clipping
     run.scaler.step(run.optimizer)
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     if not run.scaler.is_enabled():  # float16's GradScaler skips such a step itself: no error there
         first = (run.first_nonfinite < 0) & ~torch.isfinite(loss_sum)
         run.first_nonfinite = torch.where(first, iter_num, run.first_nonfinite)
-    return loss_sum
+    return loss_sum, data_seconds
 
 
-def log_step(run, c, iter_num, loss_sum, dt):
-    """Read the loss (mean over micro-steps and ranks), stop if any loss since the last log step was not finite (every
-    rank all-reduces at the same iterations, so all stop together), and log it with the learning rate, the time since
-    the previous iteration ended, MFU and the GradScaler's state."""
-    total = all_reduce_sum(torch.stack((loss_sum, (run.first_nonfinite >= 0).float())), run.ddp).tolist()
-    loss, ranks_nonfinite = total[0] / (run.micro_steps * run.world), total[1]
+def log_step(run, c, iter_num, loss_sum, dt, data_seconds, stop_signals):
+    """Read the loss (mean over micro-steps and ranks), stop if any loss since the last log step was not finite, and
+    log it with the learning rate, the time since the previous iteration ended, the gradient norm before clipping, the
+    share of that time spent reading the batch, MFU, peak GPU memory and the GradScaler's state. The same all-reduce
+    decides, for every rank alike, whether to write the checkpoint now (checkpoint_minutes) and whether to stop (a
+    SIGTERM or SIGUSR1 caught on any rank). Returns (save, signal name or None)."""
+    due = c["checkpoint_minutes"] > 0 and time.monotonic() - run.last_save >= 60 * c["checkpoint_minutes"]
+    flags = torch.tensor([float(bool(stop_signals)), float(due)], device=run.device)
+    total = all_reduce_sum(torch.cat((torch.stack((loss_sum, (run.first_nonfinite >= 0).float(),
+                                                   run.grad_norm.float())), flags)), run.ddp).tolist()
+    loss, ranks_nonfinite, grad_norm = total[0] / (run.micro_steps * run.world), total[1], total[2] / run.world
     if ranks_nonfinite:
         first = int(run.first_nonfinite)
         stop(run, f"non-finite loss at iter {first}" if first >= 0 else
              f"non-finite loss on another rank, after iter {iter_num - c['log_interval']}")
-    if not run.master:
-        return
-    tokens = run.global_batch * c["block_size"]  # in the global batch
-    entry = {"iter": iter_num, "loss": loss if math.isfinite(loss) else None,  # null: a step the GradScaler skipped
-             "lr": get_lr(iter_num, c), "ms_per_iter": dt * 1e3, "tokens_per_s": tokens / dt}
-    if run.peak_flops:  # the global batch ran on world devices, each with this peak
-        entry["mfu"] = run.flops_per_token * tokens / dt / (run.world * run.peak_flops)
-    if run.scaler.is_enabled():  # a skipped step is one AdamW did not count
-        state = run.optimizer.state.get(run.optimizer.param_groups[0]["params"][0])  # AdamW's count of its updates
-        entry.update(grad_scale=run.scaler.get_scale(), skipped_steps=iter_num + 1 - int(state["step"] if state else 0))
-    record(run, entry, {k: entry[k] for k in ("iter", "loss", "lr", "mfu") if k in entry})
-    extra = f", scale {entry['grad_scale']:g}, skipped {entry['skipped_steps']}" if run.scaler.is_enabled() else ""
-    mfu = f"{entry['mfu']:.2%}" if "mfu" in entry else "n/a"
-    print(f"iter {iter_num}: loss {loss:.4f}, lr {entry['lr']:.2e}, {dt * 1e3:.0f} ms, "
-          f"{entry['tokens_per_s']:,.0f} tok/s, mfu {mfu}{extra}")
+    signal_name = (stop_signals or ["a signal on another rank"])[0] if total[3] else None
+    if run.master:
+        tokens = run.global_batch * c["block_size"]  # in the global batch
+        finite = lambda v: v if math.isfinite(v) else None  # null: a step the GradScaler skipped
+        entry = {"iter": iter_num, "loss": finite(loss), "lr": get_lr(iter_num, c), "ms_per_iter": dt * 1e3,
+                 "tokens_per_s": tokens / dt, "grad_norm": finite(grad_norm), "data_wait": data_seconds / dt}
+        if run.peak_flops:  # the global batch ran on world devices, each with this peak
+            entry["mfu"] = run.flops_per_token * tokens / dt / (run.world * run.peak_flops)
+        if run.device_type == "cuda":
+            entry["peak_mem_gib"] = torch.cuda.max_memory_allocated(run.device) / 2**30
+        if run.scaler.is_enabled():  # a skipped step is one AdamW did not count
+            state = run.optimizer.state.get(run.optimizer.param_groups[0]["params"][0])  # AdamW's count of updates
+            entry.update(grad_scale=run.scaler.get_scale(),
+                         skipped_steps=iter_num + 1 - int(state["step"] if state else 0))
+        record(run, entry, {k: entry[k] for k in ("iter", "loss", "lr", "mfu", "grad_norm", "data_wait",
+                                                    "peak_mem_gib") if k in entry})
+        extra = f", scale {entry['grad_scale']:g}, skipped {entry['skipped_steps']}" if run.scaler.is_enabled() else ""
+        extra += f", peak mem {entry['peak_mem_gib']:.2f} GiB" if "peak_mem_gib" in entry else ""
+        mfu = f"{entry['mfu']:.2%}" if "mfu" in entry else "n/a"
+        print(f"iter {iter_num}: loss {loss:.4f}, lr {entry['lr']:.2e}, {dt * 1e3:.0f} ms, "
+              f"{entry['tokens_per_s']:,.0f} tok/s, grad norm {grad_norm:.3g}, data {entry['data_wait']:.0%}, "
+              f"mfu {mfu}{extra}")
+    return bool(total[4]) or signal_name is not None, signal_name
 
 
 def evaluate_and_checkpoint(run, c, iter_num):
-    """Evaluate, stop on a non-finite val loss, log, and write the checkpoint with every rank's RNG state (unless this
-    process has not trained yet: at its first iteration the checkpoint, if any, is already this state)."""
+    """Evaluate, stop on a non-finite val loss, log, and write the checkpoint (unless this process has not trained
+    yet: at its first iteration the checkpoint, if any, is already this state)."""
     losses = evaluate(run, c)
     if not math.isfinite(losses["val"]):
         stop(run, f"non-finite val loss {losses['val']} at iter {iter_num}")
+    best = losses["val"] < run.best_val_loss
     run.best_val_loss = min(run.best_val_loss, losses["val"])
     record(run, {"iter": iter_num, "val_loss": losses["val"], "train_loss": losses["train"]},
            {"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "lr": get_lr(iter_num, c)})
     if run.master:
         print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-    if iter_num <= run.start_iter:
-        return
+    if iter_num > run.start_iter:
+        save(run, c, iter_num, best)
+
+
+def save(run, c, iter_num, best=False):
+    """Write ckpt.pt, the state before iteration iter_num, with every rank's RNG state (atomically: a kill mid-write
+    leaves the previous one), and with keep_checkpoints=K keep it beside the K latest and the best (keep_checkpoint)."""
     rng = {"torch": torch.get_rng_state(),
            "cuda": torch.cuda.get_rng_state(run.device) if run.device_type == "cuda" else None}
     rngs = [None] * run.world if run.ddp else [rng]
     if run.ddp:
         dist.all_gather_object(rngs, rng)
-    if run.master:
-        save_checkpoint({"model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
-                         "scaler": run.scaler.state_dict(), "model_args": asdict(run.gpt_config),
-                         "format": CHECKPOINT_FORMAT, "tokenizer": tokenizer_identity(run.meta), "iter_num": iter_num,
-                         "best_val_loss": run.best_val_loss, "config": c, "rng": rngs,
-                         "data": {"sampler": "np.random.default_rng([seed, 0, iter])", "seed": c["seed"],
-                                  "next_iter": iter_num}}, run.ckpt_path)
+    run.last_save = time.monotonic()
+    if not run.master:
+        return
+    save_checkpoint({"model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                     "scaler": run.scaler.state_dict(), "model_args": asdict(run.gpt_config),
+                     "format": CHECKPOINT_FORMAT, "tokenizer": tokenizer_identity(run.meta), "iter_num": iter_num,
+                     "best_val_loss": run.best_val_loss, "config": c, "rng": rngs,
+                     "data": {"sampler": "np.random.default_rng([seed, 0, iter])", "seed": c["seed"],
+                              "next_iter": iter_num}}, run.ckpt_path)
+    if c["keep_checkpoints"]:
+        keep_checkpoint(run.ckpt_path, iter_num, c["keep_checkpoints"], best)
 
 
 def train(c):
@@ -372,6 +406,7 @@ def train(c):
     build(run, c, ckpt)
     ckpt = None  # free its memory: the model and optimizer hold their state now
     start_logging(run, c)
+    stop_signals, run.last_save = catch_stop_signals(), time.monotonic()
 
     iter_num = run.start_iter
     t0 = time.perf_counter()
@@ -381,12 +416,19 @@ def train(c):
             t0 = time.perf_counter()  # evaluation is not training time
         if iter_num >= c["max_iters"]:
             break
-        loss_sum = train_step(run, c, iter_num)
+        loss_sum, data_seconds = train_step(run, c, iter_num)
         t1 = time.perf_counter()  # before the log step reads the loss, as nanoGPT: no wait for the device here
         dt, t0 = t1 - t0, t1
-        if iter_num % c["log_interval"] == 0:
-            log_step(run, c, iter_num, loss_sum, dt)
         iter_num += 1
+        if (iter_num - 1) % c["log_interval"] == 0:
+            due, caught = log_step(run, c, iter_num - 1, loss_sum, dt, data_seconds, stop_signals)
+            if caught or due and iter_num % c["eval_interval"] and iter_num != c["max_iters"]:  # (else just below)
+                save(run, c, iter_num)
+                t0 = time.perf_counter()
+            if caught:
+                finish(run)
+                raise UserError(f"stopped by {caught} after iter {iter_num - 1}: {run.ckpt_path} holds the state "
+                                "to continue from (--init_from=resume)")
 
     finish(run)
     if run.master:

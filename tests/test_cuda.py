@@ -87,7 +87,7 @@ def test_cached_decoding_matches_full_forward(pos, rule, monkeypatch):
             cached.append(m(seq[:, t : t + 1], cache=cache)[0][:, -1])
         full = m(seq[:, :199], seq[:, 1:200], attention=rule)[0]
     torch.testing.assert_close(torch.stack(cached, 1), full[:, 36:], rtol=1e-4, atol=1e-4)
-    assert cache[0].n <= 2 * cache[0].table.b  # one window's keys held
+    assert cache[0].held <= 2 * cache[0].table.b  # one window's keys held
 
 
 @pytest.mark.parametrize("method", ["pi", "ntk", "yarn"])

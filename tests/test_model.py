@@ -34,7 +34,7 @@ def positioned(q, k, q_pos, k_pos, cfg):
     as complex numbers)."""
     table = PositionTable(cfg, max(q_pos.stop, k_pos.stop), "causal")
     turn = lambda x, f: torch.view_as_real(torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * f).flatten(-2)
-    return turn(q, table.q[q_pos.start : q_pos.stop]), turn(k, table.k[k_pos.start : k_pos.stop])
+    return turn(q, table.q_factor[q_pos.start : q_pos.stop]), turn(k, table.k_factor[k_pos.start : k_pos.stop])
 
 
 def scores(q, k, q_pos, k_pos, **kw):
@@ -278,7 +278,7 @@ def test_a_window_longer_than_the_sequence_costs_only_the_sequence():
     huge = model.AttentionRule("sliding", 10**9)
     cache = m.new_cache(10, huge)
     m(tokens(3), cache=cache)
-    assert cache[0].k.size(2) == 10 and PositionTable(m.config, 10, huge).n == 10
+    assert cache[0].k.size(2) == 10 and PositionTable(m.config, 10, huge).frame == 10
     torch.testing.assert_close(m(tokens(10), attention=huge)[0], m(tokens(10), attention="causal")[0])
 
 
@@ -342,12 +342,12 @@ def test_the_pass_uses_the_factor_of_its_length(method):
         table = PositionTable(m.config, T, "causal", scaling)
         s = factor if scaling.factor else T / 1024
         angle = torch.arange(T, dtype=torch.float64)[:, None] * paper_theta(method, s)
-        got = table.q.angle().double()
+        got = table.q_factor.angle().double()
         torch.testing.assert_close(torch.remainder(got - angle + math.pi, 2 * math.pi) - math.pi,
                                    torch.zeros_like(angle), rtol=0, atol=2e-3)  # float32 angles up to 4096 rad
         modulus = 0.1 * math.log(s) + 1 if method == "yarn" else 1.0
-        torch.testing.assert_close(table.q.abs(), torch.full_like(table.q.abs(), modulus))
-        torch.testing.assert_close(table.k.abs(), torch.full_like(table.k.abs(), modulus))
+        torch.testing.assert_close(table.q_factor.abs(), torch.full_like(table.q_factor.abs(), modulus))
+        torch.testing.assert_close(table.k_factor.abs(), torch.full_like(table.k_factor.abs(), modulus))
 
 
 @pytest.mark.parametrize("method", SCALINGS)
@@ -470,7 +470,7 @@ def test_xpos_float32_only_where_float16_cannot_hold_the_scales(monkeypatch):
                            (8192, torch.float16, torch.float32),
                            (8192, torch.bfloat16, torch.bfloat16)):  # bfloat16 has float32's range
         q = k = v = torch.ones(1, 1, T, 16, dtype=dtype)
-        assert model.attention(q, k, v, PositionTable(cfg, T, "causal"), range(T), range(T)).dtype == dtype
+        assert model.attend(q, k, v, PositionTable(cfg, T, "causal"), range(T), range(T)).dtype == dtype
         assert seen.pop() == want
 
 
@@ -554,7 +554,7 @@ def test_cached_decoding_matches_full_forward(pos, rule, prompt):
         full, _ = m(seq[:, :t], attention=resolved)
         torch.testing.assert_close(cached[:, -1], full[:, -1], rtol=1e-5, atol=1e-5, msg=f"step {t}")
         if b:  # bounded: one window's keys, and the sinks (kept once the first S tokens have come)
-            assert cache[0].k.size(2) == min(2 * b, total) and cache[0].n <= 2 * b
+            assert cache[0].k.size(2) == min(2 * b, total) and cache[0].held <= 2 * b
             sink_kv = cache[0].sink_kv
             assert sink_kv is None if resolved.name != "sinks" or t < resolved.sinks else \
                 sink_kv[0].size(2) == sink_kv[1].size(2) == resolved.sinks
