@@ -17,10 +17,8 @@ def dataset(root, seed=0, vocab="abcdefghijk", n_train=500, n_val=75):
     rng = np.random.default_rng(seed)
     train = rng.integers(0, len(vocab), n_train).astype(np.uint16)
     val = rng.integers(0, len(vocab), n_val).astype(np.uint16)
-    meta = dict(tokenizer="char", vocab_size=len(vocab), dtype="uint16", chars=list(vocab), eot_token=None,
-                train_documents=[{"name": "t", "start": 0, "end": n_train}],
-                val_documents=[{"name": "v", "start": 0, "end": n_val}])
-    write_dataset(root, {"train": train, "val": val}, meta)
+    meta = dict(tokenizer="char", vocab_size=len(vocab), dtype="uint16", chars=list(vocab), eot_token=None)
+    write_dataset(root, {"train": (train, [[0, n_train]], ["t"]), "val": (val, [[0, n_val]], ["v"])}, meta)
     return root
 
 

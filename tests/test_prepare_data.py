@@ -19,9 +19,16 @@ def run(*argv):
 
 
 def load(out_dir):
-    """meta.json and both splits, read by hand from the files meta.json names."""
+    """meta.json and both splits, read by hand from the files meta.json names; the documents' offsets and names
+    (where kept) added to meta as {split}_documents: [{name, start, end}]."""
     meta = json.loads((Path(out_dir) / "meta.json").read_text())
     dtype = np.dtype(meta["dtype"])
+    for s in ("train", "val"):
+        offsets = np.fromfile(Path(out_dir) / meta["files"][f"{s}_docs"]["file"], "<i8").reshape(-1, 2)
+        names = meta["files"].get(f"{s}_names")
+        names = ((Path(out_dir) / names["file"]).read_text().splitlines() if names else [None] * len(offsets))
+        meta[f"{s}_documents"] = [{"name": None if n is None else json.loads(n), "start": int(a), "end": int(b)}
+                                  for n, (a, b) in zip(names, offsets)]
     return meta, *(np.fromfile(Path(out_dir) / meta["files"][s]["file"], dtype) for s in ("train", "val"))
 
 
@@ -278,7 +285,7 @@ def snapshot(out_dir):
     return meta["val_documents"], train.tolist(), val.tolist()
 
 
-@pytest.mark.parametrize("kill_at", [1, 2, 3])
+@pytest.mark.parametrize("kill_at", [1, 2, 3, 4, 5, 6, 7])
 def test_a_kill_between_the_moves_leaves_the_old_dataset(tmp_path, monkeypatch, kill_at):
     old, new = write_corpus(tmp_path / "old", n=10), write_corpus(tmp_path / "new", n=7)
     out = tmp_path / "out"
@@ -286,7 +293,7 @@ def test_a_kill_between_the_moves_leaves_the_old_dataset(tmp_path, monkeypatch, 
     before = snapshot(out)
     calls, real_replace = [], os.replace
 
-    def replace(src, dst):  # the 1st and 2nd move the token files in, the 3rd meta.json
+    def replace(src, dst):  # the 1st to 6th move the split's files in (tokens, offsets, names), the 7th meta.json
         calls.append(dst)
         if len(calls) == kill_at:
             raise Killed
@@ -302,21 +309,19 @@ def test_a_kill_between_the_moves_leaves_the_old_dataset(tmp_path, monkeypatch, 
     assert snapshot(out) != before and len(snapshot(out)[0]) == 1
     meta = data.load_meta(out)
     assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "train.bin", "val.bin",
-                                                            meta["files"]["train"]["file"],
-                                                            meta["files"]["val"]["file"]])
+                                                            *(e["file"] for e in meta["files"].values())])
 
 
 def test_debris_of_older_runs_is_removed(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    for name in ("train.bin", "val.bin", ".tmp-abc123", "train-0123456789ab.bin"):  # older layout, killed runs
+    for name in ("train.bin", "val.bin", ".tmp-abc123", "train-0123456789ab.bin", "val_docs-0123456789ab.bin"):
         (out / name).write_bytes(b"\0\0")
     (out / "notes.txt").write_text("mine")
     run("--dataset", "files", "--path", write_corpus(tmp_path / "c", n=3), "--out_dir", out)
     meta = data.load_meta(out)
     assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "notes.txt", "train.bin", "val.bin",
-                                                            meta["files"]["train"]["file"],
-                                                            meta["files"]["val"]["file"]])
+                                                            *(e["file"] for e in meta["files"].values())])
     for split in ("train", "val"):  # nanoGPT's names: the current files, for tools that read them
         assert (out / f"{split}.bin").samefile(out / meta["files"][split]["file"])
 
