@@ -311,6 +311,23 @@ def char_vocabulary(docs, passkey):
     return sorted(chars)
 
 
+class TokenFile:
+    """A token file read by slices with pread, not mapped: a memmap's pages would count in the process's resident
+    memory as it copies a corpus of any size, though they can be dropped."""
+
+    def __init__(self, path, dtype):
+        self.dtype, self.fd = np.dtype(dtype), os.open(path, os.O_RDONLY)
+        self.length = os.fstat(self.fd).st_size // self.dtype.itemsize
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, s):
+        start, stop, _ = s.indices(self.length)
+        size = max(0, stop - start) * self.dtype.itemsize
+        return np.frombuffer(os.pread(self.fd, size, start * self.dtype.itemsize), dtype=self.dtype)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Split: which [start, end) ranges of the stream go to train and which to val.
 
@@ -532,7 +549,7 @@ def remove_debris(out_dir):
 
 
 def nanogpt_stream(path):
-    """(tokens memmap, (n, 2) document offsets) of a nanoGPT token file: uint16 GPT-2 ids, documents each ended by
+    """(TokenFile, (n, 2) document offsets) of a nanoGPT token file: uint16 GPT-2 ids, documents each ended by
     <|endoftext|> (50256). Kept as they are, empty documents included, so the stream is copied unchanged (a last
     document without its 50256 gets one). Scanned in pieces: any size."""
     try:
@@ -542,7 +559,7 @@ def nanogpt_stream(path):
     if size < 2 * MIN_SPLIT_TOKENS or size % 2:
         raise UserError(f"{path} is not a nanoGPT token file: {size} bytes (uint16 tokens, at least "
                         f"{MIN_SPLIT_TOKENS})")
-    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    tokens = TokenFile(path, np.uint16)
     ends = []
     for at in range(0, len(tokens), COPY_TOKENS):
         piece = np.asarray(tokens[at : at + COPY_TOKENS])
@@ -614,7 +631,7 @@ def build(args, out_dir, registry):
             raise UserError(f"no text in the {args.dataset} input: every document is empty")
         separator = 0 if tokenizer.eot is None else 1
         dtype = token_dtype(tokenizer.vocab_size)
-        stream = np.memmap(stream_tmp.path, dtype=dtype, mode="r") if os.path.getsize(stream_tmp.path) else []
+        stream = TokenFile(stream_tmp.path, dtype)
         (train, train_names), (val, val_names) = split_ranges(offsets_of(lengths, separator), names, args)
         splits = {"train": (stream, train, train_names), "val": (stream, val, val_names)}
     separator = 0 if tokenizer.eot is None else 1
