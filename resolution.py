@@ -26,7 +26,7 @@ import sys
 import torch
 
 from common import UserError, load_model, output_path, pyplot, resolve_device, write_json
-from data import checkpoint_dataset, read_tokens
+from data import checkpoint_dataset, documents, read_tokens
 from evaluation import (add_checkpoint_args, attention_options, check_rule, learned_length_check, pointless,
                         rule_fields, rule_label, save_figure)
 from model import GPTConfig, PositionTable
@@ -165,9 +165,10 @@ def layer_score_sums(model, idx, rule, scaling):
 def texts_from(meta, data_dir, length, max_texts):
     """Consecutive length-token texts cut from the validation documents, taken round-robin over documents."""
     stream = read_tokens(data_dir, "val", meta)
-    docs = [d for d in meta["val_documents"] if d["end"] - d["start"] >= length]
+    offsets = documents(data_dir, "val", meta)
+    docs = [{"start": int(s), "end": int(e)} for s, e in offsets if e - s >= length]
     if not docs:
-        longest = max(d["end"] - d["start"] for d in meta["val_documents"])
+        longest = int((offsets[:, 1] - offsets[:, 0]).max())
         raise UserError(f"no validation document has {length} tokens (the longest has {longest}): lower --length")
     per_doc = [[d["start"] + i * length for i in range((d["end"] - d["start"]) // length)] for d in docs]
     starts = [s for i in range(max(map(len, per_doc))) for doc in per_doc if i < len(doc) for s in [doc[i]]]

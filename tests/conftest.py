@@ -22,11 +22,10 @@ def tiny_data(tmp_path_factory):
     val = rng.integers(0, len(CHARS), sum(VAL_DOC_LENGTHS)).astype(np.uint16)
     train = rng.integers(0, len(CHARS), 500).astype(np.uint16)
     starts = np.cumsum((0,) + VAL_DOC_LENGTHS)
-    meta = dict(tokenizer="char", vocab_size=len(CHARS), dtype="uint16", chars=CHARS, eot_token=None,
-                train_documents=[{"name": "train", "start": 0, "end": len(train)}],
-                val_documents=[{"name": f"doc{i}", "start": int(starts[i]), "end": int(starts[i + 1])}
-                               for i in range(len(VAL_DOC_LENGTHS))])
-    write_dataset(root, {"train": train, "val": val}, meta)
+    meta = dict(tokenizer="char", vocab_size=len(CHARS), dtype="uint16", chars=CHARS, eot_token=None)
+    val_docs = np.stack([starts[:-1], starts[1:]], axis=1)
+    write_dataset(root, {"train": (train, [[0, len(train)]], ["train"]),
+                         "val": (val, val_docs, [f"doc{i}" for i in range(len(VAL_DOC_LENGTHS))])}, meta)
     return root
 
 

@@ -18,6 +18,7 @@ def tiny_bench(monkeypatch):
     monkeypatch.setattr(bench, "DTYPE_SHAPE", TINY | dict(pos="xpos"))
     monkeypatch.setattr(bench, "LENGTH_MULTS", (2, 4, 32, 64))  # what the summary ratios need
     monkeypatch.setattr(bench, "LENGTH_PASSES", 1)
+    monkeypatch.setattr(bench, "DATA_MB", 0.2)
 
 
 @pytest.mark.slow
@@ -40,6 +41,10 @@ def test_every_section_reports_its_rows(tiny_bench, tmp_path, capsys):
     assert all(summary[f"{m}_time_32x_over_2x"] > 0 for m in ("bca", "streamed", "sliding", "sinks"))
     assert [r["context"] for r in rows if r["section"] == "decode"] == [8, 64, 256]
     assert {r["dtype"] for r in rows if r["section"] == "dtype"} == {"float32", "bfloat16"}
+    prepared = [r for r in rows if r["section"] == "data"]
+    assert prepared[0]["workers"] == 1 and len({r["tokens"] for r in prepared}) == 1  # the same corpus each time
+    assert all(r["tokens_per_s"] == pytest.approx(r["tokens"] / r["seconds"]) and r["peak_pss_mib"] > 0
+               for r in prepared)
     printed = capsys.readouterr().out
     assert "| pos | ms_per_iter | tokens_per_s | mfu |" in printed and f"wrote {out}" in printed
 

@@ -17,10 +17,8 @@ def dataset(root, seed=0, vocab="abcdefghijk", n_train=500, n_val=75):
     rng = np.random.default_rng(seed)
     train = rng.integers(0, len(vocab), n_train).astype(np.uint16)
     val = rng.integers(0, len(vocab), n_val).astype(np.uint16)
-    meta = dict(tokenizer="char", vocab_size=len(vocab), dtype="uint16", chars=list(vocab), eot_token=None,
-                train_documents=[{"name": "t", "start": 0, "end": n_train}],
-                val_documents=[{"name": "v", "start": 0, "end": n_val}])
-    write_dataset(root, {"train": train, "val": val}, meta)
+    meta = dict(tokenizer="char", vocab_size=len(vocab), dtype="uint16", chars=list(vocab), eot_token=None)
+    write_dataset(root, {"train": (train, [[0, n_train]], ["t"]), "val": (val, [[0, n_val]], ["v"])}, meta)
     return root
 
 
@@ -93,3 +91,34 @@ def test_tokenizer_mismatch_names_both(tmp_path):
     assert data.checkpoint_dataset(ckpt, ckpt_path)[0] == str(a)  # the training data_dir by default
     del ckpt["tokenizer"]  # older checkpoints: the vocabulary size is still compared
     assert "vocab_size 11" in error(data.checkpoint_dataset, ckpt, ckpt_path, small)
+
+
+def test_documents_from_the_offsets_file_and_from_an_older_meta_json(tmp_path):
+    d = dataset(tmp_path / "d")
+    meta = data.load_meta(d)
+    assert data.documents(d, "val", meta).tolist() == [[0, 75]] and data.document_names(d, "val", meta) == ["v"]
+    # the previous format: documents listed in meta.json, no offsets files
+    old = read_meta(d)
+    for split, name, n in (("train", "t", 500), ("val", "v", 75)):
+        (d / old["files"].pop(f"{split}_docs")["file"]).unlink()
+        (d / old["files"].pop(f"{split}_names")["file"]).unlink()
+        old[f"{split}_documents"] = [{"name": name, "start": 0, "end": n}]
+    (d / "meta.json").write_text(json.dumps(old))
+    meta = data.load_meta(d)
+    assert data.documents(d, "train", meta).tolist() == [[0, 500]]
+    assert data.documents(d, "train", meta).dtype == np.int64 and data.document_names(d, "val", meta) == ["v"]
+    del old["val_documents"]  # neither format
+    (d / "meta.json").write_text(json.dumps(old))
+    assert "no document offsets" in error(data.load_meta, d)
+
+
+def test_offsets_file_from_another_dataset_is_refused(tmp_path):
+    tokens = np.arange(75, dtype=np.uint16) % 11
+    meta = dict(tokenizer="char", vocab_size=11, dtype="uint16", chars=list("abcdefghijk"), eot_token=None)
+    for name, cut in (("a", 40), ("b", 30)):
+        write_dataset(tmp_path / name, {"train": (tokens, [[0, 75]], None),
+                                        "val": (tokens, [[0, cut], [cut, 75]], None)}, meta)
+    docs = lambda d: d / read_meta(d)["files"]["val_docs"]["file"]
+    shutil.copy(docs(tmp_path / "b"), docs(tmp_path / "a"))  # same size, other offsets
+    assert "val_docs-" in error(data.load_meta, tmp_path / "a") and "do not belong together" in error(
+        data.load_meta, tmp_path / "a")

@@ -1,5 +1,6 @@
 """Tests for prepare_data.py: the offline corpus, local files, downloads from a local HTTP server, bad input."""
 
+import errno
 import http.server
 import json
 import os
@@ -19,9 +20,16 @@ def run(*argv):
 
 
 def load(out_dir):
-    """meta.json and both splits, read by hand from the files meta.json names."""
+    """meta.json and both splits, read by hand from the files meta.json names; the documents' offsets and names
+    (where kept) added to meta as {split}_documents: [{name, start, end}]."""
     meta = json.loads((Path(out_dir) / "meta.json").read_text())
     dtype = np.dtype(meta["dtype"])
+    for s in ("train", "val"):
+        offsets = np.fromfile(Path(out_dir) / meta["files"][f"{s}_docs"]["file"], "<i8").reshape(-1, 2)
+        names = meta["files"].get(f"{s}_names")
+        names = ((Path(out_dir) / names["file"]).read_text().splitlines() if names else [None] * len(offsets))
+        meta[f"{s}_documents"] = [{"name": None if n is None else json.loads(n), "start": int(a), "end": int(b)}
+                                  for n, (a, b) in zip(names, offsets)]
     return meta, *(np.fromfile(Path(out_dir) / meta["files"][s]["file"], dtype) for s in ("train", "val"))
 
 
@@ -278,7 +286,7 @@ def snapshot(out_dir):
     return meta["val_documents"], train.tolist(), val.tolist()
 
 
-@pytest.mark.parametrize("kill_at", [1, 2, 3])
+@pytest.mark.parametrize("kill_at", [1, 2, 3, 4, 5, 6, 7])
 def test_a_kill_between_the_moves_leaves_the_old_dataset(tmp_path, monkeypatch, kill_at):
     old, new = write_corpus(tmp_path / "old", n=10), write_corpus(tmp_path / "new", n=7)
     out = tmp_path / "out"
@@ -286,7 +294,7 @@ def test_a_kill_between_the_moves_leaves_the_old_dataset(tmp_path, monkeypatch, 
     before = snapshot(out)
     calls, real_replace = [], os.replace
 
-    def replace(src, dst):  # the 1st and 2nd move the token files in, the 3rd meta.json
+    def replace(src, dst):  # the 1st to 6th move the split's files in (tokens, offsets, names), the 7th meta.json
         calls.append(dst)
         if len(calls) == kill_at:
             raise Killed
@@ -302,21 +310,19 @@ def test_a_kill_between_the_moves_leaves_the_old_dataset(tmp_path, monkeypatch, 
     assert snapshot(out) != before and len(snapshot(out)[0]) == 1
     meta = data.load_meta(out)
     assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "train.bin", "val.bin",
-                                                            meta["files"]["train"]["file"],
-                                                            meta["files"]["val"]["file"]])
+                                                            *(e["file"] for e in meta["files"].values())])
 
 
 def test_debris_of_older_runs_is_removed(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    for name in ("train.bin", "val.bin", ".tmp-abc123", "train-0123456789ab.bin"):  # older layout, killed runs
+    for name in ("train.bin", "val.bin", ".tmp-abc123", "train-0123456789ab.bin", "val_docs-0123456789ab.bin"):
         (out / name).write_bytes(b"\0\0")
     (out / "notes.txt").write_text("mine")
     run("--dataset", "files", "--path", write_corpus(tmp_path / "c", n=3), "--out_dir", out)
     meta = data.load_meta(out)
     assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "notes.txt", "train.bin", "val.bin",
-                                                            meta["files"]["train"]["file"],
-                                                            meta["files"]["val"]["file"]])
+                                                            *(e["file"] for e in meta["files"].values())])
     for split in ("train", "val"):  # nanoGPT's names: the current files, for tools that read them
         assert (out / f"{split}.bin").samefile(out / meta["files"][split]["file"])
 
@@ -328,3 +334,208 @@ def test_out_dir_that_is_a_file(tmp_path):
             run("--dataset", "files", "--path", write_corpus(tmp_path / f"c{len(out.parts)}", n=3), "--out_dir", out)
         assert "is a file" in str(e.value.code)
     assert (tmp_path / "taken").read_text() == "a file"
+
+
+# --- streaming, workers, other sources ------------------------------------------------------------------------------
+
+
+def texts_of(meta, train, val, tok):
+    """Each split's documents decoded, in stream order."""
+    return {s: [tok.decode(ids[d["start"] : d["end"]].tolist()) for d in meta[f"{s}_documents"]]
+            for s, ids in (("train", train), ("val", val))}
+
+
+def brute_force_stream(texts, tok):
+    """The token stream tokenizing documents one by one in this process: each followed by eot (if any)."""
+    tail = [] if tok.eot is None else [tok.eot]
+    return [t for text in texts for t in tok.encode(text) + tail]
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+def test_one_and_two_workers_write_the_same_files(tmp_path, monkeypatch, tokenizer):
+    monkeypatch.setattr(prepare_data, "BATCH_CHARS", 300)  # many small tasks: the pool's order matters
+    corpus = write_corpus(tmp_path / "corpus", n=30)
+    (corpus / "doc07.txt").write_text("Ünïcödé — ½ and a blank line\n\n  \n")
+    (corpus / "empty.txt").write_text(" \n")  # left out: no text
+    for workers in (1, 2):
+        run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / f"w{workers}", "--tokenizer", tokenizer,
+            "--workers", workers)
+    files = lambda d: {p.name: p.read_bytes() for p in d.iterdir()}
+    assert files(tmp_path / "w1") == files(tmp_path / "w2")
+    meta, train, val = load(tmp_path / "w2")
+    tok = Tokenizer(tokenizer, meta["chars"])
+    for split, ids in (("train", train), ("val", val)):
+        names = [d["name"] for d in meta[f"{split}_documents"]]
+        assert "empty.txt" not in " ".join(names)
+        assert ids.tolist() == brute_force_stream([Path(n).read_text() for n in names], tok)
+    assert len(meta["train_documents"]) + len(meta["val_documents"]) == 30
+
+
+def test_jsonl_one_document_per_line(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    texts = [f"Line {i}: " + " ".join(rng.choice(["alpha", "beta", "γ", "\n", "<|endoftext|>"], 20)) for i in range(40)]
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join(json.dumps({"id": i, "text": t}) for i, t in enumerate(texts)) + "\n\n")
+    run("--dataset", "jsonl", "--path", path, "--tokenizer", "gpt2", "--out_dir", tmp_path / "out", "--workers", 2)
+    meta, train, val = load(tmp_path / "out")
+    assert "train_names" not in meta["files"] and len(meta["val_documents"]) == 4
+    got = texts_of(meta, train, val, Tokenizer("gpt2"))
+    assert sorted(got["train"] + got["val"]) == sorted(texts)
+    assert got["train"] == [t for t in texts if t in got["train"]]  # stream order kept
+    tok = Tokenizer("gpt2")
+    assert train.tolist() == brute_force_stream(got["train"], tok)  # "<|endoftext|>" in text: ordinary tokens
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "no text field"}\n')
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", "jsonl", "--path", tmp_path / "bad.jsonl", "--out_dir", tmp_path / "bad")
+    assert "bad.jsonl line 2 has no string field 'text'" in str(e.value.code)
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("separator", [None, "<|endoftext|>"])
+def test_plain_text_cut_into_documents(tmp_path, separator):
+    docs = [f"Document {i}.\n" + "Some words here.\n" * (i % 4 + 1) for i in range(25)]
+    if separator is None:  # blank lines cut, a run of them counting as one
+        body = "".join(d + "\n" * (1 + i % 3) for i, d in enumerate(docs))
+        extra = []
+    else:  # blank lines inside documents stay
+        docs = [d + "\nA second paragraph.\n" for d in docs]
+        body = "".join(d + separator + "  \n" for d in docs)
+        extra = ["--separator", separator]
+    (tmp_path / "big.txt").write_text(body)
+    run("--dataset", "text", "--path", tmp_path / "big.txt", "--out_dir", tmp_path / "out", "--val_documents", 5,
+        *extra)
+    meta, train, val = load(tmp_path / "out")
+    got = texts_of(meta, train, val, Tokenizer("char", meta["chars"]))
+    assert len(got["val"]) == 5 and sorted(got["train"] + got["val"]) == sorted(docs)
+
+
+def nanogpt_files(folder, seed=0):
+    """nanoGPT's layout: train.bin and val.bin of uint16 GPT-2 tokens, each document followed by 50256."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir()
+    docs = {}
+    for split, n in (("train", 12), ("val", 3)):
+        docs[split] = [rng.integers(0, 50256, rng.integers(20, 60)).astype(np.uint16) for _ in range(n)]
+        np.concatenate([np.append(d, np.uint16(50256)) for d in docs[split]]).tofile(folder / f"{split}.bin")
+    return docs
+
+
+def test_nanogpt_files_convert_and_train(tmp_path):
+    import train as train_script
+    from test_train import tiny_args
+
+    docs = nanogpt_files(tmp_path / "nano")
+    run("--dataset", "nanogpt", "--path", tmp_path / "nano", "--out_dir", tmp_path / "out")
+    meta = data.load_meta(tmp_path / "out")
+    assert meta["tokenizer"] == "gpt2" and meta["dtype"] == "uint16"
+    for split in ("train", "val"):
+        original = np.fromfile(tmp_path / "nano" / f"{split}.bin", np.uint16)
+        assert data.read_tokens(tmp_path / "out", split, meta).tolist() == original.tolist()  # unchanged
+        offsets = data.documents(tmp_path / "out", split, meta)
+        assert [original[a:b].tolist() for a, b in offsets] == [d.tolist() for d in docs[split]]
+        assert data.document_names(tmp_path / "out", split, meta) is None
+    train_script.main(tiny_args(tmp_path / "out", tmp_path / "run", max_iters=2, eval_interval=2, eval_iters=1,
+                                lr_decay_iters=2, warmup_iters=1))
+    assert (tmp_path / "run" / "ckpt.pt").is_file()
+    (tmp_path / "bad").mkdir()
+    np.array([1, 2, 60000], np.uint16).tofile(tmp_path / "bad" / "train.bin")
+    np.array([1, 2, 3], np.uint16).tofile(tmp_path / "bad" / "val.bin")
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", "nanogpt", "--path", tmp_path / "bad", "--out_dir", tmp_path / "out")
+    assert "holds token 60000" in str(e.value.code)
+    data.load_meta(tmp_path / "out")  # the converted dataset, still there
+
+
+def test_val_documents_and_val_tokens(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", n=20)
+    run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "d", "--val_documents", 7)
+    meta, train, val = load(tmp_path / "d")
+    assert (len(meta["train_documents"]), len(meta["val_documents"])) == (13, 7)
+    for n_tokens in (1, 300, 1000):
+        run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "t", "--val_tokens", n_tokens)
+        meta, train, val = load(tmp_path / "t")
+        lengths = [d["end"] - d["start"] for d in meta["val_documents"]]
+        # whole documents, just enough of them: without the last one taken the total was short of n_tokens
+        assert sum(lengths) >= n_tokens and sum(lengths) - max(lengths) < n_tokens
+        assert len(train) + len(val) == sum(len((corpus / f"doc{i:02d}.txt").read_text()) for i in range(20))
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "a.txt").write_text("x" * 500)
+    run("--dataset", "files", "--path", tmp_path / "one", "--out_dir", tmp_path / "o", "--val_tokens", 123)
+    assert len(load(tmp_path / "o")[2]) == 123  # one document: cut by tokens, its last 123 held out
+    for argv, message in ((["--val_documents", 20], "--val_documents 20 would leave no training document"),
+                          (["--val_tokens", 10**6], "would hold out every document")):
+        with pytest.raises(SystemExit) as e:
+            run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "d", *argv)
+        assert message in str(e.value.code)
+
+
+@pytest.mark.parametrize("umask", [0o002, 0o022])
+def test_files_are_created_as_the_umask_allows(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        run("--dataset", "files", "--path", write_corpus(tmp_path / "c", n=3), "--out_dir", tmp_path / "out")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()}
+    assert len(modes) == 9 and set(modes.values()) == {0o666 & ~umask}  # group-readable; writable under 0o002
+
+
+def test_a_sigkill_while_writing_leaves_the_old_dataset(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    run("--dataset", "files", "--path", write_corpus(tmp_path / "old", n=5), "--out_dir", out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (tmp_path / "big.txt").write_text(("To be, or not to be, that is the question.\n" * 50 + "\n") * 3000)
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "prepare_data.py", "--dataset", "text", "--path", tmp_path / "big.txt",
+                             "--tokenizer", "gpt2", "--workers", "2", "--out_dir", out], cwd=root,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(p.name.startswith(".tmp-") and p.stat().st_size > 0
+                                             for p in out.iterdir() if p.exists()):
+        time.sleep(0.005)
+    proc.kill()
+    assert proc.wait() == -9  # killed while it wrote, not finished
+    assert {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".tmp-")} == before
+    data.load_meta(out)
+    run("--dataset", "files", "--path", write_corpus(tmp_path / "new", n=4), "--out_dir", out)
+    assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]  # the next run removed the debris
+
+
+class Panic(BaseException):
+    """Stands for pyo3_runtime.PanicException: tiktoken's Rust code failing (under memory pressure)."""
+
+
+@pytest.mark.parametrize("failure", ["disk full", "memory", "panic"])
+def test_out_of_disk_or_memory_is_one_line_and_keeps_the_old_dataset(tmp_path, monkeypatch, failure):
+    out = tmp_path / "out"
+    corpus = write_corpus(tmp_path / "c", n=6)
+    run("--dataset", "files", "--path", corpus, "--out_dir", out, "--tokenizer", "gpt2")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    if failure == "disk full":
+        real_write, written = prepare_data.Temporary.write, []
+
+        def write(self, data):  # the disk fills up part way through
+            written.append(len(data))
+            if len(written) > 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real_write(self, data)
+
+        monkeypatch.setattr(prepare_data.Temporary, "write", write)
+    else:
+        error = MemoryError if failure == "memory" else Panic
+
+        def encode(self, text):
+            raise error("allocation failed")
+
+        monkeypatch.setattr(prepare_data.Tokenizer, "encode", encode)
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", "files", "--path", write_corpus(tmp_path / "new", n=9), "--out_dir", out, "--tokenizer",
+            "gpt2", "--workers", 2)
+    message = str(e.value.code)
+    assert "\n" not in message and "the previous dataset" in message and "is intact" in message
+    assert ("no space left" if failure == "disk full" else "out of memory") in message
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # intact, and no temporaries left
