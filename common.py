@@ -4,6 +4,7 @@ tracebacks, checkpoints, devices and precision, torchrun, output files written a
 utilization (MFU).
 """
 
+import datetime
 import functools
 import json
 import os
@@ -131,9 +132,11 @@ def resolve_device(device):
     return device
 
 
-def setup_distributed(device):
+def setup_distributed(device, timeout_minutes=None):
     """(ddp, rank, world, device): under torchrun (RANK, LOCAL_RANK, WORLD_SIZE) join the process group, NCCL on
-    CUDA (one GPU per local rank) and gloo on CPU; otherwise a single process."""
+    CUDA (one GPU per local rank) and gloo on CPU; otherwise a single process. timeout_minutes bounds every collective
+    (torch's default otherwise): the ranks wait in one while rank 0 writes a checkpoint, which on a slow shared
+    filesystem can take minutes."""
     device = resolve_device(device)
     if "RANK" not in os.environ:
         return False, 0, 1, device
@@ -141,7 +144,8 @@ def setup_distributed(device):
         device = f"cuda:{os.environ['LOCAL_RANK']}"
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    timeout = {"timeout": datetime.timedelta(minutes=timeout_minutes)} if timeout_minutes else {}
+    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", **timeout)
     return True, dist.get_rank(), dist.get_world_size(), device
 
 

@@ -68,6 +68,7 @@ DEFAULTS = dict(
     device="auto",  # auto | cpu | cuda | cuda:N | mps
     dtype="auto",  # auto (bf16 on sm80+, fp16 + GradScaler on older CUDA, fp32 on CPU) | float32 | bfloat16 | float16
     compile=False, seed=1337,
+    ddp_timeout_minutes=30.0,  # how long a rank waits in a collective (e.g. while rank 0 writes the checkpoint)
     grad_checkpoint=False,  # recompute each block's activations in the backward pass: less memory, more compute
     overwrite=False,  # init_from=scratch in an out_dir that holds ckpt.pt: refused unless this is True
 )
@@ -75,7 +76,7 @@ CHOICES = dict(init_from=("scratch", "resume"), lr_schedule=("cosine", "polynomi
 LIMITS = dict(  # numeric keys, checked once the whole configuration is known
     learning_rate=POSITIVE, min_lr=NON_NEGATIVE, weight_decay=NON_NEGATIVE, beta1=FRACTION, beta2=FRACTION,
     adam_eps=POSITIVE, grad_clip=(NON_NEGATIVE[0], "a finite number >= 0 (0 disables clipping)"), lr_power=POSITIVE,
-    checkpoint_minutes=NON_NEGATIVE,
+    checkpoint_minutes=NON_NEGATIVE, ddp_timeout_minutes=POSITIVE,
     **dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "keep_checkpoints"), COUNT),
     **dict.fromkeys(("eval_interval", "eval_iters", "log_interval", "batch_size", "gradient_accumulation_steps"),
                     AT_LEAST_ONE),
@@ -141,7 +142,7 @@ def evaluate(run, c):
 def setup(c):
     """Processes, device, precision, and every check that can fail before any work: wandb, out_dir, the dataset, the
     checkpoint and the model's configuration (the checkpoint's on resume). Returns the shared state and checkpoint."""
-    ddp, rank, world, device = setup_distributed(c["device"])
+    ddp, rank, world, device = setup_distributed(c["device"], c["ddp_timeout_minutes"])
     if c["gradient_accumulation_steps"] % world:
         raise UserError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be divisible by the "
                         f"number of processes ({world}): it is the global number of micro-steps per iteration")
@@ -166,6 +167,11 @@ def setup(c):
                         "--init_from=resume, or start over with --overwrite=True")
     if run.master:  # which writes the checkpoints
         writable_dir(c["out_dir"], "out_dir")
+    if ddp and c["init_from"] == "resume":  # rank 0 writes the checkpoints: every rank must see the same out_dir
+        seen = int(all_reduce_sum(torch.tensor(float(run.ckpt_path.exists()), device=device), ddp))
+        if 0 < seen < world:
+            raise UserError(f"{run.ckpt_path} exists on {seen} of {world} processes: out_dir (and data_dir) must be "
+                            "on a filesystem every node shares")
     # memory-mapped: the ranks of a node share one copy of the file in the page cache instead of each holding it
     ckpt = load_checkpoint(run.ckpt_path, mmap=True) if c["init_from"] == "resume" else None
     if ckpt:  # a training checkpoint for this dataset's tokenizer, whose architecture wins over the config's

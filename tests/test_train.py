@@ -102,6 +102,30 @@ def test_ddp_two_processes_match_one(data_dir, tmp_path):
     assert len(torch.load(tmp_path / "ddp" / "ckpt.pt", weights_only=True)["rng"]) == 2  # every rank's RNG
 
 
+def test_two_nodes_on_one_machine_match_one_process(data_dir, tmp_path):
+    """torchrun --nnodes=2, one process per "node", both on 127.0.0.1 (the multi-node rendezvous, over gloo): the same
+    losses as one process, and a resume on both nodes continues the run."""
+    port = 29500 + os.getpid() % 1000
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def nodes(args):
+        procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}",
+                                   "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
+                                   "train.py", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+        for proc in procs:
+            stderr = proc.communicate(timeout=300)[1]
+            assert proc.returncode == 0, stderr[-2000:]
+
+    nodes(tiny_args(data_dir, tmp_path / "nodes", gradient_accumulation_steps=2, max_iters=4))
+    nodes(tiny_args(data_dir, tmp_path / "nodes", gradient_accumulation_steps=2, init_from="resume"))
+    train.main(tiny_args(data_dir, tmp_path / "single", gradient_accumulation_steps=2))
+    nodes_log, single = read_log(tmp_path / "nodes"), read_log(tmp_path / "single")
+    assert [r["iter"] for r in nodes_log[0]] == list(range(6))
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(nodes_log[0], single[0])) < 1e-5
+    assert max(abs(a["val_loss"] - b["val_loss"]) for a, b in zip(nodes_log[1], single[1])) < 1e-5
+
+
 def test_float16_grad_scaler_on_cpu(data_dir, tmp_path):
     train.main(tiny_args(data_dir, tmp_path / "fp16", dtype="float16"))
     steps = read_log(tmp_path / "fp16")[0]
