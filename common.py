@@ -246,6 +246,25 @@ def output_path(path, flag, plot=False):
     return path
 
 
+def open_log(path, start_iter):
+    """A JSON-lines log opened for appending, kept only up to start_iter: the entries from start_iter on (which a
+    resumed run writes again) and any line a kill cut short are dropped, so that after any number of kills and resumes
+    the log equals the uninterrupted run's; start_iter 0 starts it afresh. Rewritten by a rename, never half-written."""
+    path, kept = Path(path), []
+    if start_iter and path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+            if isinstance(entry, dict) and entry.get("iter", start_iter) < start_iter:
+                kept.append(line + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+    return open(path, "a")
+
+
 def writable_dir(folder, what):
     """Create folder if needed and prove it writable with a scratch file, or a one-line error naming it."""
     folder = Path(folder)

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from common import UserError
 
@@ -256,3 +257,23 @@ def checkpoint_dataset(ckpt, path, data_dir=None):
     meta = load_meta(data_dir)
     check_tokenizer(ckpt, path, meta, data_dir)
     return data_dir, meta
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training batches: a pure function of (seed, stream, index), so that any number of processes, and a resumed run,
+# draw the same ones.
+
+
+def get_batch(data, offsets, block_size, device):
+    """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather rather than a slice per
+    sequence, as x = all but the last and y = all but the first."""
+    xy = torch.from_numpy(data[offsets[:, None] + np.arange(block_size + 1)].astype(np.int64))
+    x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
+    if device.startswith("cuda"):
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def sample_offsets(seed, stream, index, n_tokens, count, block_size):
+    """Start offsets of `count` sequences, a pure function of (seed, stream, index): 0 = training, 1/2 = eval."""
+    return np.random.default_rng([seed, stream, index]).integers(0, n_tokens - block_size, size=count)

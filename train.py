@@ -19,7 +19,6 @@ utilization) is PaLM's FLOPs estimate over the device's peak in the dtype used.
 
 import json
 import math
-import os
 import sys
 import time
 from contextlib import nullcontext
@@ -27,16 +26,15 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import (CHECKPOINT_FORMAT, DTYPES, UserError, all_reduce_sum, autocast, catch_stop_signals,
-                    keep_checkpoint, load_checkpoint, load_weights, model_config, peak_flops, resolve_dtype,
+                    keep_checkpoint, load_checkpoint, load_weights, model_config, open_log, peak_flops, resolve_dtype,
                     save_checkpoint, setup_distributed, teardown_distributed, train_flops_per_token, writable_dir)
 from configurator import AT_LEAST_ONE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE, configure
-from data import check_tokenizer, load_meta, read_tokens, tokenizer_identity
+from data import check_tokenizer, get_batch, load_meta, read_tokens, sample_offsets, tokenizer_identity
 from model import GPT, GPTConfig
 
 DEFAULTS = dict(
@@ -102,21 +100,6 @@ def get_lr(it, c):
     else:
         coeff = (1.0 - progress) ** c["lr_power"]
     return c["min_lr"] + coeff * (c["learning_rate"] - c["min_lr"])
-
-
-def get_batch(data, offsets, block_size, device):
-    """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather rather than a slice per
-    sequence, as x = all but the last and y = all but the first."""
-    xy = torch.from_numpy(data[offsets[:, None] + np.arange(block_size + 1)].astype(np.int64))
-    x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
-    if device.startswith("cuda"):
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
-
-
-def sample_offsets(seed, stream, index, n_tokens, count, block_size):
-    """Start offsets of `count` sequences, a pure function of (seed, stream, index): 0 = training, 1/2 = eval."""
-    return np.random.default_rng([seed, stream, index]).integers(0, n_tokens - block_size, size=count)
 
 
 @torch.no_grad()
@@ -243,27 +226,16 @@ def start_logging(run, c):
     if not run.master:
         return
     run.ckpt_path.with_name("ckpt.pt.tmp").unlink(missing_ok=True)
-    path, kept = run.ckpt_path.with_name("log.jsonl"), []
     if c["init_from"] == "scratch":
         for old in [run.ckpt_path, *run.ckpt_path.parent.glob("ckpt_*.pt")]:  # the latest, the kept ones, the best
             old.unlink(missing_ok=True)
-    elif path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a kill
-                continue
-            if isinstance(entry, dict) and entry.get("iter", run.start_iter) < run.start_iter:
-                kept.append(line + "\n")
-    tmp = path.with_name("log.jsonl.tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
-    run.log = open(path, "a")
+    run.log = open_log(run.ckpt_path.with_name("log.jsonl"), run.start_iter if c["init_from"] == "resume" else 0)
     if run.wandb:
         run.wandb = run.wandb.init(project=c["wandb_project"], name=c["wandb_run_name"] or None, config=c)
     run.flops_per_token = train_flops_per_token(run.gpt_config)
     run.peak_flops = peak_flops(run.device, run.dtype)  # per device; None where unknown (CPU: measured)
-    print(f"{sum(p.numel() for p in run.raw_model.parameters()) / 1e6:.2f}M parameters, pos={c['pos']}, {run.device} {run.dtype}, "
+    n_params = sum(p.numel() for p in run.raw_model.parameters())
+    print(f"{n_params / 1e6:.2f}M parameters, pos={c['pos']}, {run.device} {run.dtype}, "
           f"{run.world} process(es), global batch {run.global_batch} x {c['block_size']} tokens, "
           f"iterations {run.start_iter} -> {c['max_iters']}")
 
