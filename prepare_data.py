@@ -24,6 +24,7 @@ document is cut by tokens instead, its end held out.
 import argparse
 import collections
 import concurrent.futures
+import ctypes
 import errno
 import glob
 import hashlib
@@ -32,6 +33,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -221,7 +223,13 @@ _worker_tokenizer = None  # each worker's own, set by init_worker: built once pe
 
 
 def init_worker(kind, chars):
+    """A worker's tokenizer. On Linux the worker also dies with the main process: forked, it holds the write end of its
+    own task pipe, so a killed main process would otherwise leave it waiting on that pipe forever."""
     global _worker_tokenizer
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the main process died before prctl
+            os._exit(1)
     _worker_tokenizer = (Tokenizer(kind, chars),
                          None if chars is None else np.array([ord(c) for c in chars], dtype=np.uint32))
 

@@ -488,17 +488,22 @@ def test_a_sigkill_while_writing_leaves_the_old_dataset(tmp_path):
     out = tmp_path / "out"
     run("--dataset", "files", "--path", write_corpus(tmp_path / "old", n=5), "--out_dir", out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    (tmp_path / "big.txt").write_text(("To be, or not to be, that is the question.\n" * 50 + "\n") * 3000)
+    (tmp_path / "big.txt").write_text(("To be, or not to be, that is the question.\n" * 50 + "\n") * 10000)
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen([sys.executable, "prepare_data.py", "--dataset", "text", "--path", tmp_path / "big.txt",
                              "--tokenizer", "gpt2", "--workers", "2", "--out_dir", out], cwd=root,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pgrep = ["pgrep", "-f", "--", f"--out_dir {out}"]  # the main process, and its forked workers: the same command
+    processes = lambda: subprocess.run(pgrep, capture_output=True, text=True).stdout
     deadline = time.time() + 60
-    while time.time() < deadline and not any(p.name.startswith(".tmp-") and p.stat().st_size > 0
-                                             for p in out.iterdir() if p.exists()):
+    while time.time() < deadline and not (len(processes().split()) == 3 and any(  # the main process and 2 workers
+            p.name.startswith(".tmp-") and p.stat().st_size > 0 for p in out.iterdir() if p.exists())):
         time.sleep(0.005)
     proc.kill()
     assert proc.wait() == -9  # killed while it wrote, not finished
+    while time.time() < deadline and processes():  # the forked workers die with it, not left waiting on their pipe
+        time.sleep(0.05)
+    assert not processes()
     assert {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".tmp-")} == before
     data.load_meta(out)
     run("--dataset", "files", "--path", write_corpus(tmp_path / "new", n=4), "--out_dir", out)
