@@ -373,7 +373,8 @@ def test_one_and_two_workers_write_the_same_files(tmp_path, monkeypatch, tokeniz
 
 def test_jsonl_one_document_per_line(tmp_path, capsys):
     rng = np.random.default_rng(0)
-    texts = [f"Line {i}: " + " ".join(rng.choice(["alpha", "beta", "γ", "\n", "<|endoftext|>"], 20)) for i in range(40)]
+    words = ["alpha", "beta", "γ", "\n", "<|endoftext|>"]
+    texts = [f"Line {i}: " + " ".join(rng.choice(words, 20)) for i in range(40)]
     path = tmp_path / "a.jsonl"
     path.write_text("\n".join(json.dumps({"id": i, "text": t}) for i, t in enumerate(texts)) + "\n\n")
     run("--dataset", "jsonl", "--path", path, "--tokenizer", "gpt2", "--out_dir", tmp_path / "out", "--workers", 2)

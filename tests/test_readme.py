@@ -3,6 +3,7 @@ docs/ is either run here (the README first, then the pages in alphabetical order
 training shortened to 2 iterations), or listed below with the reason it cannot run on a CPU machine without a
 network, so the documentation cannot drift from the code again. Every relative link of those pages resolves."""
 
+import json
 import os
 import re
 import shlex
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +31,7 @@ NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test
     "python reproduce.py$": "the whole study takes hours (tests/test_reproduce.py runs it on a toy budget)",
     "--budget toy": "a minute or two (tests/test_reproduce.py runs it)",
     "reproduce.py --tune": "half an hour of training (tests/test_reproduce.py runs it on a toy budget)",
+    "/tmp/bigc/": "a 2 GB corpus, minutes long (tests/test_prepare_data.py covers the same path at a small scale)",
 }
 SHORTEN_TRAINING = ["--max_iters=2", "--eval_iters=1"]
 
@@ -102,6 +105,18 @@ def test_commands_run_in_order(tmp_path):
     (tmp_path / "corpus" / "part").mkdir(parents=True)
     for i in range(4):
         (tmp_path / "corpus" / "part" / f"{i}.txt").write_text(f"Chapter {i}.\n" + "It was a dark night. " * 50)
+    (tmp_path / "dump").mkdir()  # the other inputs the data page names: JSON lines, one big file, nanoGPT's .bin
+    for i in range(2):
+        (tmp_path / "dump" / f"{i}.jsonl").write_text("".join(json.dumps({"text": f"Story {i}.{j}. " + "Once upon "
+                                                                                  "a time. " * 40}) + "\n"
+                                                            for j in range(5)))
+    parts = [f"Part {i}.\n" + "The end is near. " * 60 for i in range(8)]
+    (tmp_path / "big.txt").write_text("\n<|endoftext|>\n".join(parts))
+    bins = tmp_path / "nanoGPT" / "data" / "openwebtext"
+    bins.mkdir(parents=True)
+    for split, n_docs in (("train", 12), ("val", 3)):
+        docs = [np.append(np.random.default_rng([i, n_docs]).integers(0, 50000, 300), 50256) for i in range(n_docs)]
+        np.concatenate(docs).astype(np.uint16).tofile(bins / f"{split}.bin")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for page, command in [(p, c) for p, c in all_commands() if skip_reason(c) is None]:
         result = subprocess.run(argv_for(command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
