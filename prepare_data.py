@@ -32,6 +32,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import random
 import re
 import signal
 import sys
@@ -356,12 +357,18 @@ def split_ranges(ranges, names, args):
         raise UserError(f"--val_documents {args.val_documents} would leave no training document: the corpus has {n}")
     if n == 1:
         total = int(lengths[0])
-        held = args.val_tokens if args.val_tokens else round(total * args.val_fraction)
-        cut = int(ranges[0, 0]) + min(max(1, total - held), total - 1)
+        kept = total - args.val_tokens if args.val_tokens else round(total * (1 - args.val_fraction))
+        cut = int(ranges[0, 0]) + min(max(1, kept), total - 1)
         name = [] if names is None else [names[0]]
         return ((np.array([[ranges[0, 0], cut]]), name and [name[0] + "[train]"]),
                 (np.array([[cut, ranges[0, 1]]]), name and [name[0] + "[val]"]))
-    order = np.random.default_rng(args.seed).permutation(n)
+    if names is not None and len(set(names)) == n:  # named documents: a seeded shuffle of their sorted names, as
+        index = {name: i for i, name in enumerate(names)}  # every earlier version chose them (same seed, same split)
+        shuffled = sorted(names)
+        random.Random(args.seed).shuffle(shuffled)
+        order = np.array([index[name] for name in shuffled])
+    else:
+        order = np.random.default_rng(args.seed).permutation(n)
     if args.val_documents:
         count = args.val_documents
     elif args.val_tokens:

@@ -545,3 +545,26 @@ def test_out_of_disk_or_memory_is_one_line_and_keeps_the_old_dataset(tmp_path, m
     assert "\n" not in message and "the previous dataset" in message and "is intact" in message
     assert ("no space left" if failure == "disk full" else "out of memory") in message
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # intact, and no temporaries left
+
+
+@pytest.mark.parametrize("seed, fraction", [(1337, 0.1), (7, 0.3)])
+def test_named_documents_are_held_out_as_every_earlier_version_did(tmp_path, seed, fraction):
+    """Datasets made before stay reproducible (the study's and the demo's numbers rest on them): validation is the
+    first round(fraction * n) names of a random.Random(seed) shuffle of the sorted names, written out here; a single
+    document keeps round(len * (1 - fraction)) tokens for training."""
+    import random
+
+    out = tmp_path / "many"
+    run("--dataset", "files", "--path", write_corpus(tmp_path / "docs", n=13) / "*.txt", "--out_dir", out,
+        "--seed", seed, "--val_fraction", fraction)
+    names = sorted(f"doc{i:02d}.txt" for i in range(13))
+    random.Random(seed).shuffle(names)
+    held_out = {Path(n).name for n in data.document_names(out, "val", data.load_meta(out))}
+    assert held_out == set(names[: max(1, round(fraction * 13))])
+    one = tmp_path / "one"
+    (tmp_path / "single").mkdir()
+    (tmp_path / "single" / "a.txt").write_text("To be, or not to be. " * 57)
+    run("--dataset", "files", "--path", tmp_path / "single" / "a.txt", "--out_dir", one, "--val_fraction", fraction)
+    meta = data.load_meta(one)
+    total = meta["files"]["train"]["tokens"] + meta["files"]["val"]["tokens"]
+    assert meta["files"]["train"]["tokens"] == round(total * (1 - fraction))
