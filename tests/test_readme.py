@@ -31,7 +31,6 @@ NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test
     "python reproduce.py$": "the whole study takes hours (tests/test_reproduce.py runs it on a toy budget)",
     "--budget toy": "a minute or two (tests/test_reproduce.py runs it)",
     "reproduce.py --tune": "half an hour of training (tests/test_reproduce.py runs it on a toy budget)",
-    "/tmp/bigc/": "a 2 GB corpus, minutes long (tests/test_prepare_data.py covers the same path at a small scale)",
 }
 SHORTEN_TRAINING = ["--max_iters=2", "--eval_iters=1"]
 
