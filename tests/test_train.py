@@ -253,6 +253,16 @@ def test_log_after_kills_and_resumes_equals_the_uninterrupted_run(data_dir, tmp_
     assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "log.jsonl"]  # no debris
 
 
+def assert_resume_equals_straight(cmd, out, data_dir, tmp_path, args):
+    """Resume the interrupted run in out to its end: its log equals an uninterrupted run's, timings aside."""
+    subprocess.run([*cmd, "--init_from=resume"], cwd=ROOT, check=True, capture_output=True)
+    train.main(tiny_args(data_dir, tmp_path / "straight", **args))
+    resumed, straight = log_entries(out), log_entries(tmp_path / "straight")
+    assert [e["iter"] for e in resumed] == [e["iter"] for e in straight]
+    for a, b in zip(resumed, straight):
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-5) for k in a)
+
+
 def test_sigkill_and_resume(data_dir, tmp_path):
     """A real kill -9 at an arbitrary moment after the first checkpoint, then a resume to the end."""
     args = dict(max_iters=40, eval_interval=4, eval_iters=10)
@@ -266,12 +276,7 @@ def test_sigkill_and_resume(data_dir, tmp_path):
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait()
-    subprocess.run([*cmd, "--init_from=resume"], cwd=ROOT, check=True, capture_output=True)
-    train.main(tiny_args(data_dir, tmp_path / "straight", **args))
-    resumed, straight = log_entries(out), log_entries(tmp_path / "straight")
-    assert [e["iter"] for e in resumed] == [e["iter"] for e in straight]
-    for a, b in zip(resumed, straight):
-        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-5) for k in a)
+    assert_resume_equals_straight(cmd, out, data_dir, tmp_path, args)
 
 
 def test_scratch_never_replaces_a_run_silently(data_dir, tmp_path, capsys):
@@ -508,12 +513,7 @@ def test_a_stop_signal_saves_and_the_resume_is_exact(data_dir, tmp_path, sig):
     assert f"stopped by {sig.name} after iter" in stderr and len(stderr.strip().splitlines()) == 1
     saved = torch.load(out / "ckpt.pt", weights_only=True)["iter_num"]
     assert 5 < saved < 40 and f"after iter {saved - 1}:" in stderr
-    subprocess.run([*cmd, "--init_from=resume"], cwd=ROOT, check=True, capture_output=True)
-    train.main(tiny_args(data_dir, tmp_path / "straight", **args))
-    resumed, straight = log_entries(out), log_entries(tmp_path / "straight")
-    assert [e["iter"] for e in resumed] == [e["iter"] for e in straight]
-    for a, b in zip(resumed, straight):
-        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-5) for k in a)
+    assert_resume_equals_straight(cmd, out, data_dir, tmp_path, args)
 
 
 def test_loss_is_read_at_log_steps_only(data_dir, tmp_path, monkeypatch):
