@@ -96,10 +96,12 @@ def attention_with_sinks(q, k, v, table, queries, keys, sink_kv):
         q = q_window = q.float()
         k, v = k.float(), v.float()
         if table.q_factor is not None:  # RoPE / xPos: pairs as complex numbers times their positions' factors
-            rotate = lambda x, f: torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * f).flatten(-2)
-            sink_k = rotate(sink_k, table.k_factor[:S] * table.q_factor[W - 1 : W].conj())
-            q_window = rotate(q, table.q_factor[queries.start : queries.stop])
-            k = rotate(k, table.k_factor[keys.start : keys.stop])
+            pairs = lambda x: torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # the table's factors: (..., d/2, 2)
+            rotate = lambda x, f: torch.view_as_real(pairs(x) * f).flatten(-2)
+            q_factor, k_factor = torch.view_as_complex(table.q_factor), torch.view_as_complex(table.k_factor)
+            sink_k = rotate(sink_k, k_factor[:S] * q_factor[W - 1 : W].conj())
+            q_window = rotate(q, q_factor[queries.start : queries.stop])
+            k = rotate(k, k_factor[keys.start : keys.stop])
         distance = torch.arange(queries.start, queries.stop, device=q.device)[:, None] - \
             torch.arange(keys.start, keys.stop, device=q.device)
         scores, sink_scores = q_window @ k.mT / math.sqrt(hd), q @ sink_k.mT / math.sqrt(hd)

@@ -171,10 +171,11 @@ class PositionTable:
             theta, sharpen = self.theta, 1.0
             theta, sharpen = alternatives.interpolate(theta, scaling, self.factor, l)  # alternatives: RoPE interp.
             pos = torch.arange(self.frame, device=device, dtype=torch.float32)[:, None]
-            self.q_factor = self.k_factor = torch.polar(torch.full_like(pos * theta, sharpen), pos * theta)
+            angle = pos * theta  # each factor as (real, imaginary), (frame, d/2, 2): no complex tensor to compile
+            self.q_factor = self.k_factor = torch.stack((angle.cos(), angle.sin()), -1) * sharpen
             if config.pos == "xpos":
                 scale = self.zeta ** ((pos - (self.frame - 1) // 2) / config.xpos_scale_base)
-                self.q_factor, self.k_factor = self.q_factor * scale, self.k_factor / scale
+                self.q_factor, self.k_factor = self.q_factor * scale[..., None], self.k_factor / scale[..., None]
         if config.pos == "alibi":
             self.slopes = alibi_slopes(config.n_head).to(device)[:, None, None]
         self.float32 = xpos_largest_scale(self.frame, config) > 2.0**8
@@ -189,7 +190,12 @@ def attend(q, k, v, table, queries, keys, sink_kv=None, dropout_p=0.0):
     float32 = q.dtype == torch.float16 and table.float32  # float16 cannot hold xPos's factors (xpos_largest_scale)
     if table.q_factor is not None:  # Algorithm 1: each pair as a complex number, times the factor of its position
         dtype = torch.float32 if float32 else q.dtype
-        rotate = lambda x, f: torch.view_as_real(torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * f)
+        def rotate(x, f):  # compiled, in real arithmetic: Inductor fuses that, but leaves complex products to eager
+            x = x.float().unflatten(-1, (-1, 2))
+            if not torch.compiler.is_compiling():
+                return torch.view_as_real(torch.view_as_complex(x) * torch.view_as_complex(f))
+            (a, b), (c, s) = x.unbind(-1), f.unbind(-1)
+            return torch.stack((a * c - b * s, a * s + b * c), -1)
         q = rotate(q, table.q_factor[queries.start : queries.stop]).flatten(-2).to(dtype)
         k = rotate(k, table.k_factor[keys.start : keys.stop]).flatten(-2).to(dtype)
     # The mask, shared by every layer: query i sees key j <= i, and past the first block only while i - j < reach. A
@@ -347,12 +353,10 @@ class GPT(nn.Module):
             torch.nn.init.zeros_(module.bias)
 
     def forward(self, idx, targets=None, *, attention=None, rope_scaling=None, cache=None):
-        """Returns (logits, loss).
-
-        idx, targets: (B, T) token ids, -1 ignored. With targets, logits at every position and the mean next-token NLL;
-        without, only the last position's logits. attention: an AttentionRule or its name; None is auto, BCA exactly
-        when the sequence is longer than block_size. rope_scaling: a RopeScaling or its name. cache: from new_cache,
-        which fixes both; idx then continues the sequence."""
+        """(logits, loss). idx, targets: (B, T) token ids, -1 ignored. With targets, logits at every position and the
+        mean next-token NLL; without, only the last position's logits. attention: an AttentionRule or its name; None is
+        auto, BCA exactly when the sequence is longer than block_size. rope_scaling: a RopeScaling or its name. cache:
+        from new_cache, which fixes both; idx then continues the sequence."""
         x = self.hidden_states(idx, attention, rope_scaling, cache)
         if targets is None:
             return self.head(x[:, [-1], :]), None
@@ -365,8 +369,7 @@ class GPT(nn.Module):
         start = cache[0].end() if cache else 0
         if cache:
             if attention is not None or rope_scaling is not None:
-                raise ValueError("attention and rope_scaling are fixed when the cache is made (new_cache); pass "
-                                 "neither with a cache")
+                raise ValueError("attention and rope_scaling are fixed when the cache is made: pass neither with it")
             if start + T > cache[0].max_tokens:
                 raise ValueError(f"the KV cache was made for {cache[0].max_tokens} tokens, asked for {start + T}")
             table = cache[0].table
@@ -401,8 +404,7 @@ class GPT(nn.Module):
         attention only the output layer goes chunk by chunk (bounding the logits). Dynamic NTK, where it scales
         anything, decodes token by token past block_size: each token at the factor of its own length."""
         B, T = idx.shape
-        step, table = max(1, chunk_tokens // B), PositionTable(self.config, T, attention, rope_scaling)
-        starts = None
+        step, table, starts = max(1, chunk_tokens // B), PositionTable(self.config, T, attention, rope_scaling), None
         if table.scaling.method == "dynamic_ntk" and table.q_factor is not None and table.factor > 1:  # alternatives
             starts = [0, *range(self.config.block_size, T)]
         elif table.b and T > step:

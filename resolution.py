@@ -75,8 +75,10 @@ def plot_theory(result, path):
 
 
 def rotated(x, factor):
-    """x (..., T, head_dim) times factor (T or 1, head_dim/2), its pairs as complex numbers (Algorithm 1), float32."""
-    return torch.view_as_real(torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * factor).flatten(-2)
+    """x (..., T, head_dim) times factor (T or 1, head_dim/2, 2: real, imaginary), its pairs as complex numbers
+    (Algorithm 1), float32."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * torch.view_as_complex(factor)).flatten(-2)
 
 
 def scores(q, k, table, queries, keys):

@@ -1,6 +1,7 @@
 """Tests for model.py: xPos against the paper's formula, BCA against its closed form, causality, cached decoding."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -33,7 +34,8 @@ def positioned(q, k, q_pos, k_pos, cfg):
     """q at the positions q_pos and k at k_pos (ranges), times model.py's PositionTable factors (Algorithm 1's pairs
     as complex numbers)."""
     table = PositionTable(cfg, max(q_pos.stop, k_pos.stop), "causal")
-    turn = lambda x, f: torch.view_as_real(torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * f).flatten(-2)
+    pairs = lambda x: torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    turn = lambda x, f: torch.view_as_real(pairs(x) * torch.view_as_complex(f)).flatten(-2)  # f: (T, d/2, 2)
     return turn(q, table.q_factor[q_pos.start : q_pos.stop]), turn(k, table.k_factor[k_pos.start : k_pos.stop])
 
 
@@ -107,6 +109,34 @@ def test_rope_rotation_matches_complex_multiplication():
     qc = torch.complex(q[..., 0::2].double(), q[..., 1::2].double()) * torch.exp(1j * angle)
     want = torch.stack([qc.real, qc.imag], -1).flatten(-2)
     torch.testing.assert_close(qr.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pos, attention", [("xpos", "causal"), ("xpos", "bca"), ("rope", "sliding")])
+def test_compiled_rotation_is_real_arithmetic_and_equals_eager(pos, attention):
+    """Under torch.compile the graph holds no complex tensor, neither the table nor q and k (Inductor generates no code
+    for complex operations and leaves them to eager kernels), and the compiled loss and gradients equal eager ones."""
+    graphs = []
+    def record(gm, example_inputs):  # a dynamo backend that keeps the traced graph and runs it as traced
+        graphs.append(gm)
+        return gm.forward
+    m, x = tiny(pos), tokens(24)
+    torch.compile(m, backend=record)(x, x, attention=attention)  # BCA's CausalBias mask breaks the graph, once
+    values = [n.meta.get("example_value") for g in graphs for n in g.graph.nodes]
+    assert graphs and not [v for v in values if isinstance(v, torch.Tensor) and v.is_complex()]
+    losses, grads = [], []
+    for forward in (m, torch.compile(m)):  # eager, then Inductor's C++ kernels
+        m.zero_grad()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss = forward(x, x, attention=attention)[1]
+        assert not [w for w in caught if "complex" in str(w.message)]
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in m.parameters()])
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 # --- attention rules: bca, sliding, sinks -------------------------------------------------------------------------
@@ -342,12 +372,13 @@ def test_the_pass_uses_the_factor_of_its_length(method):
         table = PositionTable(m.config, T, "causal", scaling)
         s = factor if scaling.factor else T / 1024
         angle = torch.arange(T, dtype=torch.float64)[:, None] * paper_theta(method, s)
-        got = table.q_factor.angle().double()
+        q_factor, k_factor = torch.view_as_complex(table.q_factor), torch.view_as_complex(table.k_factor)
+        got = q_factor.angle().double()
         torch.testing.assert_close(torch.remainder(got - angle + math.pi, 2 * math.pi) - math.pi,
                                    torch.zeros_like(angle), rtol=0, atol=2e-3)  # float32 angles up to 4096 rad
         modulus = 0.1 * math.log(s) + 1 if method == "yarn" else 1.0
-        torch.testing.assert_close(table.q_factor.abs(), torch.full_like(table.q_factor.abs(), modulus))
-        torch.testing.assert_close(table.k_factor.abs(), torch.full_like(table.k_factor.abs(), modulus))
+        torch.testing.assert_close(q_factor.abs(), torch.full_like(q_factor.abs(), modulus))
+        torch.testing.assert_close(k_factor.abs(), torch.full_like(k_factor.abs(), modulus))
 
 
 @pytest.mark.parametrize("method", SCALINGS)
