@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test test-all demo passkey bench gpu-check stress clean
+.PHONY: test test-all demo passkey bench gpu-check gpu-bench stress clean
 
 $(VENV)/installed: requirements.txt requirements-data.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ stress: $(VENV)/installed
 # Speed and memory on the current device (a few minutes on CPU): see bench.py's docstring.
 bench: $(VENV)/installed
 	$(PY) bench.py --json out/bench/bench.json
+
+# The GPU rows of the scale targets (bench.py --only gpu): BCA against causal at 4k and 16k tokens, compiled steps of
+# the GPT-2-124M shape (xpos/learned, float16/bfloat16, MFU) and of the paper's 350M shape. Several minutes.
+gpu-bench:
+	$(PY) bench.py --only gpu --json out/bench/gpu.json
 
 # On one GPU, at most about 8 minutes: the CUDA tests (which must not skip), 30 training iterations of a
 # GPT-2-124M-shaped model in bfloat16 (compiled) and float16 (GradScaler), and of config/paper_lex_350m.py (1

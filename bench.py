@@ -1,7 +1,7 @@
 """
 Benchmarks on the current device, printed as markdown tables (--json writes every row). A few minutes on CPU.
 
-    python bench.py [--device auto] [--only train,length,decode,dtype,data] [--json bench.json]
+    python bench.py [--device auto] [--only train,length,decode,dtype,data,gpu] [--json bench.json]
     python bench.py --loss_check [--iters 500]   # train.py on CPU, float32 against bfloat16 autocast
 
 Sections (each row names its config, dtype and device; timings are medians):
@@ -16,6 +16,11 @@ Sections (each row names its config, dtype and device; timings are medians):
 - decode: cached generation tokens/s after a context of 1, 8 and 32 x block_size (BCA), over block_size new
   tokens, so that the window moves on twice.
 - dtype: training ms/iter in float32 against bfloat16 autocast at nanoGPT's Shakespeare-char shape.
+- gpu (CUDA only; not part of the default run): the GPU rows of the scale targets. One forward pass (batch 1) of
+  the GPT-2-124M shape with BCA against plain causal attention at 4k and 16k tokens; compiled training steps at that
+  shape (batch 16): xPos against learned positions in bfloat16, float16 with a GradScaler against bfloat16, and MFU;
+  one compiled bfloat16 step of config/paper_lex_350m.py's shape (batch 8) with its peak memory. Several minutes:
+  every model is compiled once.
 - data: prepare_data.py (gpt2; a plain-text corpus of DATA_MB MB, the Shakespeare plays repeated, cut at blank
   lines) with 1 worker and with one per core: tokens/s, CPU use (100% is one core busy) and the peak memory of the
   process tree (PSS, so the workers' pages shared with the parent count once), polled from /proc. It runs
@@ -45,12 +50,16 @@ from common import (DTYPES, UserError, autocast, cpu_matmul_flops, output_path, 
                     resolve_dtype, train_flops_per_token, write_json)
 from model import GPT, POSITION_SCHEMES, GPTConfig
 
-SECTIONS = ("train", "length", "decode", "dtype", "data")
+SECTIONS = ("train", "length", "decode", "dtype", "data", "gpu")
+DEFAULT_SECTIONS = ("train", "length", "decode", "dtype", "data")
 TRAIN_SHAPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=65, bias=False)  # batch 16
 LENGTH_SHAPE = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=256, pos="xpos")  # batch 1
 DTYPE_SHAPE = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, pos="xpos")  # batch 16
 LENGTH_MULTS = (1, 2, 4, 8, 16, 32, 64)
 LENGTH_PASSES = 2
+GPT2_SHAPE = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, bias=False)
+PAPER_SHAPE = dict(n_layer=24, n_head=16, n_embd=1024, block_size=1024, vocab_size=50304, bias=True, pos="xpos")
+RULE_LENGTHS = (4096, 16384)
 DATA_MB = 100  # the data section's corpus: a minute or two on two cores
 LENGTH_MODES = ("BCA, one piece", "BCA, streamed", "sliding, one piece", "sinks, one piece", "plain causal")
 
@@ -310,6 +319,68 @@ def loss_check(iters, data_dir):
     return rows
 
 
+def bench_gpu(device, rounds):
+    """The GPU rows of the scale targets (see the module docstring)."""
+    rows = []
+    with torch.no_grad(), autocast(device, "bfloat16"):  # one forward pass: BCA's windows against plain causal
+        model = build(GPT2_SHAPE, device, pos="xpos").eval()
+        for T in RULE_LENGTHS:
+            x, y = random_batch(model.config, 1, device, length=T)
+            times = alternating({rule: lambda rule=rule: (model(x, y, attention=rule), sync(device))
+                                 for rule in ("bca", "causal")}, rounds, 3)
+            rows.append(dict(section="gpu_rules", config=describe(GPT2_SHAPE, 1) + ", xpos", T=T, dtype="bfloat16",
+                             device=device, bca_ms=times["bca"] * 1e3, causal_ms=times["causal"] * 1e3,
+                             ratio=times["bca"] / times["causal"]))
+        del model
+    print_table(f"BCA against plain causal attention, one forward pass ({describe(GPT2_SHAPE, 1)}, xpos, bfloat16; "
+                "targets: <= 1.2x at 4k, < 1x from 16k)", rows, ["T", "bca_ms", "causal_ms", "ratio"])
+    steps = []
+    for shape, batch, runs in ((GPT2_SHAPE, 16, (("learned", "bfloat16"), ("xpos", "bfloat16"), ("xpos", "float16"))),
+                               (PAPER_SHAPE, 8, (("xpos", "bfloat16"),))):
+        for pos, dtype in runs:  # one at a time, compiled: the models do not all fit in memory together
+            model = torch.compile(build(shape, device, pos=pos))
+            x, y = random_batch(model.config, batch, device)
+            step_fn = scaled_step_fn if dtype == "float16" else train_step_fn  # float16 with a GradScaler
+            step = step_fn(model, x, y, autocast(device, dtype), device)
+            if device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats(device)
+            seconds = alternating({"step": step}, rounds, 3)["step"]
+            peak = peak_flops(device, dtype)
+            mfu = train_flops_per_token(model.config) * batch * shape["block_size"] / seconds / peak if peak else None
+            memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.startswith("cuda") else None
+            steps.append(dict(section="gpu_train", config=describe(shape, batch), pos=pos, dtype=dtype,
+                              device=device, compiled=True, ms_per_iter=seconds * 1e3, mfu=mfu, peak_gib=memory))
+            del model, step
+    print_table("compiled training steps (targets: xpos <= 1.05x learned; float16 <= 1.1x bfloat16; MFU >= 45% for "
+                "the 124M shape in bfloat16)", steps, ["config", "pos", "dtype", "ms_per_iter", "mfu", "peak_gib"])
+    at = {(r["config"], r["pos"], r["dtype"]): r["ms_per_iter"] for r in steps}
+    gpt2 = describe(GPT2_SHAPE, 16)
+    summary = dict(section="gpu_summary", device=device,
+                   bca_over_causal={r["T"]: r["ratio"] for r in rows},
+                   xpos_over_learned=at[gpt2, "xpos", "bfloat16"] / at[gpt2, "learned", "bfloat16"],
+                   float16_over_bfloat16=at[gpt2, "xpos", "float16"] / at[gpt2, "xpos", "bfloat16"])
+    print(f"xpos/learned {summary['xpos_over_learned']:.3f}, float16/bfloat16 "
+          f"{summary['float16_over_bfloat16']:.3f} (compiled, {gpt2})\n")
+    return rows + steps + [summary]
+
+
+def scaled_step_fn(model, x, y, ctx, device):
+    """train_step_fn's step with float16's GradScaler: the loss scaled, the gradients unscaled before the update."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.split(":")[0] in ("cpu", "cuda"))
+    scaler = torch.amp.GradScaler(device.split(":")[0])
+    model.train()
+
+    def step():
+        with ctx:
+            _, loss = model(x, y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        sync(device)
+    return step
+
+
 def tree_pss_mib(pid):
     """Proportional set size of a process and its children, from /proc (Linux): shared pages count once."""
     pids = [pid] + [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and parent_of(p) == pid]
@@ -402,11 +473,13 @@ def machine(device):
 
 def run(args):
     json_path = output_path(args.json, "--json")
-    only = args.only.split(",") if args.only else list(SECTIONS)
+    only = args.only.split(",") if args.only else list(DEFAULT_SECTIONS)
     unknown = [s for s in only if s not in SECTIONS]
     if unknown:
         raise UserError(f"--only {args.only!r}: unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
     device = "cpu" if args.loss_check else resolve_device(args.device)
+    if "gpu" in only and not device.startswith("cuda"):
+        raise UserError(f"--only gpu needs a CUDA device, got --device {device}")
     dtype = resolve_dtype(args.dtype, device)
     print(f"# {machine(device)}, torch {torch.__version__}\n")
     rows = []
@@ -423,6 +496,8 @@ def run(args):
             rows += bench_dtype(device, args.rounds)
         if "data" in only:
             rows += bench_data()
+        if "gpu" in only:
+            rows += bench_gpu(device, args.rounds)
     if json_path:
         write_json(json_path, {"machine": machine(device), "torch": torch.__version__, "rows": rows})
     return rows

@@ -49,6 +49,27 @@ def test_every_section_reports_its_rows(tiny_bench, tmp_path, capsys):
     assert "| pos | ms_per_iter | tokens_per_s | mfu |" in printed and f"wrote {out}" in printed
 
 
+@pytest.mark.slow
+def test_gpu_section_runs_its_rows_at_a_tiny_scale(monkeypatch, capsys):
+    """The GPU section's code path on CPU, at a tiny shape (on a CPU the command refuses it, see below)."""
+    monkeypatch.setattr(bench, "GPT2_SHAPE", TINY | dict(bias=False))
+    monkeypatch.setattr(bench, "PAPER_SHAPE", TINY | dict(pos="xpos"))
+    monkeypatch.setattr(bench, "RULE_LENGTHS", (32,))
+    rows = bench.bench_gpu("cpu", rounds=1)
+    assert [r["T"] for r in rows if r["section"] == "gpu_rules"] == [32]
+    steps = [(r["pos"], r["dtype"]) for r in rows if r["section"] == "gpu_train"]
+    assert steps == [("learned", "bfloat16"), ("xpos", "bfloat16"), ("xpos", "float16"), ("xpos", "bfloat16")]
+    summary = rows[-1]
+    assert summary["xpos_over_learned"] > 0 and summary["float16_over_bfloat16"] > 0
+    assert "xpos/learned" in capsys.readouterr().out
+
+
+def test_gpu_section_needs_cuda():
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--only", "gpu", "--device", "cpu"])
+    assert e.value.code == "bench.py: error: --only gpu needs a CUDA device, got --device cpu"
+
+
 def test_bad_section_is_one_line():
     with pytest.raises(SystemExit) as e:
         bench.main(["--only", "train,speed"])
