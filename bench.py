@@ -331,7 +331,6 @@ def bench_gpu(device, rounds):
             rows.append(dict(section="gpu_rules", config=describe(GPT2_SHAPE, 1) + ", xpos", T=T, dtype="bfloat16",
                              device=device, bca_ms=times["bca"] * 1e3, causal_ms=times["causal"] * 1e3,
                              ratio=times["bca"] / times["causal"]))
-        del model
     print_table(f"BCA against plain causal attention, one forward pass ({describe(GPT2_SHAPE, 1)}, xpos, bfloat16; "
                 "targets: <= 1.2x at 4k, < 1x from 16k)", rows, ["T", "bca_ms", "causal_ms", "ratio"])
     steps = []
