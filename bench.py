@@ -323,10 +323,10 @@ def bench_gpu(device, rounds):
     """The GPU rows of the scale targets (see the module docstring)."""
     rows = []
     with torch.no_grad(), autocast(device, "bfloat16"):  # one forward pass: BCA's windows against plain causal
-        model = build(GPT2_SHAPE, device, pos="xpos").eval()
+        scorer = build(GPT2_SHAPE, device, pos="xpos").eval()
         for T in RULE_LENGTHS:
-            x, y = random_batch(model.config, 1, device, length=T)
-            times = alternating({rule: lambda rule=rule: (model(x, y, attention=rule), sync(device))
+            x, y = random_batch(scorer.config, 1, device, length=T)
+            times = alternating({rule: lambda rule=rule: (scorer(x, y, attention=rule), sync(device))
                                  for rule in ("bca", "causal")}, rounds, 3)
             rows.append(dict(section="gpu_rules", config=describe(GPT2_SHAPE, 1) + ", xpos", T=T, dtype="bfloat16",
                              device=device, bca_ms=times["bca"] * 1e3, causal_ms=times["causal"] * 1e3,
