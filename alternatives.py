@@ -3,8 +3,8 @@ The inference-time alternatives to xPos + BCA that people compare it with, each 
 path: attention sinks (StreamingLLM) and RoPE interpolation (PI, NTK, dynamic NTK, YaRN). model.py calls them at the
 lines marked "alternatives:"; the sliding window needs nothing here, it is BCA's window mechanism with another width.
 
-Nothing here imports model.py: the PositionTable model.py passes in is used for its fields only (q_factor,
-k_factor: the rotary factors of the frame; slopes: ALiBi's; rule).
+Nothing here imports model.py: the PositionTable model.py passes in is used for its fields only (rotation,
+and factors() for the rotary factors at given positions; slopes: ALiBi's; rule).
 """
 
 import math
@@ -95,13 +95,12 @@ def attention_with_sinks(q, k, v, table, queries, keys, sink_kv):
     with torch.autocast(q.device.type, enabled=False):  # float32 throughout, even under autocast
         q = q_window = q.float()
         k, v = k.float(), v.float()
-        if table.q_factor is not None:  # RoPE / xPos: pairs as complex numbers times their positions' factors
+        if table.rotation is not None:  # RoPE / xPos: pairs as complex numbers times their positions' factors
             pairs = lambda x: torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # the table's factors: (..., d/2, 2)
             rotate = lambda x, f: torch.view_as_real(pairs(x) * f).flatten(-2)
-            q_factor, k_factor = torch.view_as_complex(table.q_factor), torch.view_as_complex(table.k_factor)
-            sink_k = rotate(sink_k, k_factor[:S] * q_factor[W - 1 : W].conj())
-            q_window = rotate(q, q_factor[queries.start : queries.stop])
-            k = rotate(k, k_factor[keys.start : keys.stop])
+            at_end, sinks = map(torch.view_as_complex, table.factors(range(W - 1, W), range(S)))
+            sink_k = rotate(sink_k, sinks * at_end.conj())
+            q_window, k = map(rotate, (q, k), map(torch.view_as_complex, table.factors(queries, keys)))
         distance = torch.arange(queries.start, queries.stop, device=q.device)[:, None] - \
             torch.arange(keys.start, keys.stop, device=q.device)
         scores, sink_scores = q_window @ k.mT / math.sqrt(hd), q @ sink_k.mT / math.sqrt(hd)

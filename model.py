@@ -11,7 +11,6 @@ nothing length-dependent lives in the state_dict, so a checkpoint runs at any le
 """
 
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -83,15 +82,6 @@ def alibi_slopes(n_head):
     return torch.tensor(geometric(p) + geometric(2 * p)[0::2][: n_head - p])
 
 
-def xpos_largest_scale(n_keys, config):
-    """xPos's largest factor F on a q or k pair over a frame of n_keys positions, zeta_0^(-(n_keys/2)/scale_base) (1
-    for the other schemes): 3.5^(n_keys/1024) at the paper's defaults. A masked future score carries F^2, and q itself
-    F (22,519 at 8,192 tokens, past float16's 65,504 at a |q| of 20), however q and k split it; so from F > 2^8 (about
-    4,500 tokens) attention runs in float32. BCA's windows of block_size keys keep F at 3.5."""
-    zeta_0 = config.xpos_gamma / (1 + config.xpos_gamma)
-    return zeta_0 ** (-(n_keys // 2) / config.xpos_scale_base) if config.pos == "xpos" else 1.0
-
-
 # Attention rules: which keys query t sees. All are inference-time only (training is plain causal attention at
 # length l = block_size), and each window rule costs O(T * W) time and memory.
 #
@@ -142,8 +132,9 @@ class PositionTable:
     Pair j of a query at m is the complex number x_2j + i*x_2j+1 times q[m, j] = e^(i m theta_j) zeta_j^((m-c)/scale),
     and of a key at n times k[n, j] = e^(i n theta_j) zeta_j^(-(n-c)/scale), with theta_j = rope_base^(-2j/d) and
     zeta_j = (2j + gamma d) / ((1 + gamma) d) (Eq. 9). So q.k = Re sum_j q_j conj(k_j) carries cos((m-n) theta_j)
-    zeta_j^((m-n)/scale): relative only, decaying with distance. The centre c (the frame's middle, as in the official
-    code) cancels in q.k and halves the largest factor. Angles are float32 (float16's are 0.6 rad off at 4,096).
+    zeta_j^((m-n)/scale): relative only, decaying with distance. The centre c cancels in q.k; in the middle of the
+    queries (the frame's in training, as in the official code) it halves the largest factor. Angles are float32
+    (float16's are 0.6 rad off at 4,096).
     """
 
     def __init__(self, config, n_tokens, attention=None, rope_scaling=None, device=None):
@@ -162,23 +153,34 @@ class PositionTable:
         self.factor = scaling.factor_at(span, config.block_size)
         d, l = config.n_embd // config.n_head, config.block_size
         j = torch.arange(d // 2, device=device, dtype=torch.float32)
-        self.theta = config.rope_base ** (-2 * j / d)
-        if config.pos == "xpos" and not config.xpos_rotate:
-            self.theta = torch.zeros_like(self.theta)
+        self.theta = config.rope_base ** (-2 * j / d) * (config.pos != "xpos" or config.xpos_rotate)  # or 0: no turn
         self.zeta = (2 * j + config.xpos_gamma * d) / ((1 + config.xpos_gamma) * d)
-        self.q_factor = self.k_factor = self.slopes = None
+        self.rotation = self.slopes = None
         if config.pos in ("rope", "xpos"):
             theta, sharpen = self.theta, 1.0
             theta, sharpen = alternatives.interpolate(theta, scaling, self.factor, l)  # alternatives: RoPE interp.
-            pos = torch.arange(self.frame, device=device, dtype=torch.float32)[:, None]
-            angle = pos * theta  # each factor as (real, imaginary), (frame, d/2, 2): no complex tensor to compile
-            self.q_factor = self.k_factor = torch.stack((angle.cos(), angle.sin()), -1) * sharpen
-            if config.pos == "xpos":
-                scale = self.zeta ** ((pos - (self.frame - 1) // 2) / config.xpos_scale_base)
-                self.q_factor, self.k_factor = self.q_factor * scale[..., None], self.k_factor / scale[..., None]
+            angle = torch.arange(self.frame, device=device, dtype=torch.float32)[:, None] * theta
+            # e^(i m theta_j) as (real, imaginary), (frame, d/2, 2): no complex tensor for torch.compile
+            self.rotation = torch.stack((angle.cos(), angle.sin()), -1) * sharpen
         if config.pos == "alibi":
             self.slopes = alibi_slopes(config.n_head).to(device)[:, None, None]
-        self.float32 = xpos_largest_scale(self.frame, config) > 2.0**8
+        # Over n queries centred on c, q and k carry factors up to F = zeta_0^(-(n/2)/scale) (3.5^(n/1024) at the
+        # paper's defaults; a masked score F^2): attention takes at most `chunk` queries at a time, F <= 2^8 (4,531
+        # queries at the paper's defaults), so that even float16 holds every factor at any length.
+        self.scale_base = config.xpos_scale_base if config.pos == "xpos" else math.inf
+        half = 8 * math.log(2) * self.scale_base / math.log(1 + 1 / config.xpos_gamma)  # the n/2 where F = 2^8
+        self.chunk = self.frame if 2 * half >= self.frame else 2 * int(half) + 1
+
+    def factors(self, queries, keys):
+        """The factors of q at frame positions `queries` and of k at `keys`, (n, d/2, 2): the rotation times xPos's
+        zeta^((m-c)/scale) and zeta^(-(n-c)/scale). q.k carries zeta^((m-n)/scale) whatever the centre c; with c in the
+        middle of at most `chunk` queries no factor passes 2^8, and far keys underflow to 0: they have decayed."""
+        q, k = self.rotation[queries.start : queries.stop], self.rotation[keys.start : keys.stop]
+        if self.scale_base < math.inf:
+            c, zeta = (queries.start + queries.stop - 1) // 2, self.zeta[:, None]  # (d/2, 1), against (n, d/2, 2)
+            at = lambda r: torch.arange(r.start - c, r.stop - c, device=q.device, dtype=torch.float32)[:, None, None]
+            q, k = q * zeta ** (at(queries) / self.scale_base), k * zeta ** (-at(keys) / self.scale_base)
+        return q, k
 
 
 def attend(q, k, v, table, queries, keys, sink_kv=None, dropout_p=0.0):
@@ -187,17 +189,18 @@ def attend(q, k, v, table, queries, keys, sink_kv=None, dropout_p=0.0):
     is the caller's: absolute positions, or a window's 0 .. 2b-1."""
     if sink_kv is not None and queries.start >= table.b:  # alternatives: StreamingLLM's sinks join each window
         return alternatives.attention_with_sinks(q, k, v, table, queries, keys, sink_kv)
-    float32 = q.dtype == torch.float16 and table.float32  # float16 cannot hold xPos's factors (xpos_largest_scale)
-    if table.q_factor is not None:  # Algorithm 1: each pair as a complex number, times the factor of its position
-        dtype = torch.float32 if float32 else q.dtype
+    if len(queries) > table.chunk:  # xPos far past the training length: queries in chunks, each with the keys to it
+        pieces = [(s - queries.start, range(s, min(s + table.chunk, queries.stop))) for s in queries[:: table.chunk]]
+        return torch.cat([attend(q[:, :, i : i + len(r)], *(x[:, :, : r.stop - keys.start] for x in (k, v)), table, r,
+                                 range(keys.start, r.stop), dropout_p=dropout_p) for i, r in pieces], dim=2)
+    if table.rotation is not None:  # Algorithm 1: each pair as a complex number, times the factor of its position
         def rotate(x, f):  # compiled, in real arithmetic: Inductor fuses that, but leaves complex products to eager
             x = x.float().unflatten(-1, (-1, 2))
             if not torch.compiler.is_compiling():
                 return torch.view_as_real(torch.view_as_complex(x) * torch.view_as_complex(f))
             (a, b), (c, s) = x.unbind(-1), f.unbind(-1)
             return torch.stack((a * c - b * s, a * s + b * c), -1)
-        q = rotate(q, table.q_factor[queries.start : queries.stop]).flatten(-2).to(dtype)
-        k = rotate(k, table.k_factor[keys.start : keys.stop]).flatten(-2).to(dtype)
+        q, k = (rotate(x, f).flatten(-2).to(x.dtype) for x, f in zip((q, k), table.factors(queries, keys)))
     # The mask, shared by every layer: query i sees key j <= i, and past the first block only while i - j < reach. A
     # causal mask aligned to the last key needs no tensor (SDPA's fast kernels); otherwise boolean: an additive -inf
     # would turn an overflowed (inf) masked xPos score into NaN. ALiBi's bias, -slope_h * (i - j), is the one float
@@ -217,9 +220,7 @@ def attend(q, k, v, table, queries, keys, sink_kv=None, dropout_p=0.0):
         table.masks[queries, keys, q.dtype] = mask
     mask = table.masks[queries, keys, q.dtype]
     causal, mask = (True, None) if isinstance(mask, str) else (False, mask)
-    with torch.autocast(q.device.type, enabled=False) if float32 else nullcontext():  # autocast would undo float32
-        y = F.scaled_dot_product_attention(q, k, v.to(q.dtype), attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
-    return y.to(v.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
 
 
 class KVCache:
@@ -405,7 +406,7 @@ class GPT(nn.Module):
         anything, decodes token by token past block_size: each token at the factor of its own length."""
         B, T = idx.shape
         step, table, starts = max(1, chunk_tokens // B), PositionTable(self.config, T, attention, rope_scaling), None
-        if table.scaling.method == "dynamic_ntk" and table.q_factor is not None and table.factor > 1:  # alternatives
+        if table.scaling.method == "dynamic_ntk" and table.rotation is not None and table.factor > 1:  # alternatives
             starts = [0, *range(self.config.block_size, T)]
         elif table.b and T > step:
             starts = list(range(0, T, step))

@@ -85,9 +85,9 @@ def scores(q, k, table, queries, keys):
     """Pre-softmax scores (B, n_head, Q, K) in float32 of raw q at frame positions `queries` against raw k at `keys`:
     rotated (rope, xpos), q.k / sqrt(head_dim), ALiBi's bias, -inf where the rule hides the key."""
     q, k = q.float(), k.float()
-    if table.q_factor is not None:
-        q = rotated(q, table.q_factor[queries.start : queries.stop])
-        k = rotated(k, table.k_factor[keys.start : keys.stop])
+    if table.rotation is not None:
+        q_factor, k_factor = table.factors(queries, keys)
+        q, k = rotated(q, q_factor), rotated(k, k_factor)
     m = torch.arange(queries.start, queries.stop, device=q.device)[:, None]
     distance = m - torch.arange(keys.start, keys.stop, device=q.device)
     visible = distance >= 0
@@ -103,8 +103,9 @@ def sink_scores(q, sink_k, table):
     """The sinks rule past its first window: q stands at W-1 as seen from the S sinks at 0 .. S-1 (StreamingLLM)."""
     S, W = sink_k.size(2), table.rule.window
     q, sink_k = q.float(), sink_k.float()
-    if table.q_factor is not None:
-        q, sink_k = rotated(q, table.q_factor[W - 1 : W]), rotated(sink_k, table.k_factor[:S])
+    if table.rotation is not None:
+        q_factor, k_factor = table.factors(range(W - 1, W), range(S))
+        q, sink_k = rotated(q, q_factor), rotated(sink_k, k_factor)
     dots = q @ sink_k.mT / math.sqrt(q.size(-1))
     return dots if table.slopes is None else dots - table.slopes * (W - 1 - torch.arange(S, device=q.device))
 

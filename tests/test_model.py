@@ -6,6 +6,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import CausalBias
 
 import alternatives
 import model
@@ -36,7 +37,8 @@ def positioned(q, k, q_pos, k_pos, cfg):
     table = PositionTable(cfg, max(q_pos.stop, k_pos.stop), "causal")
     pairs = lambda x: torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
     turn = lambda x, f: torch.view_as_real(pairs(x) * torch.view_as_complex(f)).flatten(-2)  # f: (T, d/2, 2)
-    return turn(q, table.q_factor[q_pos.start : q_pos.stop]), turn(k, table.k_factor[k_pos.start : k_pos.stop])
+    q_factor, k_factor = table.factors(q_pos, k_pos)
+    return turn(q, q_factor), turn(k, k_factor)
 
 
 def scores(q, k, q_pos, k_pos, **kw):
@@ -372,7 +374,7 @@ def test_the_pass_uses_the_factor_of_its_length(method):
         table = PositionTable(m.config, T, "causal", scaling)
         s = factor if scaling.factor else T / 1024
         angle = torch.arange(T, dtype=torch.float64)[:, None] * paper_theta(method, s)
-        q_factor, k_factor = torch.view_as_complex(table.q_factor), torch.view_as_complex(table.k_factor)
+        q_factor, k_factor = (torch.view_as_complex(f) for f in table.factors(range(T), range(T)))
         got = q_factor.angle().double()
         torch.testing.assert_close(torch.remainder(got - angle + math.pi, 2 * math.pi) - math.pi,
                                    torch.zeros_like(angle), rtol=0, atol=2e-3)  # float32 angles up to 4096 rad
@@ -482,27 +484,77 @@ def test_xpos_float16_without_bca_at_16k_with_the_papers_defaults(monkeypatch):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
         logits, loss = m(idx, idx, attention="causal")
         assert torch.isfinite(logits).all() and torch.isfinite(loss)
-        monkeypatch.setattr(model, "xpos_largest_scale", lambda n_keys, config: 1.0)  # the guard off: it overflows
+        monkeypatch.setattr(model, "PositionTable", unchunked)  # all 16,384 queries in one call: it overflows
         assert not torch.isfinite(m(idx, idx, attention="causal")[0]).all()
 
 
-def test_xpos_float32_only_where_float16_cannot_hold_the_scales(monkeypatch):
+class unchunked(PositionTable):
+    """The table with xPos's chunking of queries turned off: one attention call for every query."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.chunk = self.frame
+
+
+def test_xpos_attends_in_chunks_that_keep_every_factor_under_2_to_the_8(monkeypatch):
     cfg = GPTConfig(n_head=1, n_embd=16, pos="xpos")  # scale_base 512, gamma 0.4
-    # the largest factor is zeta_0^(-(T/2)/512), zeta_0 = 0.4/1.4, written out here from Eq. 9
-    assert model.xpos_largest_scale(8192, cfg) == pytest.approx((1.4 / 0.4) ** 8, rel=1e-9)
+    # over n queries centred on their middle the largest factor is zeta_0^(-(n//2)/512), zeta_0 = 0.4/1.4 (Eq. 9):
+    # 3.5^8 in one call over 8,192 tokens; the chunk is the largest n whose factor stays <= 2^8, found by search
+    largest = lambda n: (1.4 / 0.4) ** ((n // 2) / 512)
+    assert largest(8192) == pytest.approx(3.5**8, rel=1e-12) and largest(8192) > 2**8
+    table = PositionTable(cfg, 8192, "causal")
+    assert table.chunk == max(n for n in range(1, 8192) if largest(n) <= 2**8)
     seen, sdpa = [], F.scaled_dot_product_attention
 
-    def spy(q, k, v, **kw):  # the precision attention rotates and attends in
-        seen.append(q.dtype)
-        return sdpa(q, k, v, **kw)
+    def spy(q, k, v, attn_mask=None, **kw):  # every call: its queries, their dtype, and the largest |q| it was given
+        seen.append((q.size(2), q.dtype, q.abs().max().item()))
+        if isinstance(attn_mask, CausalBias):  # it recognises SDPA by name, which the spy replaces: as a tensor
+            attn_mask = attn_mask._materialize(q.device)
+        return sdpa(q, k, v, attn_mask=attn_mask, **kw)
 
     monkeypatch.setattr(model.F, "scaled_dot_product_attention", spy)
-    for T, dtype, want in ((1024, torch.float16, torch.float16), (4096, torch.float16, torch.float16),
-                           (8192, torch.float16, torch.float32),
-                           (8192, torch.bfloat16, torch.bfloat16)):  # bfloat16 has float32's range
-        q = k = v = torch.ones(1, 1, T, 16, dtype=dtype)
-        assert model.attend(q, k, v, PositionTable(cfg, T, "causal"), range(T), range(T)).dtype == dtype
-        assert seen.pop() == want
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        q = k = v = torch.ones(1, 1, 8192, 16, dtype=dtype)
+        assert model.attend(q, k, v, table, range(8192), range(8192)).dtype == dtype
+        assert [n for n, _, _ in seen] == [table.chunk, 8192 - table.chunk]
+        assert all(d == dtype and top <= 2**8 * math.sqrt(2) * 1.01 for _, d, top in seen)  # pairs (1, 1) times F
+        seen.clear()
+    for queries, keys in ((range(0, table.chunk), range(0, table.chunk)), (range(5000, 8192), range(0, 8192))):
+        q_factor, k_factor = table.factors(queries, keys)
+        assert q_factor.norm(dim=-1).max() <= 2**8 * 1.001 and k_factor.norm(dim=-1).max() <= 2**8 * 1.001
+
+
+def test_xpos_without_bca_far_past_float32s_range_matches_float64():
+    """scale_base = l/2 (the study's setting) at 80 x l, where one factor centred on the sequence would be 3.5^80,
+    past float32's 3.4e38: attention against float64 scores from the paper's formula (complex_reference; float64
+    holds 3.5^160); all queries in one call overflow."""
+    torch.manual_seed(0)
+    T, d = 2560, 16
+    cfg = GPTConfig(n_head=1, n_embd=d, block_size=32, pos="xpos", xpos_scale_base=16.0)
+    q, k, v = torch.randn(1, 1, T, d), torch.randn(1, 1, T, d), torch.randn(1, 1, T, d)
+    y = model.attend(q, k, v, PositionTable(cfg, T, "causal"), range(T), range(T))
+    pos, want = torch.arange(T, dtype=torch.float64), []
+    for rows in torch.arange(T).split(256):  # 256 queries against every key at a time, masked causally
+        s = complex_reference(q[0, 0, rows, None], k[0, 0, None], pos[rows, None, None], pos[None, :, None],
+                              scale_base=16.0) / math.sqrt(d)
+        want.append(torch.softmax(s.masked_fill(pos[None] > pos[rows, None], -math.inf), -1) @ v[0, 0].double())
+    want = torch.cat(want)
+    torch.testing.assert_close(y[0, 0].double(), want, rtol=1e-4, atol=1e-4)
+    assert not torch.isfinite(model.attend(q, k, v, unchunked(cfg, T, "causal"), range(T), range(T))).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scale_base", [16.0, 1.0])  # l/2, and l/32: 3.5^1280 over the whole sequence
+def test_xpos_model_without_bca_finite_at_80_blocks(dtype, scale_base):
+    m = tiny("xpos", block_size=32, n_embd=32, n_head=2, xpos_scale_base=scale_base)
+    idx = tokens(80 * 32, batch=1)
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        for rule in ("causal", "sinks", None):
+            logits, loss = m(idx, idx, attention=rule)
+            assert torch.isfinite(logits).all() and torch.isfinite(loss), rule
+        cache = m.new_cache(80 * 32 + 1, "causal")  # decoding past them, through the KV cache
+        m(idx, cache=cache)
+        assert torch.isfinite(m(idx[:, :1], cache=cache)[0]).all()
 
 
 def test_output_layer_in_float32_outside_training():

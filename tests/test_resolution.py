@@ -47,7 +47,8 @@ def test_measured_scores_match_a_full_score_matrix(tiny_data, tmp_path, pos):
         q, k, _ = model.transformer.h[0].attn.c_attn(x).view(1, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
     if pos == "xpos":  # at absolute positions: every score depends on the distance only
         table = PositionTable(model.config, T, "causal")
-        q, k = resolution.rotated(q, table.q_factor), resolution.rotated(k, table.k_factor)
+        q_factor, k_factor = table.factors(range(T), range(T))
+        q, k = resolution.rotated(q, q_factor), resolution.rotated(k, k_factor)
     s = (q @ k.transpose(-1, -2))[0] / math.sqrt(8)
     if pos == "alibi":
         p = torch.arange(T)
