@@ -126,10 +126,10 @@ def markdown_table(rows, lengths):
     for label in dict.fromkeys(r["label"] for r in rows):
         ppl = {r["length"]: r["ppl"] for r in rows if r["label"] == label}
         cells, previous = [], None
-        for n in lengths:
-            rise = previous is not None and ppl[n] > previous
-            cells.append(f"{ppl[n]:.3f}{' ↑' if rise else ''}")
-            previous = ppl[n]
+        for n in lengths:  # a length not scored (a run stopped early) is left blank
+            rise = previous is not None and n in ppl and ppl[n] > previous
+            cells.append(f"{ppl[n]:.3f}{' ↑' if rise else ''}" if n in ppl else "")
+            previous = ppl.get(n)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -229,12 +229,12 @@ def evaluate(args):
                 batch_tokens = args.batch_tokens or default_batch_tokens(cfg, scaling)
                 sums = score(model, stream, segs, length, rule, scaling, batch_tokens, device, ctx, rank, world, ddp)
                 nll = (sums[0] / sums[1]).item()
-                if not math.isfinite(nll):  # all-reduced: every rank stops here together
+                if not math.isfinite(nll):  # all-reduced: every rank stops here together; the rows so far are kept
+                    done = (args, dtype, lengths, max_len, rows, curves, notes, skipped_runs, json_path)
+                    kept = report(*done) if rank == 0 and rows else ""
                     teardown_distributed(ddp)
-                    way_out = "evaluate in float32 (--dtype float32), or" if dtype != "float32" else \
-                        "the checkpoint's weights may hold inf or NaN; or try"
-                    raise UserError(f"non-finite NLL ({nll}) for {ckpt_path} at length {length} in {dtype}: "
-                                    f"{way_out} with BCA (--attention bca); the row: {label}")
+                    raise UserError(f"non-finite NLL ({nll}) for {ckpt_path} at length {length} in {dtype} ({label}): "
+                                    f"{non_finite_cause(model, dtype)}{kept}")
                 row = dict(ckpt=str(ckpt_path), pos=cfg.pos, **rule_fields(rule, scaling, cfg.block_size, length),
                            length=length, ppl=math.exp(nll), nll=nll, tokens=int(sums[1]), label=label)
                 rows.append(row)
@@ -245,20 +245,37 @@ def evaluate(args):
                     print(f"{row['label']:>24} {length:>6}: ppl {row['ppl']:.3f} over {row['tokens']:,} tokens",
                           file=sys.stderr)
     if rank == 0:
-        print("\n".join(notes))
-        print("\n".join(skipped_runs))
-        print(f"perplexity ({args.protocol} protocol, {dtype}; ↑ = higher than at the previous length)\n")
-        print(markdown_table(rows, lengths))
-        if json_path:
-            write_json(json_path, {"protocol": args.protocol, "max_len": max_len, "spans": args.spans, "rows": [
-                {k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "length", "ppl", "nll", "tokens", "label")}
-                for r in rows], "curves": curves, "skipped": skipped_runs})
+        report(args, dtype, lengths, max_len, rows, curves, notes, skipped_runs, json_path)
         if plot_path:
             plot(rows, lengths, block_sizes, plot_path)
         if positions_path:
             plot_positions(rows, curves, block_sizes, positions_path)
     teardown_distributed(ddp)
     return rows
+
+
+def report(args, dtype, lengths, max_len, rows, curves, notes, skipped_runs, json_path):
+    """Print the table of the rows scored (and write them to --json); what to add to an error that stops early."""
+    print("\n".join(notes))
+    print("\n".join(skipped_runs))
+    print(f"perplexity ({args.protocol} protocol, {dtype}; ↑ = higher than at the previous length)\n")
+    print(markdown_table(rows, lengths))
+    if json_path:
+        write_json(json_path, {"protocol": args.protocol, "max_len": max_len, "spans": args.spans,
+                               "rows": [{k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "length", "ppl", "nll",
+                                                           "tokens", "label")} for r in rows],
+                               "curves": curves, "skipped": skipped_runs})
+    return f"; the {len(rows)} rows scored before it are printed above" + (f" and in {json_path}" if json_path else "")
+
+
+def non_finite_cause(model, dtype):
+    """Why a score came out inf or NaN: the weights, or an activation past the evaluation dtype's range."""
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        return f"the checkpoint's weights hold inf or NaN ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
+    if dtype != "float32":
+        return f"the weights are finite, so an activation passed {dtype}'s range: evaluate in float32 (--dtype float32)"
+    return "the weights are finite and so are xPos's factors at any length: an overflow in float32, please report it"
 
 
 def parse_args(argv=None):

@@ -244,10 +244,31 @@ def test_non_finite_nll_is_an_error(tiny_data, tmp_path):
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "inf.pt", "--lengths", "4,8", "--max_len", 8)
     assert f"non-finite NLL (nan) for {tmp_path / 'inf.pt'} at length 4 in float32" in str(e.value.code)
-    assert "weights may hold inf or NaN" in str(e.value.code) and "--attention bca" in str(e.value.code)
-    with pytest.raises(SystemExit) as e:
+    assert "the checkpoint's weights hold inf or NaN (transformer.ln_f.weight)" in str(e.value.code)
+    with pytest.raises(SystemExit) as e:  # the weights are the cause in any dtype
         run("--ckpt", tmp_path / "inf.pt", "--lengths", "4,8", "--max_len", 8, "--dtype", "bfloat16")
-    assert "in bfloat16: evaluate in float32 (--dtype float32)" in str(e.value.code)
+    assert "in bfloat16" in str(e.value.code) and "weights hold inf or NaN (transformer.ln_f.weight)" in str(e.value.code)
+
+
+def test_rows_scored_before_a_non_finite_one_are_kept_and_the_cause_named(tiny_data, tmp_path, monkeypatch, capsys):
+    """Finite weights, a non-finite score at the second length (an activation past bfloat16's range, say): the first
+    length's row is printed and written to --json, and the error names the dtype, not the weights."""
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    real = eval_extrapolate.score
+
+    def overflow_at_8(model, stream, segs, length, *a):
+        sums = real(model, stream, segs, length, *a)
+        return sums * float("nan") if length == 8 else sums
+    monkeypatch.setattr(eval_extrapolate, "score", overflow_at_8)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--lengths", "4,8", "--max_len", 8, "--dtype", "bfloat16",
+            "--json", tmp_path / "r.json")
+    message = str(e.value.code)
+    assert "at length 8 in bfloat16" in message and "an activation passed bfloat16's range" in message
+    assert f"the 1 rows scored before it are printed above and in {tmp_path / 'r.json'}" in message
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert [r["length"] for r in rows] == [4] and math.isfinite(rows[0]["ppl"])
+    assert "perplexity (lex protocol, bfloat16" in capsys.readouterr().out  # and the table was printed
 
 
 def test_logits_in_chunks_give_the_same_numbers(tiny_data, tmp_path):
