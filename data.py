@@ -134,28 +134,27 @@ def ends_sha256(path):
 
 
 def full_check(path, dtype, vocab_size):
-    """SHA-256 of a file, read in pieces; for a token file (dtype given), also a one-line error naming the first
-    token id that is not below vocab_size and its offset."""
-    digest, at = hashlib.sha256(), 0
+    """(SHA-256 of a file, read in pieces; for a token file (dtype given), what is wrong with its first token id that
+    is not below vocab_size, or None)."""
+    digest, at, bad = hashlib.sha256(), 0, None
     with open(path, "rb") as f:
         while piece := f.read(READ_BYTES):
             digest.update(piece)
-            if dtype is not None:
-                check_vocab(np.frombuffer(piece, dtype=dtype), vocab_size, path, at // dtype.itemsize)
+            if dtype is not None and bad is None:
+                bad = out_of_vocab(np.frombuffer(piece, dtype=dtype), vocab_size, at // dtype.itemsize)
             at += len(piece)
-    return digest.hexdigest()
+    return digest.hexdigest(), bad
 
 
-def check_vocab(tokens, vocab_size, path, first=0, offsets=None):
-    """A one-line error if any token id is not below vocab_size, naming the file and the token's offset in it (tokens
-    are the file's from offset `first`, or rows read at `offsets`)."""
-    if len(tokens) and tokens.max() >= vocab_size:
-        flat = tokens.reshape(-1)
-        k = int(np.argmax(flat >= vocab_size))
-        at = first + k if offsets is None else int(offsets[k // tokens.shape[1]]) + k % tokens.shape[1]
-        raise UserError(f"{path} holds token id {int(flat[k])} at token offset {at}, not below the vocab_size "
-                        f"{vocab_size} of its meta.json: the file is damaged; run prepare_data.py --verify on its "
-                        "folder, and rerun prepare_data.py")
+def out_of_vocab(tokens, vocab_size, first=0, offsets=None):
+    """None, or the first token id that is not below vocab_size and its offset in the file, in words (tokens are the
+    file's from offset `first`, or rows of it read at `offsets`)."""
+    if not tokens.size or tokens.max() < vocab_size:
+        return None
+    flat = tokens.reshape(-1)
+    k = int(np.argmax(flat >= vocab_size))
+    at = first + k if offsets is None else int(offsets[k // tokens.shape[1]]) + k % tokens.shape[1]
+    return f"token id {int(flat[k])} at token offset {at} is not below its vocab_size {vocab_size}"
 
 
 def load_meta(data_dir, full=False):
@@ -184,19 +183,24 @@ def load_meta(data_dir, full=False):
         count = entry[unit] if role.endswith("_names") else size // sizes[unit]  # names: checked by hash only
         if unit == "tokens" and count < 2:
             raise UserError(f"{dataset_file} is empty ({count} tokens): rerun prepare_data.py with more text")
-        if count != entry[unit] or ends_sha256(dataset_file) != entry["ends_sha256"]:
-            raise UserError(f"{dataset_file} is not the file {path} describes ({count:,} {unit}, {entry[unit]:,} "
-                            f"recorded, or different content): the files do not belong together; rerun "
-                            "prepare_data.py")
         if full and "sha256" not in entry:
             raise UserError(f"{path} records no full checksum of {entry['file']} (written by an older "
                             "prepare_data.py): rerun prepare_data.py to have one")
-        if full or size < FULL_CHECK_BYTES:  # damage inside the file: the ends' checksum cannot see it
-            dtype = np.dtype(meta["dtype"]) if role in SPLITS else None
-            digest = full_check(dataset_file, dtype, meta["vocab_size"])
-            if digest != entry.get("sha256", digest):  # older datasets record none: the vocabulary check only
+        hashed = False
+        if count == entry[unit] and (full or size < FULL_CHECK_BYTES):  # damage inside: the ends cannot show it
+            digest, bad = full_check(dataset_file, np.dtype(meta["dtype"]) if role in SPLITS else None,
+                                     meta["vocab_size"])
+            if digest != entry.get("sha256", digest):  # older datasets record none: their ends are checked below
                 raise UserError(f"{dataset_file} is damaged, or not the file {path} describes (its SHA-256 differs "
-                                "from the one recorded): the files do not belong together; rerun prepare_data.py")
+                                f"from the one recorded{'; ' + bad if bad else ''}): the files do not belong "
+                                "together; rerun prepare_data.py")
+            if bad:
+                raise UserError(f"{dataset_file}: {bad} in {path}: the file is damaged; rerun prepare_data.py")
+            hashed = "sha256" in entry
+        if count != entry[unit] or not hashed and ends_sha256(dataset_file) != entry["ends_sha256"]:
+            raise UserError(f"{dataset_file} is not the file {path} describes ({count:,} {unit}, {entry[unit]:,} "
+                            f"recorded, or different content): the files do not belong together; rerun "
+                            "prepare_data.py")
     return meta
 
 
@@ -310,8 +314,10 @@ def get_batch(data, offsets, block_size, device):
     """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather rather than a slice per
     sequence, as x = all but the last and y = all but the first."""
     rows = data[offsets[:, None] + np.arange(block_size + 1)]
-    if getattr(data, "vocab_size", None):  # a file over FULL_CHECK_BYTES is not read whole on open: each batch is
-        check_vocab(rows, data.vocab_size, data.filename, offsets=offsets)  # checked, cheap next to the model
+    bad = getattr(data, "vocab_size", None) and out_of_vocab(rows, data.vocab_size, offsets=offsets)
+    if bad:  # a file over FULL_CHECK_BYTES is not read whole on open: each batch is checked, cheap next to the model
+        raise UserError(f"{data.filename}: {bad}: the file is damaged (prepare_data.py --verify "
+                        f"{Path(data.filename).parent} checks it in full); rerun prepare_data.py")
     xy = torch.from_numpy(rows.astype(np.int64))
     x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
     if device.startswith("cuda"):
