@@ -16,7 +16,9 @@ vocabulary fits), a file of the documents' [start, end) offsets (int64 pairs) an
 names (files, urls, plays), their names; and meta.json, which names these files and records their sizes and
 checksums, with the tokenizer, vocab_size, dtype, source and the char vocabulary. meta.json is replaced last,
 atomically, so the directory always holds one complete dataset. train.bin and val.bin are then hard links to the
-new token files, for tools that read nanoGPT's names. Validation holds out whole documents, chosen with --seed:
+new token files, for tools that read nanoGPT's names. It removes only files it wrote (journaled): a directory
+holding others (nanoGPT's own train.bin) is refused unless --allow_foreign_files. `--verify DIR` checks a dataset
+against its full checksums. Validation holds out whole documents, chosen with --seed:
 about --val_fraction of them, --val_documents N of them, or documents until --val_tokens N tokens. A corpus of one
 document is cut by tokens instead, its end held out.
 """
@@ -767,6 +769,10 @@ def take_out_dir(out_dir, allow_foreign):
         os.close(fd)
         raise UserError(f"another prepare_data.py is writing to --out_dir {out_dir}: wait for it, or choose another "
                         "--out_dir") from None
+    taken = [n for n in ("meta.json", *LINKS) if (out_dir / n).is_dir()]
+    if taken:  # nothing replaces a directory: refused even with --allow_foreign_files
+        os.close(fd)
+        raise UserError(f"--out_dir {out_dir} holds a directory named {taken[0]}, a name the dataset needs: move it")
     foreign = sorted(set(os.listdir(out_dir)) - owned(out_dir)[1])
     if foreign and not allow_foreign:
         os.close(fd)
@@ -826,8 +832,8 @@ def verify(data_dir):
     """--verify: every file of the dataset against its full SHA-256, and every token id below vocab_size."""
     meta = load_meta(data_dir, full=True)
     size = sum((Path(data_dir) / entry["file"]).stat().st_size for entry in meta["files"].values())
-    print(f"{data_dir}: OK ({len(meta['files'])} files, {size:,} bytes, match their SHA-256 in meta.json; every "
-          f"token id below vocab_size {meta['vocab_size']})")
+    print(f"{data_dir}: OK: its {len(meta['files'])} files ({size:,} bytes) match the SHA-256 meta.json records, and "
+          f"every token id is below vocab_size {meta['vocab_size']}")
 
 
 class Parser(argparse.ArgumentParser):
@@ -888,8 +894,9 @@ def parse_args(argv=None):
     for url in args.url:
         try:
             parts = urllib.parse.urlsplit(url)
-            good = parts.scheme in ("http", "https") and parts.hostname and (parts.port, True)
-        except ValueError:  # a bad port (parts.port raises) or bracketed host
+            parts.port  # noqa: B018 -- raises ValueError for a port that is not a number below 65536
+            good = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:  # that, or an unclosed [ of an IPv6 host
             good = False
         if not good:
             p.error(f"--url {url!r} is not allowed: only http:// and https:// URLs with a host are downloaded (a "

@@ -191,7 +191,7 @@ def test_verify_checks_every_file_in_full(tmp_path, capsys):
 
     d = big_dataset(tmp_path / "d")
     prepare_data.main(["--verify", str(d)])
-    assert capsys.readouterr().out.startswith(f"{d}: OK (6 files")
+    assert capsys.readouterr().out.startswith(f"{d}: OK: its 6 files")
     overwrite(file_of(d, "train"), 1 << 20, [3])  # in the vocabulary, in the middle: only the full hash sees it
     with pytest.raises(SystemExit) as e:
         prepare_data.main(["--verify", str(d)])

@@ -405,6 +405,11 @@ def test_out_dir_os_errors_are_one_line(tmp_path):
             run("--dataset", "files", "--path", corpus, "--out_dir", out)
         assert message in str(e.value.code) and "\n" not in str(e.value.code)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "loop"]  # no folder made on the way
+    (tmp_path / "taken" / "train.bin").mkdir(parents=True)  # nothing can replace it, even when allowed
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "taken", "--allow_foreign_files")
+    assert "holds a directory named train.bin" in str(e.value.code)
+    assert [p.name for p in (tmp_path / "taken").iterdir()] == ["train.bin"]
 
 
 def test_out_dir_that_is_a_file(tmp_path):
