@@ -339,6 +339,40 @@ def test_a_kill_between_the_moves_leaves_the_old_dataset(tmp_path, monkeypatch, 
                                                             *(e["file"] for e in meta["files"].values())])
 
 
+@pytest.mark.parametrize("kill_at", [3, 7, 8])
+def test_what_a_killed_run_left_is_journaled_and_removed_by_the_next(tmp_path, monkeypatch, kill_at):
+    """A kill leaves temporaries, renamed files (before the 7th move, meta.json's) or the old dataset's files and
+    stale train.bin/val.bin links (after it): all journaled, so the next run takes the folder as its own, without
+    --allow_foreign_files, and removes exactly them."""
+    old, new = write_corpus(tmp_path / "old", n=10), write_corpus(tmp_path / "new", n=7)
+    out = tmp_path / "out"
+    run("--dataset", "files", "--path", old, "--out_dir", out)
+    calls, real_replace, real_settle = [], os.replace, prepare_data.settle
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == kill_at:
+            raise Killed
+        real_replace(src, dst)
+
+    monkeypatch.setattr(prepare_data.os, "replace", replace)
+    monkeypatch.setattr(prepare_data, "settle", lambda out_dir, relink=False: relink and real_settle(out_dir, relink))
+    with pytest.raises(Killed):  # and nothing cleaned up after it, as after a SIGKILL
+        run("--dataset", "files", "--path", new, "--out_dir", out)
+    monkeypatch.setattr(prepare_data.os, "replace", real_replace)
+    monkeypatch.setattr(prepare_data, "settle", real_settle)
+    meta = data.load_meta(out)  # complete: the old dataset (killed before the commit) or the new one
+    assert len(data.documents(out, "train", meta)) == (6 if kill_at == 8 else 9)
+    named = {"meta.json", "train.bin", "val.bin", prepare_data.JOURNAL, *(e["file"] for e in meta["files"].values())}
+    assert set(os.listdir(out)) - named  # files of the other dataset, left behind
+    run("--dataset", "files", "--path", new, "--out_dir", out)
+    meta = data.load_meta(out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "train.bin", "val.bin",
+                                                            *(e["file"] for e in meta["files"].values())])
+    for split in ("train", "val"):
+        assert (out / f"{split}.bin").samefile(out / meta["files"][split]["file"])
+
+
 def test_foreign_files_are_refused_unless_allowed_and_never_removed(tmp_path):
     """A folder holding files this project did not write (nanoGPT's train.bin, a user's notes, another program's
     .tmp-* or look-alike names) is refused with one line, untouched; with --allow_foreign_files the dataset is
