@@ -751,7 +751,7 @@ def check_out_dir(out_dir):
                errno.ENAMETOOLONG: f"a name in it is too long (at most {os.pathconf('/', 'PC_NAME_MAX')} bytes a "
                                    f"name, {os.pathconf('/', 'PC_PATH_MAX')} in all)"}
         raise UserError(f"--out_dir {out_dir}: {why.get(e.errno, e.strerror)}") from None
-    longest = max(len(os.fsencode(part)) for part in out_dir.parts)
+    longest = max((len(os.fsencode(part)) for part in out_dir.parts), default=0)
     if longest > os.pathconf("/", "PC_NAME_MAX"):  # a missing folder's name: caught before its parents are made
         raise UserError(f"--out_dir {out_dir}: a name in it is too long ({longest} bytes; at most "
                         f"{os.pathconf('/', 'PC_NAME_MAX')})")

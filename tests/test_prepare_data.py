@@ -373,7 +373,7 @@ def test_what_a_killed_run_left_is_journaled_and_removed_by_the_next(tmp_path, m
         assert (out / f"{split}.bin").samefile(out / meta["files"][split]["file"])
 
 
-def test_foreign_files_are_refused_unless_allowed_and_never_removed(tmp_path):
+def test_foreign_files_are_refused_unless_allowed_and_never_removed(tmp_path, monkeypatch):
     """A folder holding files this project did not write (nanoGPT's train.bin, a user's notes, another program's
     .tmp-* or look-alike names) is refused with one line, untouched; with --allow_foreign_files the dataset is
     written there, train.bin and val.bin replaced, and every other file kept."""
@@ -402,6 +402,10 @@ def test_foreign_files_are_refused_unless_allowed_and_never_removed(tmp_path):
     with pytest.raises(SystemExit) as e:  # the user's files are still there: refused again without the flag
         run("--dataset", "files", "--path", corpus, "--out_dir", out)
     assert "(.tmp-abc123, meta.pkl, notes.txt and 2 more)" in str(e.value.code)
+    monkeypatch.chdir(tmp_path)  # --out_dir . in a folder of other things
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", "files", "--path", corpus, "--out_dir", ".")
+    assert "--out_dir . holds files prepare_data.py did not write (c, nano, out)" in str(e.value.code)
     # a folder that only holds our dataset and a journaled killed run's leftovers is ours: no flag needed
     mine = tmp_path / "mine"
     run("--dataset", "files", "--path", corpus, "--out_dir", mine)
