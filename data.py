@@ -108,7 +108,7 @@ def passkey_fixed_tokens(tokenizer, digits):
 # ---------------------------------------------------------------------------------------------------------------
 # Token data, written by prepare_data.py. data_dir/meta.json is the dataset: it names each split's files (flat token
 # ids; the documents' [start, end) offsets, little-endian int64 pairs; optionally their names, a JSON string a line)
-# and records each one's size and a checksum of its ends. prepare_data.py writes new files under new names and
+# and records each one's size, a checksum of its ends and (since issue 22) a SHA-256 of it all. prepare_data.py writes new files under new names and
 # replaces meta.json last, in one atomic rename, so a reader (or a kill at any instant) sees the complete old dataset
 # or the complete new one, never a mix. Datasets from before the offsets files list the documents in meta.json
 # itself ("train_documents": [{name, start, end}, ...]); they still open.
@@ -118,6 +118,8 @@ META_KEYS = ("tokenizer", "vocab_size", "dtype", "files")
 FILE_ROLES = (*SPLITS, *(f"{s}_docs" for s in SPLITS), *(f"{s}_names" for s in SPLITS))
 TOKEN_DTYPES = ("uint16", "uint32")
 ENDS_BYTES = 1 << 20  # bytes hashed at each end of a token file: cheap on open, and catches a file from elsewhere
+FULL_CHECK_BYTES = 1 << 30  # files under this are hashed in full on open (2 s on the Xeon); larger, by their ends
+READ_BYTES = 1 << 24  # bytes read at a time by the full check: bounded memory for any file
 
 
 def ends_sha256(path):
@@ -131,9 +133,35 @@ def ends_sha256(path):
     return digest.hexdigest()
 
 
-def load_meta(data_dir):
+def full_check(path, dtype, vocab_size):
+    """(SHA-256 of a file, read in pieces; for a token file (dtype given), what is wrong with its first token id that
+    is not below vocab_size, or None)."""
+    digest, at, bad = hashlib.sha256(), 0, None
+    with open(path, "rb") as f:
+        while piece := f.read(READ_BYTES):
+            digest.update(piece)
+            if dtype is not None and bad is None:
+                bad = out_of_vocab(np.frombuffer(piece, dtype=dtype), vocab_size, at // dtype.itemsize)
+            at += len(piece)
+    return digest.hexdigest(), bad
+
+
+def out_of_vocab(tokens, vocab_size, first=0, offsets=None):
+    """None, or the first token id that is not below vocab_size and its offset in the file, in words (tokens are the
+    file's from offset `first`, or rows of it read at `offsets`)."""
+    if not tokens.size or tokens.max() < vocab_size:
+        return None
+    flat = tokens.reshape(-1)
+    k = int(np.argmax(flat >= vocab_size))
+    at = first + k if offsets is None else int(offsets[k // tokens.shape[1]]) + k % tokens.shape[1]
+    return f"token id {int(flat[k])} at token offset {at} is not below its vocab_size {vocab_size}"
+
+
+def load_meta(data_dir, full=False):
     """data_dir's meta.json, checked: every key there and of the right kind, and both token files present,
-    non-empty and the ones it names (token count and checksum)."""
+    non-empty and the ones it names (token count, and the full SHA-256 for files under FULL_CHECK_BYTES, or all with
+    full, else the checksum of their ends). Token files checked in full are also checked to hold no token id that
+    is not below vocab_size."""
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
         raise UserError(f"no dataset at {data_dir} (missing meta.json): run prepare_data.py first")
@@ -155,7 +183,21 @@ def load_meta(data_dir):
         count = entry[unit] if role.endswith("_names") else size // sizes[unit]  # names: checked by hash only
         if unit == "tokens" and count < 2:
             raise UserError(f"{dataset_file} is empty ({count} tokens): rerun prepare_data.py with more text")
-        if count != entry[unit] or ends_sha256(dataset_file) != entry["ends_sha256"]:
+        if full and "sha256" not in entry:
+            raise UserError(f"{path} records no full checksum of {entry['file']} (written by an older "
+                            "prepare_data.py): rerun prepare_data.py to have one")
+        hashed = False
+        if count == entry[unit] and (full or size < FULL_CHECK_BYTES):  # damage inside: the ends cannot show it
+            digest, bad = full_check(dataset_file, np.dtype(meta["dtype"]) if role in SPLITS else None,
+                                     meta["vocab_size"])
+            if digest != entry.get("sha256", digest):  # older datasets record none: their ends are checked below
+                raise UserError(f"{dataset_file} is damaged, or not the file {path} describes (its SHA-256 differs "
+                                f"from the one recorded{'; ' + bad if bad else ''}): the files do not belong "
+                                "together; rerun prepare_data.py")
+            if bad:
+                raise UserError(f"{dataset_file}: {bad} in {path}: the file is damaged; rerun prepare_data.py")
+            hashed = "sha256" in entry
+        if count != entry[unit] or not hashed and ends_sha256(dataset_file) != entry["ends_sha256"]:
             raise UserError(f"{dataset_file} is not the file {path} describes ({count:,} {unit}, {entry[unit]:,} "
                             f"recorded, or different content): the files do not belong together; rerun "
                             "prepare_data.py")
@@ -195,7 +237,8 @@ def meta_problem(meta):
         return f"no {', '.join(missing)} (or written by an older prepare_data.py)"
     count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
     entry = lambda e, unit: (isinstance(e, dict) and isinstance(e.get("file"), str) and "/" not in e["file"] and
-                             count(e.get(unit)) and isinstance(e.get("ends_sha256"), str))
+                             count(e.get(unit)) and isinstance(e.get("ends_sha256"), str) and
+                             isinstance(e.get("sha256", ""), str))
     unit = lambda role: "tokens" if role in SPLITS else "documents"
     checks = {  # key -> is its value allowed (checked in this order, each may rely on the ones before)
         "tokenizer": lambda: meta["tokenizer"] in ("char", "gpt2"),
@@ -227,12 +270,15 @@ def tokenizer_identity(meta):
 
 
 def read_tokens(data_dir, split, meta):
-    """The split's tokens as a read-only memmap (re-opened per call by callers that loop: avoids a memmap leak)."""
+    """The split's tokens as a read-only memmap (re-opened per call by callers that loop: avoids a memmap leak). It
+    carries vocab_size, for get_batch's check of each batch."""
     entry = meta["files"][split]
     path = Path(data_dir) / entry["file"]
     if not path.is_file():
         raise UserError(f"{path} is gone: the dataset in {data_dir} was replaced or removed while in use")
-    return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(entry["tokens"],))
+    tokens = np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(entry["tokens"],))
+    tokens.vocab_size = meta["vocab_size"]
+    return tokens
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -267,7 +313,12 @@ def checkpoint_dataset(ckpt, path, data_dir=None):
 def get_batch(data, offsets, block_size, device):
     """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather rather than a slice per
     sequence, as x = all but the last and y = all but the first."""
-    xy = torch.from_numpy(data[offsets[:, None] + np.arange(block_size + 1)].astype(np.int64))
+    rows = data[offsets[:, None] + np.arange(block_size + 1)]
+    bad = getattr(data, "vocab_size", None) and out_of_vocab(rows, data.vocab_size, offsets=offsets)
+    if bad:  # a file over FULL_CHECK_BYTES is not read whole on open: each batch is checked, cheap next to the model
+        raise UserError(f"{data.filename}: {bad}: the file is damaged (prepare_data.py --verify "
+                        f"{Path(data.filename).parent} checks it in full); rerun prepare_data.py")
+    xy = torch.from_numpy(rows.astype(np.int64))
     x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
     if device.startswith("cuda"):
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)

@@ -16,7 +16,9 @@ vocabulary fits), a file of the documents' [start, end) offsets (int64 pairs) an
 names (files, urls, plays), their names; and meta.json, which names these files and records their sizes and
 checksums, with the tokenizer, vocab_size, dtype, source and the char vocabulary. meta.json is replaced last,
 atomically, so the directory always holds one complete dataset. train.bin and val.bin are then hard links to the
-new token files, for tools that read nanoGPT's names. Validation holds out whole documents, chosen with --seed:
+new token files, for tools that read nanoGPT's names. It removes only files it wrote (journaled): a directory
+holding others (nanoGPT's own train.bin) is refused unless --allow_foreign_files. `--verify DIR` checks a dataset
+against its full checksums. Validation holds out whole documents, chosen with --seed:
 about --val_fraction of them, --val_documents N of them, or documents until --val_tokens N tokens. A corpus of one
 document is cut by tokens instead, its end held out.
 """
@@ -24,8 +26,10 @@ document is cut by tokens instead, its end held out.
 import argparse
 import collections
 import concurrent.futures
+import concurrent.futures.process
 import ctypes
 import errno
+import fcntl
 import glob
 import hashlib
 import importlib.util
@@ -34,16 +38,18 @@ import multiprocessing
 import os
 import random
 import re
+import secrets
 import signal
 import sys
-import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
 
 from common import UserError, writable_dir
-from data import PASSKEY_CHARS, Tokenizer, ends_sha256, passkey_document, passkey_fixed_tokens
+from data import (PASSKEY_CHARS, SPLITS, Tokenizer, ends_sha256, load_meta, meta_problem, passkey_document,
+                  passkey_fixed_tokens)
 
 TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 # A few books of PG-19's test split (Rae et al. 2019; public-domain Project Gutenberg books published before 1919).
@@ -194,6 +200,9 @@ def download(url, cache_dir, retries=4, backoff=1.0, timeout=30.0):
             if 400 <= status < 500 and status not in (408, 429):  # the server said no: retrying will not help
                 raise UserError(f"download of {url} failed: HTTP {status}") from None
             error = f"HTTP {status}"
+        except (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema,
+                requests.exceptions.MissingSchema) as e:  # not a network error: retrying will not help
+            raise UserError(f"download of {url} failed: {e}") from None
         except (requests.RequestException, IncompleteDownload) as e:
             error = f"{type(e).__name__}: {e}"
         finally:
@@ -416,24 +425,82 @@ def gather(stream, ranges, cumulative, start, size):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Write: temporary files, hashed as they are written, renamed and committed by meta.json.
+# Write: temporary files, hashed as they are written, renamed and committed by meta.json. Every name this project
+# creates in out_dir is first recorded in a journal, so that the next run removes what a killed one left and nothing
+# else: a file out_dir held before that neither meta.json nor the journal names is someone else's.
+
+JOURNAL = ".tmp-prepare_data-journal"
+JOURNAL_HEADER = "prepare_data.py journal: files created here that meta.json may not name"
+LINKS = tuple(f"{s}.bin" for s in SPLITS)  # nanoGPT's names, hard links to the current token files
+# The only names a journal may list: a damaged or forged one can never name meta.json or a user's file.
+JOURNALED = re.compile(r"\.tmp-prepare_data-[0-9a-f]{32}|(train|val)(_docs|_names)?-[0-9a-f]{12}\.(bin|jsonl)")
 
 
-def created_mode():
-    """What a new file's mode would be (0o666 less the umask): mkstemp makes 0600, private to the user."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+def journal(out_dir, *names):
+    """Record names before they are created (flushed to disk): whatever a kill leaves, the next run knows it wrote."""
+    with open(Path(out_dir) / JOURNAL, "a", encoding="utf-8") as f:
+        f.write("".join(f"{n}\n" for n in (JOURNAL_HEADER,) * (f.tell() == 0) + names))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def journaled(out_dir):
+    """The names the journal lists, or None where there is no journal of ours."""
+    try:
+        lines = (Path(out_dir) / JOURNAL).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return {n for n in lines[1:] if JOURNALED.fullmatch(n)} if lines[:1] == [JOURNAL_HEADER] else None
+
+
+def our_meta(out_dir):
+    """out_dir's meta.json if it is a dataset of this project's, else None."""
+    try:
+        meta = json.loads((Path(out_dir) / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return None if meta_problem(meta) else meta
+
+
+def owned(out_dir):
+    """(our meta.json or None, the names in out_dir this project wrote): meta.json and the files it names, what the
+    journal lists, and train.bin and val.bin where they are links to one of those."""
+    meta, listed = our_meta(out_dir), journaled(out_dir)
+    names = set(listed or ()) | ({JOURNAL} if listed is not None else set())
+    if meta:
+        names |= {"meta.json", *(entry["file"] for entry in meta["files"].values())}
+    files = [out_dir / n for n in names if (out_dir / n).is_file()]
+    names |= {n for n in LINKS if (out_dir / n).is_file() and any((out_dir / n).samefile(f) for f in files)}
+    return meta, names
+
+
+def settle(out_dir, relink=False):
+    """Bring out_dir to its committed state: train.bin and val.bin made links to meta.json's token files (where they
+    are ours, or always with relink), then every other file the journal lists removed, and the journal last."""
+    meta, names = owned(out_dir)
+    for split in SPLITS if meta else ():
+        link, target = out_dir / f"{split}.bin", out_dir / meta["files"][split]["file"]
+        if (relink or link.name in names) and not (link.is_file() and link.samefile(target)):
+            tmp = out_dir / f".tmp-prepare_data-{secrets.token_hex(16)}"
+            journal(out_dir, tmp.name)
+            os.link(target, tmp)
+            os.replace(tmp, link)
+    keep = {*LINKS, *((entry["file"] for entry in meta["files"].values()) if meta else ())}
+    for name in (journaled(out_dir) or set()) - keep:
+        (out_dir / name).unlink(missing_ok=True)
+    (out_dir / JOURNAL).unlink(missing_ok=True)
 
 
 class Temporary:
-    """A temporary file in out_dir, readable as the umask allows, hashed as written (sha256 of its content)."""
+    """A temporary file in out_dir, journaled, created as the umask allows, hashed as written (sha256 of its
+    content)."""
 
     def __init__(self, out_dir, registry):
-        fd, path = tempfile.mkstemp(prefix=".tmp-", dir=out_dir)
-        registry.append(Path(path))
-        os.fchmod(fd, created_mode())
-        self.path, self.file, self.sha = Path(path), os.fdopen(fd, "wb"), hashlib.sha256()
+        path = Path(out_dir) / f".tmp-prepare_data-{secrets.token_hex(16)}"
+        journal(out_dir, path.name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # less the umask
+        registry.append(path)
+        self.path, self.file, self.sha = path, os.fdopen(fd, "wb"), hashlib.sha256()
 
     def write(self, data):
         self.file.write(data)
@@ -475,7 +542,7 @@ class SplitWriter:
                 digest = temp.finish()
                 suffix = "jsonl" if role.endswith("_names") else "bin"
                 out[role] = temp.path, {"file": f"{role}-{digest[:12]}.{suffix}", **size,
-                                        "ends_sha256": ends_sha256(temp.path)}
+                                        "ends_sha256": ends_sha256(temp.path), "sha256": digest}
         return out
 
 
@@ -510,8 +577,13 @@ def write_split(writer, stream, ranges, names, eot, passkeys=None):
 def commit(out_dir, written, meta):
     """Rename each temporary to its own name (role and content hash), so the old dataset's files are never touched;
     then replace meta.json, which names the files, in one atomic rename: the commit. A kill at any instant leaves
-    the complete old dataset or the complete new one; the next run removes what a killed run left behind."""
+    the complete old dataset or the complete new one; the next run removes what a killed run left behind (the new
+    names and the old dataset's files are journaled first). train.bin and val.bin then become links to the new
+    token files, for tools that read nanoGPT's names."""
     meta = dict(meta, files={role: entry for role, (_, entry) in written.items()})
+    old = our_meta(out_dir)
+    journal(out_dir, *(entry["file"] for _, entry in written.values()),
+            *((entry["file"] for entry in old["files"].values()) if old else ()))
     for role, (tmp, entry) in written.items():
         os.replace(tmp, out_dir / entry["file"])
     registry = []
@@ -519,12 +591,7 @@ def commit(out_dir, written, meta):
     meta_tmp.write((json.dumps(meta, indent=1) + "\n").encode())
     meta_tmp.finish()
     os.replace(meta_tmp.path, out_dir / "meta.json")
-    for split in ("train", "val"):  # nanoGPT's names, as hard links, for tools that read train.bin
-        link = out_dir / f".tmp-link-{split}"
-        link.unlink(missing_ok=True)
-        os.link(out_dir / meta["files"][split]["file"], link)
-        os.replace(link, out_dir / f"{split}.bin")
-    remove_debris(out_dir)
+    settle(out_dir, relink=True)
     return meta
 
 
@@ -533,7 +600,7 @@ def write_dataset(out_dir, splits, meta):
     (token array, (n, 2) document offsets, names or None)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    remove_debris(out_dir)
+    settle(out_dir)
     written, registry = {}, []
     for split, (tokens, offsets, names) in splits.items():
         writer = SplitWriter(out_dir, split, tokens.dtype, names is not None, registry)
@@ -541,22 +608,6 @@ def write_dataset(out_dir, splits, meta):
         writer.add_documents(np.asarray(offsets, dtype=np.int64).reshape(-1, 2), names)
         written.update(writer.finish())
     return commit(out_dir, written, meta)
-
-
-DATASET_FILE = re.compile(r"(train|val)(_docs|_names)?-[0-9a-f]{12}\.(bin|jsonl)")
-
-
-def remove_debris(out_dir):
-    """Temporaries of killed runs, and dataset files the current meta.json does not name (older datasets). train.bin
-    and val.bin stay: commit makes them links to the current files."""
-    try:
-        kept = {entry["file"] for entry in json.loads((out_dir / "meta.json").read_text())["files"].values()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        kept = None  # no readable current dataset: keep every dataset file, remove only temporaries
-    for path in out_dir.iterdir():
-        stale = kept is not None and DATASET_FILE.fullmatch(path.name) and path.name not in kept
-        if path.name.startswith(".tmp-") or stale:
-            path.unlink()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -686,25 +737,76 @@ def build(args, out_dir, registry):
     return written, meta, summary
 
 
+def check_out_dir(out_dir):
+    """A one-line error for an --out_dir that cannot be a directory, before anything is made or read."""
+    try:
+        os.stat(out_dir)
+        if not out_dir.is_dir():
+            raise UserError(f"--out_dir {out_dir} is a file, not a directory")
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        why = {errno.ELOOP: "it (or a folder above it) is a symbolic link loop",
+               errno.ENOTDIR: "it (or a folder above it) is a file, not a directory",
+               errno.ENAMETOOLONG: f"a name in it is too long (at most {os.pathconf('/', 'PC_NAME_MAX')} bytes a "
+                                   f"name, {os.pathconf('/', 'PC_PATH_MAX')} in all)"}
+        raise UserError(f"--out_dir {out_dir}: {why.get(e.errno, e.strerror)}") from None
+    longest = max((len(os.fsencode(part)) for part in out_dir.parts), default=0)
+    if longest > os.pathconf("/", "PC_NAME_MAX"):  # a missing folder's name: caught before its parents are made
+        raise UserError(f"--out_dir {out_dir}: a name in it is too long ({longest} bytes; at most "
+                        f"{os.pathconf('/', 'PC_NAME_MAX')})")
+    writable_dir(next(p for p in (out_dir, *out_dir.parents) if p.exists()), f"--out_dir {out_dir}: the folder")
+
+
+def take_out_dir(out_dir, allow_foreign):
+    """Lock out_dir for this run (flock on the directory: a second prepare_data.py there would remove this one's
+    temporaries) and refuse it if it holds files this project did not write (a user's, or nanoGPT's train.bin),
+    unless allowed; then remove what a killed run left. Returns the open directory, which holds the lock."""
+    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UserError(f"another prepare_data.py is writing to --out_dir {out_dir}: wait for it, or choose another "
+                        "--out_dir") from None
+    taken = [n for n in ("meta.json", *LINKS) if (out_dir / n).is_dir()]
+    if taken:  # nothing replaces a directory: refused even with --allow_foreign_files
+        os.close(fd)
+        raise UserError(f"--out_dir {out_dir} holds a directory named {taken[0]}, a name the dataset needs: move it")
+    foreign = sorted(set(os.listdir(out_dir)) - owned(out_dir)[1])
+    if foreign and not allow_foreign:
+        os.close(fd)
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise UserError(f"--out_dir {out_dir} holds files prepare_data.py did not write ({', '.join(foreign[:3])}"
+                        f"{more}): choose a new or empty --out_dir, or pass --allow_foreign_files to write there "
+                        "anyway (replacing its meta.json, train.bin and val.bin, keeping the other files)")
+    settle(out_dir)
+    return fd
+
+
 def prepare(args):
     out_dir = Path(args.out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out_dir {out_dir} is a file, not a directory")
-    writable_dir(next(p for p in (out_dir, *out_dir.parents) if p.exists()), f"--out_dir {out_dir}: the folder")
+    check_out_dir(out_dir)
     if args.dataset in ("files", "jsonl", "text"):
         if not args.path:
             raise UserError(f"--dataset {args.dataset} needs --path DIR_OR_GLOB")
         input_files(args.path)  # a path that matches nothing: before out_dir is made
     created = not out_dir.exists()
     registry = []  # this run's temporaries: removed if it fails, so a failed run leaves what was there before
+    lock = None
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        remove_debris(out_dir)
+        lock = take_out_dir(out_dir, args.allow_foreign_files)
         written, meta, summary = build(args, out_dir, registry)
         commit(out_dir, written, meta)
     except BaseException as e:
         for path in registry:
             path.unlink(missing_ok=True)
+        if lock is not None:
+            try:  # remove what this run renamed into place; left to the next run if that fails too
+                settle(out_dir)
+            except OSError:
+                pass
         if created and out_dir.is_dir() and not any(out_dir.iterdir()):
             out_dir.rmdir()
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -716,12 +818,35 @@ def prepare(args):
         if isinstance(e, concurrent.futures.process.BrokenProcessPool):
             raise UserError(f"a tokenizer worker died (killed for memory?); try fewer --workers; the previous "
                             f"dataset in {out_dir} is intact") from None
+        if isinstance(e, OSError) and e.strerror:
+            raise UserError(f"{e.filename or out_dir}: {e.strerror}; the previous dataset in {out_dir} is "
+                            "intact") from None
         raise
+    finally:
+        if lock is not None:
+            os.close(lock)
     print(summary)
 
 
+def verify(data_dir):
+    """--verify: every file of the dataset against its full SHA-256, and every token id below vocab_size."""
+    meta = load_meta(data_dir, full=True)
+    size = sum((Path(data_dir) / entry["file"]).stat().st_size for entry in meta["files"].values())
+    print(f"{data_dir}: OK: its {len(meta['files'])} files ({size:,} bytes) match the SHA-256 meta.json records, and "
+          f"every token id is below vocab_size {meta['vocab_size']}")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's errors as the project's: one line and status 1 (main prints it), not the usage and status 2."""
+
+    def error(self, message):
+        raise UserError(message)
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--verify", metavar="DIR", help="check the dataset in DIR against the full checksums meta.json "
+                   "records (and every token id against vocab_size); writes nothing")
     p.add_argument("--dataset", default="shakespeare", choices=DATASETS)
     p.add_argument("--tokenizer", choices=("char", "gpt2"), help="default: gpt2 for --dataset nanogpt, else char")
     p.add_argument("--path", help="--dataset files, jsonl, text: a directory, a glob, or a file; nanogpt: the "
@@ -731,6 +856,9 @@ def parse_args(argv=None):
                    "an empty line)")
     p.add_argument("--url", nargs="+", default=[], help="--dataset url: one document per URL")
     p.add_argument("--out_dir", help="default: data/<dataset>_<tokenizer>")
+    p.add_argument("--allow_foreign_files", action="store_true", help="write into an --out_dir that holds files "
+                   "prepare_data.py did not write: its meta.json, train.bin and val.bin are replaced, the other "
+                   "files kept (without it such a directory is refused)")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
                    help="tokenizer processes (default: the cores this process may use); the output is the same "
                    "for any number")
@@ -763,6 +891,16 @@ def parse_args(argv=None):
             p.error(f"--{flag} {getattr(args, flag)} is not allowed: must be >= 1")
     if args.retries < 1:
         p.error(f"--retries {args.retries} is not allowed: must be >= 1")
+    for url in args.url:
+        try:
+            parts = urllib.parse.urlsplit(url)
+            parts.port  # noqa: B018 -- raises ValueError for a port that is not a number below 65536
+            good = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:  # that, or an unclosed [ of an IPv6 host
+            good = False
+        if not good:
+            p.error(f"--url {url!r} is not allowed: only http:// and https:// URLs with a host are downloaded (a "
+                    "local file: --dataset files --path FILE)")
     args.tokenizer = args.tokenizer or ("gpt2" if args.dataset == "nanogpt" else "char")
     args.separator = args.separator.rstrip()  # lines are compared without their trailing whitespace
     args.out_dir = args.out_dir or f"data/{args.dataset}_{args.tokenizer}"
@@ -771,7 +909,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     try:
-        prepare(parse_args(argv))
+        args = parse_args(argv)
+        verify(args.verify) if args.verify else prepare(args)
     except UserError as e:
         sys.exit(f"prepare_data.py: error: {e}")
 

@@ -122,3 +122,84 @@ def test_offsets_file_from_another_dataset_is_refused(tmp_path):
     shutil.copy(docs(tmp_path / "b"), docs(tmp_path / "a"))  # same size, other offsets
     assert "val_docs-" in error(data.load_meta, tmp_path / "a") and "do not belong together" in error(
         data.load_meta, tmp_path / "a")
+
+
+# --- damage inside a token file (issue 22): full checksums, token ids checked against vocab_size -----------------
+
+
+def big_dataset(root, n_train=3 << 20):
+    """A train file of 6 MiB: damage in its middle is outside the first and last MiB the ends' checksum reads."""
+    return dataset(root, n_train=n_train)
+
+
+def overwrite(path, at_token, values):
+    with open(path, "r+b") as f:
+        f.seek(at_token * 2)
+        f.write(np.asarray(values, dtype=np.uint16).tobytes())
+
+
+def test_meta_json_records_full_checksums(tmp_path):
+    import hashlib
+
+    d = dataset(tmp_path / "d")
+    for entry in read_meta(d)["files"].values():
+        assert entry["sha256"] == hashlib.sha256((d / entry["file"]).read_bytes()).hexdigest()
+
+
+def test_damage_in_the_middle_of_a_token_file_is_refused_on_open(tmp_path):
+    d = big_dataset(tmp_path / "d")
+    middle = (3 << 20) // 2
+    overwrite(file_of(d, "train"), middle, np.zeros(1 << 19, np.uint16))  # a MiB of in-vocabulary ids
+    message = error(data.load_meta, d)
+    assert f"{file_of(d, 'train')} is damaged" in message and "SHA-256" in message
+    overwrite(file_of(d, "train"), middle + 5, [60000])  # an id outside the vocabulary: named with its offset
+    message = error(data.load_meta, d)
+    assert f"{file_of(d, 'train')} is damaged" in message
+    assert f"token id 60000 at token offset {middle + 5} is not below its vocab_size 11" in message
+
+
+def test_files_over_the_full_check_limit_are_checked_per_batch(tmp_path, monkeypatch):
+    d = big_dataset(tmp_path / "d")
+    middle = (3 << 20) // 2
+    overwrite(file_of(d, "train"), middle, [7, 11])  # 11: one past the last id of the 11-character vocabulary
+    monkeypatch.setattr(data, "FULL_CHECK_BYTES", 1 << 20)  # as if the 6 MiB file were over the limit
+    meta = data.load_meta(d)  # its ends are intact: accepted on open
+    tokens = data.read_tokens(d, "train", meta)
+    x, y = data.get_batch(tokens, np.array([0, 100]), 16, "cpu")  # elsewhere: fine
+    assert int(x.max()) < 11
+    message = error(data.get_batch, tokens, np.array([0, middle - 3]), 16, "cpu")
+    assert f"{file_of(d, 'train')}: token id 11 at token offset {middle + 1} is not below its vocab_size" in message
+    monkeypatch.setattr(data, "FULL_CHECK_BYTES", 1 << 30)  # under the limit: refused on open, the offset named
+    assert f"token id 11 at token offset {middle + 1} is not below" in error(data.load_meta, d)
+
+
+def test_a_damaged_dataset_stops_training_with_one_line(tmp_path):
+    import train as train_script
+    from test_train import tiny_args
+
+    d = big_dataset(tmp_path / "d")  # the issue's case: damage in the middle, where the ends' checksum cannot see it
+    overwrite(file_of(d, "train"), 2000000, [200])
+    with pytest.raises(SystemExit) as e:
+        train_script.main(tiny_args(d, tmp_path / "run", max_iters=2, eval_interval=2, eval_iters=1,
+                                    lr_decay_iters=2, warmup_iters=1))
+    assert "token id 200 at token offset 2000000 is not below" in str(e.value.code)
+    assert not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+def test_verify_checks_every_file_in_full(tmp_path, capsys):
+    import prepare_data
+
+    d = big_dataset(tmp_path / "d")
+    prepare_data.main(["--verify", str(d)])
+    assert capsys.readouterr().out.startswith(f"{d}: OK: its 6 files")
+    overwrite(file_of(d, "train"), 1 << 20, [3])  # in the vocabulary, in the middle: only the full hash sees it
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["--verify", str(d)])
+    assert f"{file_of(d, 'train')} is damaged" in str(e.value.code) and "\n" not in str(e.value.code)
+    old = read_meta(d)  # a dataset from before full checksums: nothing to verify against
+    for entry in old["files"].values():
+        del entry["sha256"]
+    (d / "meta.json").write_text(json.dumps(old))
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["--verify", str(d)])
+    assert "records no full checksum" in str(e.value.code)

@@ -189,12 +189,24 @@ def test_empty_and_missing_input_leave_nothing_behind(tmp_path):
 
 
 def test_unknown_dataset_and_tokenizer_are_one_line_errors(capsys):
-    for argv in (["--dataset", "wikipedia"], ["--tokenizer", "bpe"], ["--val_fraction", "1.5"]):
+    """argparse's own errors and prepare_data's value checks keep the project's contract: one line, status 1, no
+    usage dump (argparse alone prints 11 lines and exits with 2)."""
+    for argv in (["--dataset", "wikipedia"], ["--tokenizer", "bpe"], ["--val_fraction", "1.5"], ["--workers", "x"],
+                 ["--retries", "0"], ["--no_such_flag"]):
         with pytest.raises(SystemExit) as e:
             run(*argv)
-        assert e.value.code == 2
-        err = capsys.readouterr().err.strip().splitlines()[-1]
-        assert "invalid choice" in err or "not allowed" in err
+        message = e.value.code
+        assert isinstance(message, str) and message.startswith("prepare_data.py: error: ") and "\n" not in message
+        assert any(w in message for w in ("invalid choice", "not allowed", "invalid int", "unrecognized"))
+        assert capsys.readouterr().err == ""  # no usage
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "prepare_data.py", "--val_fraction", "1.5"], cwd=root, capture_output=True,
+                          text=True)
+    assert done.returncode == 1 and done.stderr.splitlines() == [
+        "prepare_data.py: error: --val_fraction 1.5 is not allowed: must be between 0 and 1"]
 
 
 # --- downloads, against a local HTTP server on 127.0.0.1 --------------------------------------------------------------
@@ -263,6 +275,20 @@ def test_download_http_errors(tmp_path, server):
     assert not (tmp_path / "out").exists() and not list((tmp_path / "cache").iterdir())
 
 
+@pytest.mark.parametrize("url", ["file:///etc/hostname", "ftp://127.0.0.1/a.txt", "http//127.0.0.1/a.txt", "http://",
+                                 "127.0.0.1/a.txt", "http://127.0.0.1:99999/a.txt", "http://[::1/a.txt"])
+def test_a_url_that_is_not_http_is_an_error_at_once(tmp_path, capsys, url):
+    with pytest.raises(SystemExit) as e:
+        run(*download_args(tmp_path, url))
+    assert f"--url {url!r} is not allowed: only http:// and https://" in str(e.value.code)
+    assert "retrying" not in capsys.readouterr().err and not (tmp_path / "cache").exists()
+    # download() itself (a URL given by a caller that skipped parse_args): no retry for what is not a network error
+    with pytest.raises(prepare_data.UserError) as e:
+        prepare_data.download(url, tmp_path / "cache", retries=3, backoff=0.01)
+    assert "download of" in str(e.value) and "tries" not in str(e.value)
+    assert "retrying" not in capsys.readouterr().err
+
+
 def test_download_truncated_body_is_retried_never_kept(tmp_path, server):
     with pytest.raises(SystemExit) as e:
         run(*download_args(tmp_path, f"{server}/truncated.txt"))
@@ -313,18 +339,115 @@ def test_a_kill_between_the_moves_leaves_the_old_dataset(tmp_path, monkeypatch, 
                                                             *(e["file"] for e in meta["files"].values())])
 
 
-def test_debris_of_older_runs_is_removed(tmp_path):
+@pytest.mark.parametrize("kill_at", [3, 7, 8])
+def test_what_a_killed_run_left_is_journaled_and_removed_by_the_next(tmp_path, monkeypatch, kill_at):
+    """A kill leaves temporaries, renamed files (before the 7th move, meta.json's) or the old dataset's files and
+    stale train.bin/val.bin links (after it): all journaled, so the next run takes the folder as its own, without
+    --allow_foreign_files, and removes exactly them."""
+    old, new = write_corpus(tmp_path / "old", n=10), write_corpus(tmp_path / "new", n=7)
+    out = tmp_path / "out"
+    run("--dataset", "files", "--path", old, "--out_dir", out)
+    calls, real_replace, real_settle = [], os.replace, prepare_data.settle
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == kill_at:
+            raise Killed
+        real_replace(src, dst)
+
+    monkeypatch.setattr(prepare_data.os, "replace", replace)
+    monkeypatch.setattr(prepare_data, "settle", lambda out_dir, relink=False: relink and real_settle(out_dir, relink))
+    with pytest.raises(Killed):  # and nothing cleaned up after it, as after a SIGKILL
+        run("--dataset", "files", "--path", new, "--out_dir", out)
+    monkeypatch.setattr(prepare_data.os, "replace", real_replace)
+    monkeypatch.setattr(prepare_data, "settle", real_settle)
+    meta = data.load_meta(out)  # complete: the old dataset (killed before the commit) or the new one
+    assert len(data.documents(out, "train", meta)) == (6 if kill_at == 8 else 9)
+    named = {"meta.json", "train.bin", "val.bin", prepare_data.JOURNAL, *(e["file"] for e in meta["files"].values())}
+    assert set(os.listdir(out)) - named  # files of the other dataset, left behind
+    run("--dataset", "files", "--path", new, "--out_dir", out)
+    meta = data.load_meta(out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "train.bin", "val.bin",
+                                                            *(e["file"] for e in meta["files"].values())])
+    for split in ("train", "val"):
+        assert (out / f"{split}.bin").samefile(out / meta["files"][split]["file"])
+
+
+def test_foreign_files_are_refused_unless_allowed_and_never_removed(tmp_path, monkeypatch):
+    """A folder holding files this project did not write (nanoGPT's train.bin, a user's notes, another program's
+    .tmp-* or look-alike names) is refused with one line, untouched; with --allow_foreign_files the dataset is
+    written there, train.bin and val.bin replaced, and every other file kept."""
     out = tmp_path / "out"
     out.mkdir()
-    for name in ("train.bin", "val.bin", ".tmp-abc123", "train-0123456789ab.bin", "val_docs-0123456789ab.bin"):
-        (out / name).write_bytes(b"\0\0")
-    (out / "notes.txt").write_text("mine")
-    run("--dataset", "files", "--path", write_corpus(tmp_path / "c", n=3), "--out_dir", out)
+    nanogpt_files(tmp_path / "nano")  # nanoGPT's layout: the same train.bin and val.bin names
+    for name in ("train.bin", "val.bin"):
+        (out / name).write_bytes((tmp_path / "nano" / name).read_bytes())
+    for name in ("meta.pkl", ".tmp-abc123", "train-0123456789ab.bin", "val_docs-0123456789ab.bin", "notes.txt"):
+        (out / name).write_bytes(name.encode())
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    corpus = write_corpus(tmp_path / "c", n=3)
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", "files", "--path", corpus, "--out_dir", out)
+    message = str(e.value.code)
+    assert "holds files prepare_data.py did not write (.tmp-abc123, meta.pkl, notes.txt and 4 more)" in message
+    assert "--allow_foreign_files" in message and "\n" not in message
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    run("--dataset", "files", "--path", corpus, "--out_dir", out, "--allow_foreign_files")
     meta = data.load_meta(out)
-    assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "notes.txt", "train.bin", "val.bin",
-                                                            *(e["file"] for e in meta["files"].values())])
+    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(after) == sorted([*before, "meta.json", *(e["file"] for e in meta["files"].values())])
+    assert all(after[n] == b for n, b in before.items() if n not in ("train.bin", "val.bin"))  # kept, unchanged
     for split in ("train", "val"):  # nanoGPT's names: the current files, for tools that read them
         assert (out / f"{split}.bin").samefile(out / meta["files"][split]["file"])
+    with pytest.raises(SystemExit) as e:  # the user's files are still there: refused again without the flag
+        run("--dataset", "files", "--path", corpus, "--out_dir", out)
+    assert "(.tmp-abc123, meta.pkl, notes.txt and 2 more)" in str(e.value.code)
+    monkeypatch.chdir(tmp_path)  # --out_dir . in a folder of other things
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", "files", "--path", corpus, "--out_dir", ".")
+    assert "--out_dir . holds files prepare_data.py did not write (c, nano, out)" in str(e.value.code)
+    # a folder that only holds our dataset and a journaled killed run's leftovers is ours: no flag needed
+    mine = tmp_path / "mine"
+    run("--dataset", "files", "--path", corpus, "--out_dir", mine)
+    prepare_data.Temporary(mine, []).file.write(b"left by a killed run")
+    run("--dataset", "files", "--path", corpus, "--out_dir", mine)
+    assert sorted(p.name for p in mine.iterdir()) == sorted(["meta.json", "train.bin", "val.bin",
+                                                             *(e["file"] for e in meta["files"].values())])
+
+
+def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
+    import fcntl
+
+    out = tmp_path / "out"
+    run("--dataset", "files", "--path", write_corpus(tmp_path / "c", n=3), "--out_dir", out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    fd = os.open(out, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # what a running prepare_data.py holds
+    try:
+        with pytest.raises(SystemExit) as e:
+            run("--dataset", "files", "--path", tmp_path / "c", "--out_dir", out, "--seed", 3)
+    finally:
+        os.close(fd)
+    assert f"another prepare_data.py is writing to --out_dir {out}" in str(e.value.code)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_out_dir_os_errors_are_one_line(tmp_path):
+    corpus = write_corpus(tmp_path / "c", n=3)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for out, message in ((tmp_path / "loop", "is a symbolic link loop"),
+                         (tmp_path / "loop" / "below", "is a symbolic link loop"),
+                         (tmp_path / ("x" * 300), "a name in it is too long"),
+                         (tmp_path / "new" / ("x" * 300) / "d", "a name in it is too long")):
+        with pytest.raises(SystemExit) as e:
+            run("--dataset", "files", "--path", corpus, "--out_dir", out)
+        assert message in str(e.value.code) and "\n" not in str(e.value.code)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "loop"]  # no folder made on the way
+    (tmp_path / "taken" / "train.bin").mkdir(parents=True)  # nothing can replace it, even when allowed
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "taken", "--allow_foreign_files")
+    assert "holds a directory named train.bin" in str(e.value.code)
+    assert [p.name for p in (tmp_path / "taken").iterdir()] == ["train.bin"]
 
 
 def test_out_dir_that_is_a_file(tmp_path):
