@@ -74,11 +74,11 @@ def set_key(config, defaults, choices, key, value, source):
 
 def run_config_file(path):
     """A config file's assignments; any error in it is reported as one line naming the file and the line."""
-    if not Path(path).is_file():
-        raise UserError(f"config file {path!r} does not exist")
     try:
+        if not Path(path).is_file():
+            raise UserError(f"config file {path!r} does not exist")
         data = Path(path).read_bytes()
-    except OSError as e:
+    except OSError as e:  # permissions, a name too long, an I/O error
         raise UserError(f"config file {path} is not readable: {e.strerror}") from None
     try:
         source = data.decode("utf-8")
