@@ -23,7 +23,6 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, fields
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
