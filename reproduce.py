@@ -113,13 +113,18 @@ class Job:
 
 
 def read_result(path):
-    """A job's JSON result (a dict), or None when it is missing, unreadable or not a JSON object: a damaged result
-    counts as missing, and is measured again."""
+    """A job's JSON result, or None when it is missing, unreadable or not shaped as one (rows of an evaluation, modes
+    of a resolution, the theory's curves): a damaged result counts as missing, and is measured again."""
     try:
         result = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return result if isinstance(result, dict) else None
+    has = lambda items, *keys: isinstance(items, list) and all(isinstance(x, dict) and all(k in x for k in keys)
+                                                               for x in items)
+    shaped = isinstance(result, dict) and ("rows" in result and has(result["rows"], "ckpt", "pos", "label")
+                                           or "modes" in result and has(result["modes"], "label", "R", "R_shared")
+                                           and "pos" in result or has([result.get("rope"), result.get("xpos")], "g"))
+    return result if shaped else None
 
 
 def read_recipe(path):
@@ -334,8 +339,11 @@ def run_jobs(args, budget, jobs):
 def read_timings(path):
     """{job name: {"kind", "seconds"}}, the latest run of each job (entries of an older layout, or damaged, are
     dropped). A damaged file only costs the estimates: it is noted, and the durations are measured again."""
-    timings = read_result(path) if path.exists() else {}
-    if timings is None:
+    try:
+        timings = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, ValueError):
+        timings = None
+    if not isinstance(timings, dict):
         print(f"note: {path} is not readable JSON: the job durations (for the time estimates) start afresh")
         timings = {}
     return {name: t for name, t in timings.items() if isinstance(t, dict) and isinstance(t.get("kind"), str)
@@ -504,8 +512,7 @@ def gather(args, suffix, key_of, value_of, panels=None):
             found = [(row_name(scheme, row), key_of(row), row["ckpt"], row.get("depth"), value_of(row),
                       row["attention"] if row["rope_scaling"] == "none" else "interpolation")
                      for row in read_result(path)["rows"]]
-        except (KeyError, TypeError, AttributeError):  # damaged (read_result gives None): as if missing
-            print(f"note: {path} is damaged, left out of the tables (run reproduce.py to measure it again)")
+        except (KeyError, TypeError, AttributeError):  # damaged (read_result gives None), noted by report
             continue
         for name, key, ckpt, depth, value, panel in found:
             if key is not None:
@@ -582,7 +589,9 @@ def report(args, budget, measured=True):
     machine is this one where this run measured something, else the one the summary already names (a redraw)."""
     results = Path(args.results)
     for path in sorted((results / "raw").glob("*.json")):  # put there by hand, or before they were kept compact
-        if read_result(path) is not None:  # a damaged one is left out of the tables (gather), and measured again
+        if read_result(path) is None:  # left out of the tables (gather), and measured again by the next run
+            print(f"note: {path} is damaged, left out of the tables (run reproduce.py to measure it again)")
+        else:
             compact_raw(path)
     ran_on = None if measured else previous_machine(results / "summary.json")
     panels = {}
@@ -682,8 +691,7 @@ def gather_resolution(args, budget, m):
                 result = read_result(path)
                 found = [(scheme + mode["label"][len(result["pos"]):], what, mode[what]) for mode in result["modes"]
                          for what in ("R", "R_shared")]
-            except (KeyError, TypeError, AttributeError):
-                print(f"note: {path} is damaged, left out of the tables (run reproduce.py to measure it again)")
+            except (KeyError, TypeError, AttributeError):  # damaged, noted by report
                 continue
             for name, what, value in found:
                 values.setdefault(name, {}).setdefault(f"{what} at {m}l", []).append(value)
