@@ -143,7 +143,7 @@ def verify_checksums(ckpt, path, parts):
     bad = [k for k in parts if found.get(k) != recorded[k]]
     if bad:
         raise UserError(f"checkpoint {path} is damaged: the checksum of its {', '.join(bad)} tensors does not match "
-                        "the one recorded when it was written")
+                        "the one recorded when it was written (one edited on purpose: save it with save_checkpoint)")
 
 
 def model_config(ckpt, path):

@@ -225,10 +225,6 @@ def run(args):
             raise UserError(f"--max_dist {args.max_dist} at --head_dim {args.head_dim} is too large: the tables of "
                             f"(max_dist + 1) x head_dim/2 entries may hold at most {THEORY_ENTRIES:,} (max_dist up to "
                             f"{THEORY_ENTRIES // (args.head_dim // 2) - 1:,} here)")
-        for flag, value in (("--gamma", args.gamma), ("--scale_base", args.scale_base)):
-            if not 0 < value < math.inf and not (flag == "--scale_base" and value == math.inf):
-                raise UserError(f"--{flag[2:]} {value} is not allowed: must be a finite number > 0"
-                                + (" (or inf: no decay)" if flag == "--scale_base" else ""))
         try:
             result = theory(args.head_dim, args.gamma, args.scale_base, args.max_dist)
         except ValueError as e:

@@ -41,8 +41,8 @@ def sample(args):
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise UserError("--max_new_tokens and --num_samples must be >= 1")
     if not MIN_TEMPERATURE <= args.temperature < math.inf:  # logits / 1e-40 overflow float32, and softmax gives NaN
-        raise UserError(f"--temperature {args.temperature} is not allowed: must be a finite number >= "
-                        f"{MIN_TEMPERATURE} (use --top_k 1 for greedy decoding)")
+        raise UserError(f"--temperature {args.temperature} must be > 0: a finite number >= {MIN_TEMPERATURE} (use "
+                        "--top_k 1 for greedy decoding)")
     check_seed(args.seed)
     if args.top_k is not None and args.top_k < 1:
         raise UserError(f"--top_k {args.top_k} must be >= 1")

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import eval_extrapolate
 import prepare_data
+from common import save_checkpoint
 from conftest import CHARS, make_checkpoint
 from model import AttentionRule
 
@@ -240,7 +241,7 @@ def test_non_finite_nll_is_an_error(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     ckpt = torch.load(tmp_path / "m.pt", weights_only=True)
     ckpt["model"]["transformer.ln_f.weight"][0] = float("inf")
-    torch.save(ckpt, tmp_path / "inf.pt")
+    save_checkpoint(ckpt, tmp_path / "inf.pt")  # a checkpoint edited by hand is saved with fresh checksums
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "inf.pt", "--lengths", "4,8", "--max_len", 8)
     assert f"non-finite NLL (nan) for {tmp_path / 'inf.pt'} at length 4 in float32" in str(e.value.code)
