@@ -616,7 +616,7 @@ def train_error(argv):
     (dict(seed=10**23), f"config key seed={10**23} is not allowed"),
     (dict(xpos_scale_base=1e-30), "GPTConfig.xpos_scale_base=1e-30 is not allowed: must be >= 0.228"),
     (dict(xpos_gamma="inf"), "GPTConfig.xpos_gamma=inf is not allowed: must be a finite number > 0"),
-    (dict(rope_base="nan"), "GPTConfig.rope_base=nan is not allowed"),
+    (dict(rope_base="inf"), "GPTConfig.rope_base=inf is not allowed: must be a finite number > 1"),
 ])
 def test_seeds_and_extreme_floats_are_refused_before_any_work(data_dir, tmp_path, override, message):
     assert message in train_error(tiny_args(data_dir, tmp_path / "run", **override))
