@@ -45,12 +45,11 @@ class GPTConfig:
         def require(ok, name, allowed):
             if not ok:
                 raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} is not allowed: {allowed}")
-        is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)
-        is_num = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+        is_num = lambda x, kinds=(int, float): isinstance(x, kinds) and not isinstance(x, bool)
         require(self.pos in POSITION_SCHEMES, "pos", f"must be one of {', '.join(POSITION_SCHEMES)}")
         for name in ("vocab_size", "n_layer", "n_head", "n_embd"):
-            require(is_int(getattr(self, name)) and getattr(self, name) > 0, name, "must be a positive integer")
-        require(is_int(self.block_size) and self.block_size >= 2 and self.block_size % 2 == 0, "block_size",
+            require(is_num(getattr(self, name), int) and getattr(self, name) > 0, name, "must be a positive integer")
+        require(is_num(self.block_size, int) and self.block_size >= 2 and self.block_size % 2 == 0, "block_size",
                 "must be an even integer >= 2 (BCA works in half-blocks of block_size/2)")
         require(self.n_embd % self.n_head == 0, "n_embd", f"must be divisible by n_head={self.n_head}")
         require(self.pos not in ("rope", "xpos") or (self.n_embd // self.n_head) % 2 == 0, "n_head",
