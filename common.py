@@ -332,10 +332,10 @@ def earlier_output(path, plot):
         return False
     try:
         if plot:
+            signatures = IMAGE_SIGNATURES.get(path.suffix[1:].lower())
             with open(path, "rb") as f:
                 head = f.read(1024)
-            signatures = IMAGE_SIGNATURES.get(path.suffix[1:].lower(), (b"\0" * 1024,))  # unknown: never
-            return head.startswith(signatures) and (b"<svg" in head or path.suffix.lower() != ".svg")
+            return bool(signatures) and head.startswith(signatures) and (b"<svg" in head or path.suffix != ".svg")
         if path.stat().st_size > 1 << 30:  # no output of ours is this large
             return False
         obj = json.loads(path.read_text(encoding="utf-8"))
