@@ -476,6 +476,9 @@ def run(args):
     unknown = [s for s in only if s not in SECTIONS]
     if unknown:
         raise UserError(f"--only {args.only!r}: unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
+    for flag in ("rounds", "iters"):  # a median of no timings, a loss after no step
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag} {getattr(args, flag)} is not allowed: must be >= 1")
     device = "cpu" if args.loss_check else resolve_device(args.device)
     if "gpu" in only and not device.startswith("cuda"):
         raise UserError(f"--only gpu needs a CUDA device, got --device {device}")

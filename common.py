@@ -13,6 +13,7 @@ import signal
 import statistics
 import tempfile
 import time
+import zlib
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -32,12 +33,39 @@ class UserError(Exception):
 
 
 def save_checkpoint(obj, path):
-    """torch.save to a temporary file, then rename: a crash mid-write never leaves a truncated checkpoint."""
+    """torch.save to a temporary file, then rename: a crash mid-write never leaves a truncated checkpoint, and a
+    failed write (a full disk) is a one-line error that leaves the previous checkpoint in place. The checkpoint
+    carries a CRC-32 of each tensor-holding part (tensor_checksums), which load_checkpoint verifies."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(dict(obj, checksums=tensor_checksums(obj)), tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"could not write checkpoint {path}: {e.strerror or e}; the previous one, if any, is kept") \
+            from None
+
+
+def tensor_checksums(obj, parts=None):
+    """{part: CRC-32} over the bytes, names, dtypes and shapes of every tensor in each top-level part of obj (model,
+    optimizer, rng, ...) that holds tensors. torch.load does not check the zip's own CRCs, so a damaged record would
+    otherwise load as silently wrong weights; CRC-32 runs at about the speed of reading the bytes from memory."""
+    def crc(value, key, acc):
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous().reshape(-1)
+            acc = zlib.crc32(f"{key}:{t.dtype}:{tuple(value.shape)}".encode(), acc)
+            return zlib.crc32(t.view(torch.uint8).numpy() if t.numel() else b"", acc)
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) \
+            else ()
+        for k, v in items:
+            acc = crc(v, f"{key}.{k}", acc)
+        return acc
+
+    has_tensor = lambda v: isinstance(v, torch.Tensor) or isinstance(v, (dict, list, tuple)) and any(
+        map(has_tensor, v.values() if isinstance(v, dict) else v))
+    return {k: crc(v, k, 0) for k, v in obj.items() if (parts is None or k in parts) and has_tensor(v)}
 
 
 def keep_checkpoint(path, iter_num, keep, best):
@@ -57,13 +85,27 @@ def keep_checkpoint(path, iter_num, keep, best):
         old.unlink()
 
 
+def checkpoint_path(out_dir):
+    """out_dir/ckpt.pt, checked before any work: a path the operating system takes (no name over its limit), and no
+    directory in the checkpoint's place (which the first save would fail on, after the first evaluation)."""
+    path = Path(out_dir) / "ckpt.pt"
+    try:
+        if path.is_dir():
+            raise UserError(f"{path} is a directory, not a checkpoint: remove it or give another out_dir")
+    except OSError as e:
+        raise UserError(f"out_dir {out_dir} is not usable: {e.strerror}") from None
+    return path
+
+
 # Format 2 (this version) records the tokenizer's identity, and goes with pos="sinusoidal" models whose token
 # embeddings are scaled by sqrt(n_embd): an older sinusoidal checkpoint would be scored with the wrong input scale.
 CHECKPOINT_FORMAT = 2
 
 
-def load_checkpoint(path, map_location="cpu", mmap=False):
-    """A lex-gpt checkpoint, checked. mmap=True reads lazily: cheap for checks that do not need the weights."""
+def load_checkpoint(path, map_location="cpu", mmap=False, verify=("model",)):
+    """A lex-gpt checkpoint, checked. mmap=True reads lazily: cheap for checks that do not need the weights. verify:
+    the parts whose checksum is checked (True: every part that has one), the model's by default: a checksum reads
+    its part in full. A checkpoint from before checksums were recorded loads unchecked."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}")
@@ -77,10 +119,31 @@ def load_checkpoint(path, map_location="cpu", mmap=False):
     if not isinstance(ckpt["config"], dict) or "data_dir" not in ckpt["config"] or not isinstance(
             ckpt["model_args"], dict):
         raise UserError(f"checkpoint {path} is not a lex-gpt checkpoint (no config.data_dir, or model_args not a dict)")
+    iter_num = ckpt.get("iter_num", 0)
+    if not isinstance(iter_num, int) or isinstance(iter_num, bool) or iter_num < 0:
+        raise UserError(f"checkpoint {path} is damaged: its iter_num {iter_num!r} is not an integer >= 0")
     if ckpt["model_args"].get("pos") == "sinusoidal" and ckpt.get("format", 1) < CHECKPOINT_FORMAT:
         raise UserError(f"checkpoint {path} is a sinusoidal model from before token embeddings were scaled by "
                         "sqrt(n_embd): retrain it with this version")
+    verify_checksums(ckpt, path, verify)
     return ckpt
+
+
+def verify_checksums(ckpt, path, parts):
+    recorded = ckpt.get("checksums", {})
+    if not isinstance(recorded, dict):
+        raise UserError(f"checkpoint {path} is damaged: its checksums field is a {type(recorded).__name__}")
+    parts = [k for k in recorded if parts is True or k in parts]
+    if not parts:
+        return
+    try:
+        found = tensor_checksums(ckpt, parts)
+    except Exception as e:  # a damaged record can fail to read at all
+        raise UserError(f"checkpoint {path} is damaged: reading its tensors failed ({type(e).__name__})") from None
+    bad = [k for k in parts if found.get(k) != recorded[k]]
+    if bad:
+        raise UserError(f"checkpoint {path} is damaged: the checksum of its {', '.join(bad)} tensors does not match "
+                        "the one recorded when it was written (one edited on purpose: save it with save_checkpoint)")
 
 
 def model_config(ckpt, path):
@@ -202,11 +265,16 @@ def teardown_distributed(ddp):
 # Output files, written so that a kill never leaves one that reads as finished
 
 
+# Every JSON output carries this field, so that --json replaces a file only when it is an earlier output of ours
+OUTPUT_MARK = {"written_by": "lex-gpt"}
+
+
 def write_json(path, obj, quiet=False):
-    """Write obj as JSON in one atomic rename, so that a kill never leaves a partial file that reads as finished."""
+    """Write obj (a dict: OUTPUT_MARK is added) as JSON in one atomic rename, so that a kill never leaves a partial
+    file that reads as finished."""
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(obj, indent=1) + "\n")
+    partial.write_text(json.dumps({**OUTPUT_MARK, **obj} if isinstance(obj, dict) else obj, indent=1) + "\n")
     partial.replace(path)
     if not quiet:
         print(f"wrote {path}")
@@ -224,10 +292,18 @@ def pyplot():
     return plt
 
 
+# The first bytes of each image format matplotlib writes that --plot may replace; a file of any other format is kept
+IMAGE_SIGNATURES = {"png": (b"\x89PNG\r\n\x1a\n",), "pdf": (b"%PDF-",), "svg": (b"<?xml", b"<svg"),
+                    "svgz": (b"\x1f\x8b",), "eps": (b"%!PS",), "ps": (b"%!PS",), "jpg": (b"\xff\xd8\xff",),
+                    "jpeg": (b"\xff\xd8\xff",), "tif": (b"II*\x00", b"MM\x00*"), "tiff": (b"II*\x00", b"MM\x00*"),
+                    "webp": (b"RIFF",)}
+
+
 def output_path(path, flag, plot=False):
     """Where --flag writes, checked before any work starts: not a directory, and its folder can be created and
     written. A plot path without a suffix gets .png (matplotlib would add it silently); its format must be one
-    matplotlib can write."""
+    matplotlib can write. An existing file is replaced only when it is an earlier output of the same kind
+    (earlier_output): --json out/ckpt.pt must not turn a checkpoint into JSON."""
     if path is None:
         return None
     path = Path(path)
@@ -242,8 +318,38 @@ def output_path(path, flag, plot=False):
         plt.close(figure)
         if path.suffix[1:].lower() not in formats:
             raise UserError(f"{flag} {path}: matplotlib cannot write {path.suffix} files; use .png, .pdf or .svg")
+    if (path.exists() or path.is_symlink()) and not earlier_output(path, plot):
+        raise UserError(f"{flag} {path} exists and is not an earlier {'plot' if plot else 'JSON output'} of "
+                        "lex-gpt: refusing to replace it; give a new file name, or remove it first")
     writable_dir(path.parent, flag)
     return path
+
+
+def earlier_output(path, plot):
+    """Whether the file at path is one this project wrote: JSON carrying OUTPUT_MARK, or an image whose first bytes
+    are its format's signature (IMAGE_SIGNATURES). Anything else, a symlink included, is not."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        if plot:
+            signatures = IMAGE_SIGNATURES.get(path.suffix[1:].lower())
+            with open(path, "rb") as f:
+                head = f.read(1024)
+            return bool(signatures) and head.startswith(signatures) and (b"<svg" in head or path.suffix != ".svg")
+        if path.stat().st_size > 1 << 30:  # no output of ours is this large
+            return False
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON
+        return False
+    return isinstance(obj, dict) and all(obj.get(k) == v for k, v in OUTPUT_MARK.items())
+
+
+def check_seed(seed, flag="--seed"):
+    """A seed both torch.manual_seed and numpy's SeedSequence take, or a one-line error (numpy refuses negative
+    seeds, torch those of 2^64 and over; 2^63 leaves room for the seed + rank of each process)."""
+    if not (isinstance(seed, int) and 0 <= seed < 2**63):
+        raise UserError(f"{flag} {seed} is not allowed: must be an integer from 0 to 2**63 - 1")
+    return seed
 
 
 def open_log(path, start_iter):

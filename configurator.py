@@ -29,6 +29,7 @@ NON_NEGATIVE = (finite(0), "a finite number >= 0")
 FRACTION = (finite(0, 1), "in [0, 1)")
 COUNT = (lambda v: v >= 0, "an integer >= 0")
 AT_LEAST_ONE = (lambda v: v >= 1, "an integer >= 1")
+SEED = (lambda v: 0 <= v < 2**63, "an integer from 0 to 2**63 - 1 (numpy takes no negative seed, torch none >= 2**64)")
 
 
 def configure(defaults, argv, choices=None, limits=None):
@@ -73,9 +74,12 @@ def set_key(config, defaults, choices, key, value, source):
 
 def run_config_file(path):
     """A config file's assignments; any error in it is reported as one line naming the file and the line."""
-    if not Path(path).is_file():
-        raise UserError(f"config file {path!r} does not exist")
-    data = Path(path).read_bytes()
+    try:
+        if not Path(path).is_file():
+            raise UserError(f"config file {path!r} does not exist")
+        data = Path(path).read_bytes()
+    except OSError as e:  # permissions, a name too long, an I/O error
+        raise UserError(f"config file {path} is not readable: {e.strerror}") from None
     try:
         source = data.decode("utf-8")
     except UnicodeDecodeError as e:

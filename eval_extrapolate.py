@@ -176,7 +176,8 @@ def check_args(args):
     if args.protocol == "lex" and lengths[-1] > max_len:
         raise UserError(f"length {lengths[-1]} is above --max_len {max_len}: the lex protocol cuts each document's "
                         "first max_len tokens into segments")
-    if args.spans not in ("first", "all") and not (args.spans.isdigit() and int(args.spans) >= 1):
+    if args.spans not in ("first", "all") and not (args.spans.isascii() and args.spans.isdigit()
+                                                      and int(args.spans) >= 1):  # isdigit() alone takes "²"
         raise UserError(f"--spans {args.spans!r} is not allowed: first, all, or a whole number >= 1")
     if args.spans != "first" and args.protocol != "lex":
         raise UserError(f"--spans {args.spans} applies to the lex protocol only, not --protocol {args.protocol}")

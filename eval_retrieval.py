@@ -34,8 +34,8 @@ import sys
 import numpy as np
 import torch
 
-from common import (UserError, autocast, load_checkpoint, load_model, model_config, output_path, pyplot, resolve_device,
-                    resolve_dtype, write_json)
+from common import (UserError, autocast, check_seed, load_checkpoint, load_model, model_config, output_path, pyplot,
+                    resolve_device, resolve_dtype, write_json)
 from data import checkpoint_dataset, passkey_document, passkey_parts, read_tokens, tokenizer_from_meta
 from evaluation import (RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure, default_batch_tokens,
                         finish_curves, learned_length_check, plan_runs, rule_fields, rule_label, save_figure)
@@ -264,8 +264,9 @@ def evaluate(args):
     if args.span < 2 or args.sequences < 1:
         raise UserError(f"--span {args.span} and --sequences {args.sequences}: span must be >= 2 (the second copy's "
                         "tokens after its first are scored), sequences >= 1")
+    check_seed(args.seed)
     depths = parse_list(args.depths, "--depths", float, [0.0, 0.25, 0.5, 0.75, 1.0])
-    if depths[0] < 0 or depths[-1] > 1:
+    if not all(0 <= d <= 1 for d in depths):  # (NaN fails both comparisons)
         raise UserError(f"--depths {args.depths!r} must lie in [0, 1] (0: the key first, 1: just before the question)")
     json_path, plot_path = output_path(args.json, "--json"), output_path(args.plot, "--plot", plot=True)
     rules, scalings = attention_options(args, several=True)

@@ -44,21 +44,21 @@ class GPTConfig:
         def require(ok, name, allowed):
             if not ok:
                 raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} is not allowed: {allowed}")
-
-        is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)
-        is_num = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+        is_num = lambda x, kinds=(int, float): isinstance(x, kinds) and not isinstance(x, bool)
         require(self.pos in POSITION_SCHEMES, "pos", f"must be one of {', '.join(POSITION_SCHEMES)}")
         for name in ("vocab_size", "n_layer", "n_head", "n_embd"):
-            require(is_int(getattr(self, name)) and getattr(self, name) > 0, name, "must be a positive integer")
-        require(is_int(self.block_size) and self.block_size >= 2 and self.block_size % 2 == 0, "block_size",
+            require(is_num(getattr(self, name), int) and getattr(self, name) > 0, name, "must be a positive integer")
+        require(is_num(self.block_size, int) and self.block_size >= 2 and self.block_size % 2 == 0, "block_size",
                 "must be an even integer >= 2 (BCA works in half-blocks of block_size/2)")
         require(self.n_embd % self.n_head == 0, "n_embd", f"must be divisible by n_head={self.n_head}")
         require(self.pos not in ("rope", "xpos") or (self.n_embd // self.n_head) % 2 == 0, "n_head",
                 f"rope and xpos rotate pairs, so the head dim n_embd/n_head={self.n_embd}/{self.n_head} must be even")
         require(is_num(self.dropout) and 0 <= self.dropout < 1, "dropout", "must be a number in [0, 1)")
-        for name, low in (("rope_base", 1), ("xpos_gamma", 0), ("xpos_scale_base", 0)):
-            require(is_num(getattr(self, name)) and getattr(self, name) > low, name, f"must be a number > {low}"
-                    + (" (inf turns the decay off)" if name == "xpos_scale_base" else ""))
+        for name, low in (("rope_base", 1), ("xpos_gamma", 0), ("xpos_scale_base", 0)):  # inf: no decay, only here
+            require(is_num(v := getattr(self, name)) and low < v and (v < math.inf or name == "xpos_scale_base"), name,
+                    f"must be a finite number > {low}" + (" or inf (no decay)" if name == "xpos_scale_base" else ""))
+        require((least := self.block_size * math.log1p(1 / self.xpos_gamma) / 88) <= self.xpos_scale_base or self.pos
+                != "xpos", "xpos_scale_base", f"must be >= {least:.3g} at this block_size (float32 overflows below)")
         for name in ("bias", "xpos_rotate"):
             require(isinstance(getattr(self, name), bool), name, "must be True or False")
 

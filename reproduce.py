@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import UserError, load_checkpoint, write_json
+from common import UserError, earlier_output, load_checkpoint, writable_dir, write_json
 
 PY = sys.executable
 HERE = Path(__file__).resolve().parent  # the scripts and config files; data, runs and results are under the cwd
@@ -106,9 +106,25 @@ class Job:
             return self.output.exists() and load_checkpoint(self.output, mmap=True)["iter_num"] >= max_iters
         if self.kind == "report":
             return False  # cheap: always redrawn from whatever is finished
-        # as make does: a result older than one of its checkpoints (a run trained again) is measured again
+        # as make does: a result older than one of its checkpoints (a run trained again) is measured again, and so
+        # is one that does not read as a result (damaged): as if missing
         return self.output.exists() and all(self.output.stat().st_mtime >= p.stat().st_mtime for p in self.inputs
-                                            if p.exists())
+                                            if p.exists()) and (self.kind == "prepare" or read_result(self.output))
+
+
+def read_result(path):
+    """A job's JSON result, or None when it is missing, unreadable or not shaped as one (rows of an evaluation, modes
+    of a resolution, the theory's curves): a damaged result counts as missing, and is measured again."""
+    try:
+        result = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    has = lambda items, *keys: isinstance(items, list) and all(isinstance(x, dict) and all(k in x for k in keys)
+                                                               for x in items)
+    shaped = isinstance(result, dict) and ("rows" in result and has(result["rows"], "ckpt", "pos", "label")
+                                           or "modes" in result and has(result["modes"], "label", "R", "R_shared")
+                                           and "pos" in result or has([result.get("rope"), result.get("xpos")], "g"))
+    return result if shaped else None
 
 
 def read_recipe(path):
@@ -297,6 +313,9 @@ def run_jobs(args, budget, jobs):
         else:
             command = job.command[1:]
             resumed_at = 0
+            if job.kind not in ("train", "prepare") and job.output.exists() and not earlier_output(job.output,
+                                                                                                      plot=False):
+                job.output.unlink()  # damaged, or from before outputs were marked: the script replaces only its own
             if job.kind == "train" and job.output.exists():  # stopped before max_iters: go on from its checkpoint
                 command = command + ["--init_from=resume"]
                 resumed_at = load_checkpoint(job.output, mmap=True)["iter_num"]
@@ -318,9 +337,17 @@ def run_jobs(args, budget, jobs):
 
 
 def read_timings(path):
-    """{job name: {"kind", "seconds"}}, the latest run of each job (entries of an older layout are dropped)."""
-    timings = json.loads(path.read_text()) if path.exists() else {}
-    return {name: t for name, t in timings.items() if isinstance(t, dict)}
+    """{job name: {"kind", "seconds"}}, the latest run of each job (entries of an older layout, or damaged, are
+    dropped). A damaged file only costs the estimates: it is noted, and the durations are measured again."""
+    try:
+        timings = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, ValueError):
+        timings = None
+    if not isinstance(timings, dict):
+        print(f"note: {path} is not readable JSON: the job durations (for the time estimates) start afresh")
+        timings = {}
+    return {name: t for name, t in timings.items() if isinstance(t, dict) and isinstance(t.get("kind"), str)
+            and isinstance(t.get("seconds"), (int, float))}
 
 
 def expected_seconds(job, timings, budget):
@@ -481,13 +508,18 @@ def gather(args, suffix, key_of, value_of, panels=None):
         path = Path(args.results) / "raw" / f"{scheme}{suffix}"
         if not path.exists():
             continue
-        for row in json.loads(path.read_text())["rows"]:
-            name, key = row_name(scheme, row), key_of(row)
+        try:
+            found = [(row_name(scheme, row), key_of(row), row["ckpt"], row.get("depth"), value_of(row),
+                      row["attention"] if row["rope_scaling"] == "none" else "interpolation")
+                     for row in read_result(path)["rows"]]
+        except (KeyError, TypeError, AttributeError):  # damaged (read_result gives None), noted by report
+            continue
+        for name, key, ckpt, depth, value, panel in found:
             if key is not None:
                 # one value per checkpoint (and passkey depth): a repeat row per distance repeats its effective context
-                values.setdefault(name, {}).setdefault(key, {})[row["ckpt"], row.get("depth")] = value_of(row)
+                values.setdefault(name, {}).setdefault(key, {})[ckpt, depth] = value
             if panels is not None:
-                panels[name] = row["attention"] if row["rope_scaling"] == "none" else "interpolation"
+                panels[name] = panel
     return {name: {key: spread(list(v.values())) for key, v in by_key.items()} for name, by_key in values.items()}
 
 
@@ -557,7 +589,10 @@ def report(args, budget, measured=True):
     machine is this one where this run measured something, else the one the summary already names (a redraw)."""
     results = Path(args.results)
     for path in sorted((results / "raw").glob("*.json")):  # put there by hand, or before they were kept compact
-        compact_raw(path)
+        if read_result(path) is None:  # left out of the tables (gather), and measured again by the next run
+            print(f"note: {path} is damaged, left out of the tables (run reproduce.py to measure it again)")
+        else:
+            compact_raw(path)
     ran_on = None if measured else previous_machine(results / "summary.json")
     panels = {}
     ppl = gather(args, ".ppl.json", lambda r: r["length"], lambda r: r["ppl"], panels)
@@ -652,11 +687,14 @@ def gather_resolution(args, budget, m):
             path = Path(args.results) / "raw" / f"{run}.resolution{m}.json"
             if passkey or not path.exists():
                 continue
-            result = json.loads(path.read_text())
-            for mode in result["modes"]:
-                name = scheme + mode["label"][len(result["pos"]):]
-                for what in ("R", "R_shared"):
-                    values.setdefault(name, {}).setdefault(f"{what} at {m}l", []).append(mode[what])
+            try:
+                result = read_result(path)
+                found = [(scheme + mode["label"][len(result["pos"]):], what, mode[what]) for mode in result["modes"]
+                         for what in ("R", "R_shared")]
+            except (KeyError, TypeError, AttributeError):  # damaged, noted by report
+                continue
+            for name, what, value in found:
+                values.setdefault(name, {}).setdefault(f"{what} at {m}l", []).append(value)
     return {name: {key: spread(v) for key, v in by_key.items()} for name, by_key in values.items()}
 
 
@@ -704,7 +742,7 @@ def main(argv=None):
             if not Path(args.results, "raw").is_dir():
                 raise UserError(f"--report: {Path(args.results, 'raw')} does not exist; nothing to draw from")
             return report(args, budget, measured=False)
-        Path(args.results, "raw").mkdir(parents=True, exist_ok=True)
+        writable_dir(Path(args.results, "raw"), "--results")
         run_jobs(args, budget, tune_plan(args, budget) if args.tune else plan(args, budget))
     except UserError as e:
         sys.exit(f"reproduce.py: error: {e}")

@@ -42,8 +42,14 @@ def resolution(curve):
 # Theory: Eq. 8, g_zeta[n] = sum_j cos(n theta_j) zeta_j^(n / scale_base), with model.py's theta and zeta.
 
 
+# the theory's float64 tables, (max_dist + 1) x head_dim/2: at most 2^25 entries (256 MB each)
+THEORY_ENTRIES = 2**25
+
+
 def theory(head_dim, gamma, scale_base, max_dist):
-    config = GPTConfig(n_head=1, n_embd=head_dim, pos="xpos", xpos_gamma=gamma, xpos_scale_base=scale_base)
+    # block_size 2: the curves have no training length; GPTConfig's float32 bound on scale_base is for training
+    config = GPTConfig(block_size=2, n_head=1, n_embd=head_dim, pos="xpos", xpos_gamma=gamma,
+                       xpos_scale_base=scale_base)
     table = PositionTable(config, 1)
     theta, zeta = table.theta.double(), table.zeta.double()
     n = torch.arange(max_dist + 1, dtype=torch.float64)[:, None]
@@ -216,6 +222,10 @@ def run(args):
     if args.theory:
         if args.head_dim < 2 or args.head_dim % 2 or args.max_dist < 1:
             raise UserError("--head_dim must be even and >= 2, --max_dist >= 1")
+        if (args.max_dist + 1) * args.head_dim // 2 > THEORY_ENTRIES:
+            raise UserError(f"--max_dist {args.max_dist} at --head_dim {args.head_dim} is too large: the tables of "
+                            f"(max_dist + 1) x head_dim/2 entries may hold at most {THEORY_ENTRIES:,} (max_dist up to "
+                            f"{THEORY_ENTRIES // (args.head_dim // 2) - 1:,} here)")
         try:
             result = theory(args.head_dim, args.gamma, args.scale_base, args.max_dist)
         except ValueError as e:

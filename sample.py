@@ -10,14 +10,17 @@ those instead (model.py's AttentionRule and RopeScaling).
 """
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 import torch
 
-from common import UserError, autocast, load_model, resolve_device, resolve_dtype
+from common import UserError, autocast, check_seed, load_model, resolve_device, resolve_dtype
 from data import checkpoint_dataset, tokenizer_from_meta
 from evaluation import add_checkpoint_args, attention_options, check_rule, learned_length_check, pointless
+
+MIN_TEMPERATURE = 1e-4  # logits / temperature stays within float32 for logits up to 10^34
 
 
 def read_prompt(path):
@@ -29,18 +32,24 @@ def read_prompt(path):
         raise UserError(f"--start FILE:{path} is a directory") from None
     except UnicodeDecodeError as e:
         raise UserError(f"--start FILE:{path} is not UTF-8 text (byte {e.start}): give a text file") from None
+    except OSError as e:  # unreadable: permissions, a name too long, an I/O error
+        raise UserError(f"--start FILE:{path} is not readable: {e.strerror}") from None
 
 
 def sample(args):
     device = resolve_device(args.device)
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise UserError("--max_new_tokens and --num_samples must be >= 1")
-    if not args.temperature > 0:
-        raise UserError(f"--temperature {args.temperature} must be > 0 (use --top_k 1 for greedy decoding)")
+    if not MIN_TEMPERATURE <= args.temperature < math.inf:  # logits / 1e-40 overflow float32, and softmax gives NaN
+        raise UserError(f"--temperature {args.temperature} must be > 0: a finite number >= {MIN_TEMPERATURE} (use "
+                        "--top_k 1 for greedy decoding)")
+    check_seed(args.seed)
     if args.top_k is not None and args.top_k < 1:
         raise UserError(f"--top_k {args.top_k} must be >= 1")
     (rule,), (scaling,) = attention_options(args)
     model, ckpt = load_model(args.ckpt, device)
+    if not all(torch.isfinite(p).all() for p in model.parameters()):
+        raise UserError(f"checkpoint {args.ckpt} holds non-finite weights (inf or NaN): it cannot be sampled from")
     why = pointless(model.config, rule, scaling)
     if why:
         raise UserError(f"{args.ckpt}: {why}")
@@ -55,8 +64,15 @@ def sample(args):
     x = torch.tensor([ids], dtype=torch.long, device=device)
     with torch.no_grad(), autocast(device, resolve_dtype(args.dtype, device)):
         for k in range(args.num_samples):
-            y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, attention=rule,
-                               rope_scaling=scaling)
+            try:
+                y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, attention=rule,
+                                   rope_scaling=scaling)
+            except RuntimeError as e:  # finite weights can still overflow: torch.multinomial refuses NaN
+                if "probability tensor" not in str(e):
+                    raise
+                raise UserError(f"{args.ckpt}: the next-token probabilities are not finite (inf or NaN) in "
+                                f"{resolve_dtype(args.dtype, device)}: try --dtype float32 or a higher --temperature") \
+                    from None
             print(tokenizer.decode(y[0].tolist()))
             print("-" * 40 if k + 1 < args.num_samples else "", flush=True)
 

@@ -23,17 +23,16 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, fields
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (CHECKPOINT_FORMAT, DTYPES, UserError, all_reduce_sum, autocast, catch_stop_signals,
+from common import (CHECKPOINT_FORMAT, DTYPES, UserError, all_reduce_sum, autocast, catch_stop_signals, checkpoint_path,
                     keep_checkpoint, load_checkpoint, load_weights, model_config, open_log, peak_flops, resolve_dtype,
                     save_checkpoint, setup_distributed, teardown_distributed, train_flops_per_token, writable_dir)
-from configurator import AT_LEAST_ONE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE, configure
+from configurator import AT_LEAST_ONE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, configure
 from data import check_tokenizer, get_batch, load_meta, read_tokens, sample_offsets, tokenizer_identity
 from model import GPT, GPTConfig
 
@@ -74,7 +73,7 @@ CHOICES = dict(init_from=("scratch", "resume"), lr_schedule=("cosine", "polynomi
 LIMITS = dict(  # numeric keys, checked once the whole configuration is known
     learning_rate=POSITIVE, min_lr=NON_NEGATIVE, weight_decay=NON_NEGATIVE, beta1=FRACTION, beta2=FRACTION,
     adam_eps=POSITIVE, grad_clip=(NON_NEGATIVE[0], "a finite number >= 0 (0 disables clipping)"), lr_power=POSITIVE,
-    checkpoint_minutes=NON_NEGATIVE, ddp_timeout_minutes=POSITIVE,
+    checkpoint_minutes=NON_NEGATIVE, ddp_timeout_minutes=POSITIVE, seed=SEED,
     **dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "keep_checkpoints"), COUNT),
     **dict.fromkeys(("eval_interval", "eval_iters", "log_interval", "batch_size", "gradient_accumulation_steps"),
                     AT_LEAST_ONE),
@@ -132,7 +131,7 @@ def setup(c):
     dtype = resolve_dtype(c["dtype"], device)
     run = SimpleNamespace(ddp=ddp, rank=rank, world=world, device=device, device_type=device.split(":")[0],
                           master=rank == 0, micro_steps=c["gradient_accumulation_steps"] // world, dtype=dtype,
-                          ctx=autocast(device, dtype), ckpt_path=Path(c["out_dir"]) / "ckpt.pt",
+                          ctx=autocast(device, dtype), ckpt_path=checkpoint_path(c["out_dir"]),
                           global_batch=c["batch_size"] * c["gradient_accumulation_steps"], wandb=None)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -156,7 +155,7 @@ def setup(c):
             raise UserError(f"{run.ckpt_path} exists on {seen} of {world} processes: out_dir (and data_dir) must be "
                             "on a filesystem every node shares")
     # memory-mapped: the ranks of a node share one copy of the file in the page cache instead of each holding it
-    ckpt = load_checkpoint(run.ckpt_path, mmap=True) if c["init_from"] == "resume" else None
+    ckpt = load_checkpoint(run.ckpt_path, mmap=True, verify=True) if c["init_from"] == "resume" else None
     if ckpt:  # a training checkpoint for this dataset's tokenizer, whose architecture wins over the config's
         missing = [k for k in ("optimizer", "scaler", "iter_num", "best_val_loss", "rng") if k not in ckpt]
         if missing:

@@ -86,3 +86,10 @@ def test_loss_check_trains_both_precisions(tiny_bench, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--loss_check", "--data_dir", str(tmp_path / "none")])
     assert "is not prepared" in str(e.value.code)
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "0"], ["--rounds", "-2"], ["--loss_check", "--iters", "0"]])
+def test_no_rounds_or_no_iterations_is_one_line(argv, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        bench.main([*argv, "--data_dir", str(tmp_path), "--json", str(tmp_path / "b.json")])
+    assert e.value.code == f"bench.py: error: {argv[-2]} {argv[-1]} is not allowed: must be >= 1"

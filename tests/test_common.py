@@ -109,3 +109,79 @@ def test_cpu_peak_flops_is_measured_once_and_never_an_mfu_peak():
     assert 1e8 < peak < 1e14 and common.cpu_matmul_flops("float32") == peak
     assert common.cpu_matmul_flops.cache_info().hits == 1
     assert common.peak_flops("cpu", "float32") is None and common.peak_flops("mps", "float32") is None
+
+
+def damage_record(path, record="data/0", at=5):
+    """Flip one bit inside a zip record of a torch checkpoint, leaving the zip readable (torch.load skips the CRCs)."""
+    import struct
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("/" + record))
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26: info.header_offset + 30])
+    raw[info.header_offset + 30 + name_len + extra_len + at] ^= 0x40
+    path.write_bytes(bytes(raw))
+
+
+def test_a_damaged_tensor_record_is_refused_and_an_old_checkpoint_still_loads(tmp_path):
+    data = dataset(tmp_path / "a")
+    make_checkpoint(tmp_path / "m.pt", data)
+    old = {k: v for k, v in torch.load(tmp_path / "m.pt", weights_only=True).items() if k != "checksums"}
+    torch.save(old, tmp_path / "old.pt")  # as written before checksums were recorded
+    common.load_model(tmp_path / "old.pt")
+    common.load_model(tmp_path / "m.pt")
+    damage_record(tmp_path / "m.pt")
+    assert "is damaged: the checksum of its model tensors does not match" in error(common.load_model,
+                                                                                   tmp_path / "m.pt")
+
+
+def test_checkpoint_iter_num_must_be_an_integer(tmp_path):
+    data = dataset(tmp_path / "a")
+    make_checkpoint(tmp_path / "m.pt", data)
+    torch.save(dict(torch.load(tmp_path / "m.pt", weights_only=True), iter_num="20"), tmp_path / "s.pt")
+    assert "its iter_num '20' is not an integer >= 0" in error(common.load_checkpoint, tmp_path / "s.pt")
+
+
+def test_a_failed_checkpoint_write_is_one_line_and_keeps_the_previous(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    common.save_checkpoint({"model": {"w": torch.ones(3)}}, path)
+    before = path.read_bytes()
+
+    def disk_full(obj, f):
+        open(f, "wb").write(b"half")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(common.torch, "save", disk_full)
+    message = error(common.save_checkpoint, {"model": {"w": torch.zeros(3)}}, path)
+    assert "could not write checkpoint" in message and "No space left on device" in message
+    assert path.read_bytes() == before and not (tmp_path / "ckpt.pt.tmp").exists()
+
+
+def test_checkpoint_path_is_checked_before_any_work(tmp_path):
+    assert common.checkpoint_path(tmp_path / "run") == tmp_path / "run" / "ckpt.pt"
+    (tmp_path / "d" / "ckpt.pt").mkdir(parents=True)
+    assert "ckpt.pt is a directory" in error(common.checkpoint_path, tmp_path / "d")
+    assert "File name too long" in error(common.checkpoint_path, tmp_path / ("x" * 300))
+
+
+def test_outputs_replace_only_earlier_outputs_of_their_kind(tmp_path):
+    data = dataset(tmp_path / "a")
+    make_checkpoint(tmp_path / "ckpt.pt", data)
+    checkpoint = (tmp_path / "ckpt.pt").read_bytes()
+    assert "exists and is not an earlier JSON output" in error(common.output_path, tmp_path / "ckpt.pt", "--json")
+    assert (tmp_path / "ckpt.pt").read_bytes() == checkpoint
+    (tmp_path / "theirs.json").write_text('{"rows": []}')  # JSON, but not ours
+    assert "is not an earlier JSON output" in error(common.output_path, tmp_path / "theirs.json", "--json")
+    common.write_json(tmp_path / "ours.json", {"rows": []}, quiet=True)
+    assert common.output_path(tmp_path / "ours.json", "--json") == tmp_path / "ours.json"
+    plt = common.pyplot()
+    plt.figure().savefig(tmp_path / "ours.png")
+    assert common.output_path(tmp_path / "ours.png", "--plot", plot=True) == tmp_path / "ours.png"
+    (tmp_path / "notes.png").write_text("my notes")
+    assert "is not an earlier plot" in error(common.output_path, tmp_path / "notes.png", "--plot", plot=True)
+    os.symlink(tmp_path / "ours.json", tmp_path / "link.json")
+    assert "is not an earlier JSON output" in error(common.output_path, tmp_path / "link.json", "--json")
+
+
+@pytest.mark.parametrize("seed", [-1, 10**23, 2**63])
+def test_seeds_outside_what_torch_and_numpy_take_are_refused(seed):
+    assert f"--seed {seed} is not allowed: must be an integer from 0 to 2**63 - 1" in error(common.check_seed, seed)

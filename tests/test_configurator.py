@@ -52,3 +52,22 @@ def test_errors_name_the_key_or_the_line(tmp_path, argv, files, message):
 def test_a_limit_is_checked_on_the_final_value(tmp_path):
     assert config(tmp_path, "--lr=-1", "--lr=0.5")["lr"] == 0.5
     assert FRACTION[0](0.0) and not FRACTION[0](1.0) and not FRACTION[0](float("nan"))
+
+
+def test_an_unreadable_config_file_is_one_line(tmp_path, monkeypatch):
+    import pathlib
+    (tmp_path / "a.py").write_text("n_layer = 2\n")
+
+    def refuse(self):  # a file mode 000 (root reads through it)
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(pathlib.Path, "read_bytes", refuse)
+    assert error(tmp_path, "{tmp}/a.py") == f"config file {tmp_path}/a.py is not readable: Permission denied"
+    monkeypatch.undo()
+    assert "is not readable: File name too long" in error(tmp_path, "{tmp}/" + "x" * 300 + ".py")
+
+
+def test_seed_limit():
+    from configurator import SEED
+    assert "seed=-1 is not allowed" in str(pytest.raises(UserError, configure, dict(seed=1), ["--seed=-1"],
+                                                         None, dict(seed=SEED)).value)
+    assert configure(dict(seed=1), ["--seed=7"], None, dict(seed=SEED))["seed"] == 7

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import eval_extrapolate
 import prepare_data
+from common import save_checkpoint
 from conftest import CHARS, make_checkpoint
 from model import AttentionRule
 
@@ -79,6 +80,7 @@ def test_lex_every_span_by_hand(tiny_data, tmp_path):
     (("--spans", "9"), "--spans 9: the validation text has only 8 whole spans"),
     (("--spans", "0"), "--spans '0' is not allowed: first, all, or a whole number >= 1"),
     (("--spans", "some"), "--spans 'some' is not allowed"),
+    (("--spans", "²"), "--spans '²' is not allowed"),  # str.isdigit() takes it, int() does not
     (("--spans", "all", "--protocol", "chunks"), "--spans all applies to the lex protocol only"),
 ])
 def test_spans_errors(tiny_data, tmp_path, capsys, argv, message):
@@ -240,7 +242,7 @@ def test_non_finite_nll_is_an_error(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     ckpt = torch.load(tmp_path / "m.pt", weights_only=True)
     ckpt["model"]["transformer.ln_f.weight"][0] = float("inf")
-    torch.save(ckpt, tmp_path / "inf.pt")
+    save_checkpoint(ckpt, tmp_path / "inf.pt")  # a checkpoint edited by hand is saved with fresh checksums
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "inf.pt", "--lengths", "4,8", "--max_len", 8)
     assert f"non-finite NLL (nan) for {tmp_path / 'inf.pt'} at length 4 in float32" in str(e.value.code)
@@ -348,3 +350,31 @@ def test_plot_positions(tiny_data, tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--plot_positions", tmp_path)
     assert f"--plot_positions {tmp_path} is a directory" in str(e.value.code)
+
+
+def test_outputs_never_replace_a_file_that_is_not_an_earlier_output(tiny_data, tmp_path, monkeypatch, capsys):
+    """--json onto the checkpoint itself used to turn it into JSON, exit 0; an earlier output is replaced."""
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    checkpoint = (tmp_path / "m.pt").read_bytes()
+    (tmp_path / "mine.png").write_text("not a picture")
+    monkeypatch.setattr(eval_extrapolate, "score", None)  # any scoring would fail with a TypeError
+    for flag, path, kind in (("--json", "m.pt", "JSON output"), ("--plot", "mine.png", "plot"),
+                             ("--plot_positions", "mine.png", "plot")):
+        with pytest.raises(SystemExit) as e:
+            run("--ckpt", tmp_path / "m.pt", "--lengths", "8", flag, tmp_path / path)
+        assert f"{flag} {tmp_path / path} exists and is not an earlier {kind} of lex-gpt" in str(e.value.code)
+    assert (tmp_path / "m.pt").read_bytes() == checkpoint
+    monkeypatch.undo()
+    for _ in range(2):  # the second run replaces the first's outputs
+        run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--json", tmp_path / "r.json", "--plot", tmp_path / "r.png")
+    assert json.loads((tmp_path / "r.json").read_text())["written_by"] == "lex-gpt"
+
+
+def test_a_damaged_checkpoint_is_refused_before_scoring(tiny_data, tmp_path, monkeypatch):
+    from test_common import damage_record
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    damage_record(tmp_path / "m.pt")
+    monkeypatch.setattr(eval_extrapolate, "score", None)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--lengths", "8")
+    assert "m.pt is damaged: the checksum of its model tensors does not match" in str(e.value.code)

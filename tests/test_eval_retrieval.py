@@ -195,3 +195,16 @@ def test_passkey_probe_json_table_and_heatmap(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "m.pt", "--probe", "passkey", "--depths", "0,1.5")
     assert "--depths '0,1.5' must lie in [0, 1]" in str(e.value.code)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seed", "-1"], "--seed -1 is not allowed: must be an integer from 0 to 2**63 - 1"),
+    (["--seed", str(10**23)], f"--seed {10**23} is not allowed"),
+    (["--probe", "passkey", "--depths", "nan"], "--depths 'nan' must lie in [0, 1]"),
+    (["--probe", "passkey", "--depths", "0.5,nan"], "--depths '0.5,nan' must lie in [0, 1]"),
+])
+def test_seeds_and_non_finite_depths_are_one_line_errors(tiny_data, tmp_path, argv, message):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--sequences", 1, *argv)
+    assert message in str(e.value.code)

@@ -242,3 +242,52 @@ def test_results_pages_match_the_committed_summary():
             assert line in tables.splitlines(), f"{page} row not in the tables drawn from summary.json: {line}"
         for number in re.findall(r"(?<![\d.])\d+\.\d+(?![\d.])", section):
             assert number in cells, f"{page} number {number} is not in results/char/summary.json's tables"
+
+
+@pytest.mark.parametrize("results, message", [
+    ("/etc/hostname", "--results /etc/hostname/raw: it (or a folder above it) is a file, not a directory"),
+    ("/proc/lex-gpt-results", "--results /proc/lex-gpt-results/raw is not writable"),  # root writes anywhere else
+])
+def test_results_that_cannot_be_written_are_one_line(tmp_path, results, message):
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--budget", "toy", "--schemes", "learned", "--results", results, "--runs", str(tmp_path),
+                        "--data", str(tmp_path / "data"), "--plan"])
+    assert e.value.code == f"reproduce.py: error: {message}" if "hostname" in results else message in e.value.code
+
+
+def test_a_damaged_result_counts_as_missing(tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    ckpt.write_bytes(b"")
+    output = tmp_path / "raw" / "rope.ppl.json"
+    output.parent.mkdir()
+    job = reproduce.Job("perplexity rope", "extrapolate", output, inputs=[ckpt])
+    for damaged in ("{", "[]", '{"rows": 3}', '{"rows": [{"x": 1}]}'):
+        output.write_text(damaged)  # newer than its checkpoint
+        assert not job.done() and reproduce.read_result(output) is None
+    output.write_text(json.dumps({"rows": [{"ckpt": "c", "pos": "rope", "label": "rope"}]}))
+    assert job.done()
+
+
+def test_report_leaves_a_damaged_result_out_and_a_damaged_timings_file_is_a_note(tmp_path, capsys):
+    shutil.copytree(ROOT / "results" / "char", tmp_path / "char")
+    (tmp_path / "char" / "raw" / "rope.ppl.json").write_text('{"rows": [')  # cut short
+    (tmp_path / "char" / "timings.json").write_text("{not json")
+    reproduce.main(["--report", "--results", str(tmp_path / "char")])
+    out = capsys.readouterr().out
+    assert "rope.ppl.json is damaged, left out of the tables" in out and "timings.json is not readable JSON" in out
+    summary = json.loads((tmp_path / "char" / "summary.json").read_text())
+    assert "rope" not in summary["perplexity"] and "alibi" in summary["perplexity"]
+    assert reproduce.read_timings(tmp_path / "char" / "timings.json") == {}
+
+
+@pytest.mark.slow
+def test_a_damaged_result_newer_than_its_checkpoints_is_measured_again(toy_study):
+    tmp, _ = toy_study
+    raw = tmp / "results" / "raw"
+    (raw / "learned.repeat.json").write_text("{ damaged")
+    (tmp / "results" / "timings.json").write_text("[")
+    again = study(tmp)
+    assert again.returncode == 0, again.stderr
+    ran = [line.split("] ")[1].split(" (")[0] for line in again.stdout.splitlines() if line.startswith("[")]
+    assert ran == ["repeat probe learned", "tables and plots"] and "timings.json is not readable JSON" in again.stdout
+    assert reproduce.read_result(raw / "learned.repeat.json")["rows"]

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import resolution
+from common import save_checkpoint
 from conftest import make_checkpoint
 from model import AttentionRule, PositionTable, RopeScaling, alibi_slopes
 
@@ -78,7 +79,7 @@ def test_theory_rope_curve_is_a_cosine_sum(tmp_path):
     out = tmp_path / "theory.json"
     resolution.main(["--theory", "--head_dim", "16", "--max_dist", "300", "--json", str(out)])
     result = json.loads(out.read_text())
-    assert set(result) == {"rope", "xpos", "head_dim", "gamma", "scale_base"}
+    assert set(result) == {"rope", "xpos", "head_dim", "gamma", "scale_base", "written_by"}  # common.OUTPUT_MARK
     theta = [10000 ** (-2 * j / 16) for j in range(8)]
     for n in (0, 1, 17, 300):
         assert result["rope"]["g"][n] == pytest.approx(sum(math.cos(n * t) for t in theta), abs=1e-4)
@@ -149,7 +150,7 @@ def test_non_finite_scores_are_an_error(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     ckpt = torch.load(tmp_path / "m.pt", weights_only=True)
     ckpt["model"]["transformer.h.0.attn.c_attn.weight"][0, 0] = float("nan")
-    torch.save(ckpt, tmp_path / "nan.pt")
+    save_checkpoint(ckpt, tmp_path / "nan.pt")  # a checkpoint edited by hand is saved with fresh checksums
     with pytest.raises(SystemExit) as e:
         resolution.main(["--ckpt", str(tmp_path / "nan.pt"), "--length", "16", "--bca", "off"])
     assert "non-finite scores for" in str(e.value.code) and "at length 16" in str(e.value.code)
@@ -169,3 +170,15 @@ def test_windows_hide_what_they_hide_and_sinks_count_at_their_true_distance(tiny
     visible = (n <= t) & ((n < 2) | (t - n < 4))
     want = [int(((t - n) == d)[visible].sum()) for d in range(32)]
     assert sinks["pairs"] == want
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max_dist", "1000000000000"], "--max_dist 1000000000000 at --head_dim 64 is too large"),  # 8 TB of table
+    (["--head_dim", "100000000", "--max_dist", "10"], "may hold at most 33,554,432"),
+    (["--gamma", "inf"], "xpos_gamma=inf is not allowed: must be a finite number > 0"),  # was NaN rows, exit 0
+])
+def test_theory_refuses_huge_tables_and_non_finite_values(argv, message):
+    with pytest.raises(SystemExit) as e:
+        resolution.main(["--theory", *argv])
+    assert message in str(e.value.code)
+

@@ -96,3 +96,26 @@ def test_pointless_or_several_rules_are_errors(tiny_data, tmp_path):
         with pytest.raises(SystemExit) as e:
             sample.main(["--ckpt", str(tmp_path / "alibi.pt"), "--max_new_tokens", "5", *argv])
         assert message in str(e.value.code)
+
+
+def test_seed_temperature_weights_and_prompt_file_are_checked(tiny_data, tmp_path):
+    """Each a one-line error (they were tracebacks): torch takes no seed >= 2^64, logits / 1e-40 overflow float32,
+    NaN weights give NaN probabilities, and a prompt file that cannot be read."""
+    import torch
+    from common import save_checkpoint
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    ckpt = torch.load(tmp_path / "m.pt", weights_only=True)
+    for weight in ckpt["model"].values():
+        weight.fill_(float("nan"))
+    save_checkpoint(ckpt, tmp_path / "nan.pt")
+    for argv, message in (
+        (["--seed", str(10**23)], f"--seed {10**23} is not allowed: must be an integer from 0 to 2**63 - 1"),
+        (["--seed", "-1"], "--seed -1 is not allowed"),
+        (["--temperature", "1e-40"], "--temperature 1e-40 must be > 0: a finite number >= 0.0001"),
+        (["--temperature", "inf"], "--temperature inf must be > 0: a finite number"),
+        (["--start", "FILE:" + str(tmp_path / ("x" * 300))], "is not readable: File name too long"),
+        (["--ckpt", str(tmp_path / "nan.pt")], "nan.pt holds non-finite weights (inf or NaN)"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            sample.main(["--ckpt", str(tmp_path / "m.pt"), "--max_new_tokens", "3", *argv])
+        assert message in str(e.value.code) and "\n" not in str(e.value.code)

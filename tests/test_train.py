@@ -586,7 +586,7 @@ def test_wandb_log_without_wandb_is_a_one_line_error(data_dir, tmp_path, monkeyp
     with pytest.raises(SystemExit) as e:
         train.main(tiny_args(data_dir, tmp_path / "run", wandb_log=True))
     assert e.value.code == "train.py: error: wandb_log=True needs the wandb package: pip install wandb"
-    assert not (tmp_path / "run").exists()
+    assert not (tmp_path / "run" / "ckpt.pt").exists()
 
 
 def test_wandb_offline(data_dir, tmp_path, monkeypatch):
@@ -602,3 +602,63 @@ def test_wandb_offline(data_dir, tmp_path, monkeypatch):
                       if "val_loss" in e else {k: e[k] for k in ("iter", "loss", "lr", "grad_norm", "data_wait")}
                       for e in (json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines())]
     assert len(logged) == len(steps) + len(evals) and list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def train_error(argv):
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    assert str(e.value.code).startswith("train.py: error: ") and "\n" not in str(e.value.code)
+    return str(e.value.code)
+
+
+@pytest.mark.parametrize("override, message", [
+    (dict(seed=-1), "config key seed=-1 is not allowed: must be an integer from 0 to 2**63 - 1"),
+    (dict(seed=10**23), f"config key seed={10**23} is not allowed"),
+    (dict(xpos_scale_base=1e-30), "GPTConfig.xpos_scale_base=1e-30 is not allowed: must be >= 0.228"),
+    (dict(xpos_gamma="inf"), "GPTConfig.xpos_gamma=inf is not allowed: must be a finite number > 0"),
+    (dict(rope_base="inf"), "GPTConfig.rope_base=inf is not allowed: must be a finite number > 1"),
+])
+def test_seeds_and_extreme_floats_are_refused_before_any_work(data_dir, tmp_path, override, message):
+    assert message in train_error(tiny_args(data_dir, tmp_path / "run", **override))
+    assert not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+def test_unusable_out_dirs_are_one_line_errors(data_dir, tmp_path):
+    assert "File name too long" in train_error(tiny_args(data_dir, tmp_path / ("x" * 300)))
+    (tmp_path / "d" / "ckpt.pt").mkdir(parents=True)
+    assert "ckpt.pt is a directory, not a checkpoint" in train_error(tiny_args(data_dir, tmp_path / "d",
+                                                                                overwrite=True))
+    assert not (tmp_path / "d" / "log.jsonl").exists()  # refused before any work
+
+
+def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(data_dir, tmp_path, monkeypatch):
+    import common
+    out = tmp_path / "run"
+    train.main(tiny_args(data_dir, out, max_iters=3))
+    before = (out / "ckpt.pt").read_bytes()
+
+    def disk_full(obj, f):
+        open(f, "wb").write(b"part of a checkpoint")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(common.torch, "save", disk_full)
+    message = train_error(tiny_args(data_dir, out, init_from="resume"))
+    assert "could not write checkpoint" in message and "No space left on device" in message
+    assert (out / "ckpt.pt").read_bytes() == before and not (out / "ckpt.pt.tmp").exists()
+
+
+def test_resume_refuses_a_damaged_checkpoint(data_dir, tmp_path):
+    from common import save_checkpoint
+    from test_common import damage_record
+    out = tmp_path / "run"
+    train.main(tiny_args(data_dir, out, max_iters=3))
+    good = torch.load(out / "ckpt.pt", weights_only=True)
+    save_checkpoint(dict(good, iter_num="3"), out / "ckpt.pt")
+    assert "its iter_num '3' is not an integer >= 0" in train_error(tiny_args(data_dir, out, init_from="resume"))
+    save_checkpoint(good, out / "ckpt.pt")
+    import zipfile
+    with zipfile.ZipFile(out / "ckpt.pt") as z:  # the largest record: the optimizer's moments or the embedding
+        names = [i.filename.split("/", 1)[1] for i in z.infolist() if "/data/" in i.filename]
+    for name in names:  # damage each record in turn: the resume (which checks every part) refuses it
+        save_checkpoint(good, out / "ckpt.pt")
+        damage_record(out / "ckpt.pt", name, at=0)
+        assert "ckpt.pt is damaged" in train_error(tiny_args(data_dir, out, init_from="resume"))
