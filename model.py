@@ -57,8 +57,6 @@ class GPTConfig:
         for name, low in (("rope_base", 1), ("xpos_gamma", 0), ("xpos_scale_base", 0)):  # inf: no decay, only here
             require(is_num(v := getattr(self, name)) and low < v and (v < math.inf or name == "xpos_scale_base"), name,
                     f"must be a finite number > {low}" + (" or inf (no decay)" if name == "xpos_scale_base" else ""))
-        require((least := self.block_size * math.log1p(1 / self.xpos_gamma) / 88) <= self.xpos_scale_base or self.pos
-                != "xpos", "xpos_scale_base", f"must be >= {least:.3g} at this block_size (float32 overflows below)")
         for name in ("bias", "xpos_rotate"):
             require(isinstance(getattr(self, name), bool), name, "must be True or False")
 
