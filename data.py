@@ -310,15 +310,21 @@ def checkpoint_dataset(ckpt, path, data_dir=None):
 # draw the same ones.
 
 
+def checked(rows, data, offsets):
+    """rows read from the token file `data` (read_tokens) at `offsets`, one per row, after checking that every id is
+    below vocab_size: a file over FULL_CHECK_BYTES is not read whole on open, so each read is checked, cheap next to
+    the model."""
+    bad = out_of_vocab(rows, data.vocab_size, offsets=offsets)
+    if bad:
+        raise UserError(f"{data.filename}: {bad}: the file is damaged (prepare_data.py --verify "
+                        f"{Path(data.filename).parent} checks it in full); rerun prepare_data.py")
+    return rows
+
+
 def get_batch(data, offsets, block_size, device):
     """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather rather than a slice per
     sequence, as x = all but the last and y = all but the first."""
-    rows = data[offsets[:, None] + np.arange(block_size + 1)]
-    bad = getattr(data, "vocab_size", None) and out_of_vocab(rows, data.vocab_size, offsets=offsets)
-    if bad:  # a file over FULL_CHECK_BYTES is not read whole on open: each batch is checked, cheap next to the model
-        raise UserError(f"{data.filename}: {bad}: the file is damaged (prepare_data.py --verify "
-                        f"{Path(data.filename).parent} checks it in full); rerun prepare_data.py")
-    xy = torch.from_numpy(rows.astype(np.int64))
+    xy = torch.from_numpy(checked(data[offsets[:, None] + np.arange(block_size + 1)], data, offsets).astype(np.int64))
     x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
     if device.startswith("cuda"):
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)

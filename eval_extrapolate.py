@@ -37,7 +37,7 @@ import torch
 
 from common import (UserError, all_reduce_sum, autocast, load_checkpoint, load_model, model_config, output_path,
                     resolve_dtype, setup_distributed, teardown_distributed, write_json)
-from data import checkpoint_dataset, documents, read_tokens
+from data import checked, checkpoint_dataset, documents, read_tokens
 from evaluation import (BCA_MODES, RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure,
                         default_batch_tokens, finish_curves, learned_length_check, plan_runs, rule_fields, rule_label)
 
@@ -105,8 +105,9 @@ def score(model, stream, segs, length, rule, scaling, batch_tokens, device, ctx,
         per_batch = max(1, batch_tokens // size)
         for b in range(0, len(group), per_batch):
             batch = group[b : b + per_batch]
-            x = torch.from_numpy(np.stack([stream[s : s + size] for s, _, _ in batch]).astype(np.int64)).to(device)
-            y = torch.from_numpy(np.stack([stream[s + 1 : s + 1 + size] for s, _, _ in batch]).astype(np.int64))
+            starts = np.array([s for s, _, _ in batch])
+            xy = checked(np.stack([stream[s : s + size + 1] for s in starts]), stream, starts).astype(np.int64)
+            x, y = torch.from_numpy(xy[:, :-1]).to(device), torch.from_numpy(xy[:, 1:])
             with ctx:
                 nll = model.token_nll(x, y.to(device), attention=rule, rope_scaling=scaling, chunk_tokens=batch_tokens)
             scored = torch.arange(size, device=device)[None, :] >= torch.tensor([f for _, _, f in batch],

@@ -36,7 +36,7 @@ import torch
 
 from common import (UserError, autocast, check_seed, load_checkpoint, load_model, model_config, output_path, pyplot,
                     resolve_device, resolve_dtype, write_json)
-from data import checkpoint_dataset, passkey_document, passkey_parts, read_tokens, tokenizer_from_meta
+from data import checked, checkpoint_dataset, passkey_document, passkey_parts, read_tokens, tokenizer_from_meta
 from evaluation import (RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure, default_batch_tokens,
                         finish_curves, learned_length_check, plan_runs, rule_fields, rule_label, save_figure)
 
@@ -278,7 +278,8 @@ def evaluate(args):
     for path, config, data_dir, meta, sizes, runs, skipped in plans:
         notes += skipped
         model, _ = load_model(path, device)
-        stream = np.asarray(read_tokens(data_dir, "val", meta))
+        tokens = read_tokens(data_dir, "val", meta)
+        stream = checked(np.asarray(tokens)[None], tokens, [0])[0]  # read whole, so checked whole
         if args.probe == "repeat":
             rows += repeat_probe(args, path, config, model, stream, sizes, runs, device, dtype, ctx, notes)
         else:

@@ -26,7 +26,7 @@ import sys
 import torch
 
 from common import UserError, load_model, output_path, pyplot, resolve_device, write_json
-from data import checkpoint_dataset, documents, read_tokens
+from data import checked, checkpoint_dataset, documents, read_tokens
 from evaluation import (add_checkpoint_args, attention_options, check_rule, learned_length_check, pointless,
                         rule_fields, rule_label, save_figure)
 from model import GPTConfig, PositionTable
@@ -181,7 +181,8 @@ def texts_from(meta, data_dir, length, max_texts):
         raise UserError(f"no validation document has {length} tokens (the longest has {longest}): lower --length")
     per_doc = [[d["start"] + i * length for i in range((d["end"] - d["start"]) // length)] for d in docs]
     starts = [s for i in range(max(map(len, per_doc))) for doc in per_doc if i < len(doc) for s in [doc[i]]]
-    return [torch.from_numpy(stream[s : s + length].astype("int64")) for s in starts[:max_texts]]
+    return [torch.from_numpy(checked(stream[s : s + length][None], stream, [s])[0].astype("int64"))
+            for s in starts[:max_texts]]
 
 
 def measure(model, texts, rule, scaling):
