@@ -5,12 +5,15 @@ utilization (MFU).
 """
 
 import datetime
+import fcntl
 import functools
 import json
 import os
 import shutil
 import signal
+import socket
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import nullcontext
@@ -132,21 +135,143 @@ def resolve_device(device):
     return device
 
 
-def setup_distributed(device, timeout_minutes=None):
-    """(ddp, rank, world, device): under torchrun (RANK, LOCAL_RANK, WORLD_SIZE) join the process group, NCCL on
-    CUDA (one GPU per local rank) and gloo on CPU; otherwise a single process. timeout_minutes bounds every collective
-    (torch's default otherwise): the ranks wait in one while rank 0 writes a checkpoint, which on a slow shared
-    filesystem can take minutes."""
-    device = resolve_device(device)
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_env():
+    """None without torchrun (no RANK); else (rank, world, local_rank, master_addr, master_port), checked: RANK set
+    alone (`RANK=0 python train.py`) or a malformed variable is a one-line error, not torch's ValueError."""
     if "RANK" not in os.environ:
+        return None
+    missing = [v for v in TORCHRUN_VARS if not os.environ.get(v)]
+    if missing:
+        raise UserError(f"RANK={os.environ['RANK']!r} is set but not {', '.join(missing)}: launch with torchrun, "
+                        "which sets them all, or unset RANK for a single process")
+    values = {v: os.environ[v] for v in TORCHRUN_VARS}
+    try:
+        rank, world, local, port = (int(values[v]) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
+    except ValueError:
+        rank = world = local = port = -1
+    if not (0 <= rank < world and local >= 0 and 0 < port < 65536):
+        raise UserError("the torchrun variables " + ", ".join(f"{k}={v!r}" for k, v in values.items()) + " do not fit:"
+                        " integers with 0 <= RANK < WORLD_SIZE, LOCAL_RANK >= 0 and 0 < MASTER_PORT < 65536")
+    return rank, world, local, values["MASTER_ADDR"], port
+
+
+def rendezvous(rank, world, addr, port, minutes):
+    """The TCPStore at MASTER_ADDR:MASTER_PORT, once all WORLD_SIZE processes have checked in there; after `minutes`
+    without them a one-line error naming the ranks missing (torch alone waits its collective timeout, 30 minutes).
+    Under torchrun its agent hosts the store; otherwise rank 0 does, as torch's env:// rendezvous."""
+    deadline = time.monotonic() + 60 * minutes
+    host = not rank and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    where = f"MASTER_ADDR:MASTER_PORT={addr}:{port}"
+    while not host:  # a plain socket first: TCPStore's own retries print C++ stack traces while they wait
+        try:
+            socket.create_connection((addr, port), timeout=5).close()
+            break
+        except socket.gaierror as e:
+            raise rank_error(f"MASTER_ADDR={addr!r}: {e.strerror}") from None
+        except OSError:
+            if time.monotonic() > deadline:
+                raise rank_error(f"rank {rank}: nothing answers at {where} after {minutes:g} minutes: is rank 0 "
+                                 "running, and is that address reachable from here? (ddp_rendezvous_minutes)") from None
+            time.sleep(0.2)
+    left = lambda: datetime.timedelta(seconds=max(1.0, deadline - time.monotonic()))
+    try:
+        store = dist.TCPStore(addr, port, world, is_master=host, timeout=left(), wait_for_workers=False,
+                              multi_tenant=True)
+    except dist.DistError as e:
+        raise rank_error(f"rank {rank}: no rendezvous at {where}: {str(e).splitlines()[0]}") from None
+    keys = [f"lex-gpt/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/joined/{r}" for r in range(world)]
+    store.set(keys[rank], socket.gethostname())
+    try:
+        store.wait(keys, left())
+    except dist.DistError:
+        joined = [store.check([key]) for key in keys]
+        missing = ", ".join(str(r) for r in range(world) if not joined[r])
+        raise rank_error(f"rank {rank}: rank(s) {missing} of WORLD_SIZE={world} did not join at {where} within "
+                         f"{minutes:g} minutes (ddp_rendezvous_minutes): start them, or fix WORLD_SIZE",
+                         quiet=rank != joined.index(True)) from None  # said once, by the lowest rank that came
+    return store
+
+
+def setup_distributed(device, timeout_minutes=None, rendezvous_minutes=10.0):
+    """(ddp, rank, world, device): under torchrun (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) join the
+    process group, NCCL on CUDA (one GPU per local rank) and gloo on CPU; otherwise a single process. The ranks meet
+    within rendezvous_minutes (rendezvous) or stop with a one-line error naming the missing ones. timeout_minutes
+    bounds every collective after that (torch's default otherwise): the ranks wait in one while rank 0 writes a
+    checkpoint, which on a slow shared filesystem can take minutes."""
+    env = torchrun_env()
+    device = resolve_device(device)
+    if env is None:
         return False, 0, 1, device
+    rank, world, local, addr, port = env
     if device == "cuda":
-        device = f"cuda:{os.environ['LOCAL_RANK']}"
+        device = f"cuda:{local}"
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
+    store = rendezvous(rank, world, addr, port, rendezvous_minutes)
     timeout = {"timeout": datetime.timedelta(minutes=timeout_minutes)} if timeout_minutes else {}
-    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", **timeout)
-    return True, dist.get_rank(), dist.get_world_size(), device
+    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", store=store, rank=rank,
+                            world_size=world, **timeout)
+    return True, rank, world, device
+
+
+def agree_on_error(problem, ddp, device):
+    """Under torchrun, after checks that may fail on some ranks only (rank 0's out_dir, a file one node cannot see):
+    every rank learns whether any failed and all stop together, instead of the others waiting in their next
+    collective; the lowest failing rank prints its error, the others exit quietly. Alone: raise problem, if any."""
+    if not ddp:
+        if problem:
+            raise problem
+        return
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first = torch.tensor(float(rank if problem else world), device=device)
+    dist.all_reduce(first, op=dist.ReduceOp.MIN)
+    if first.item() < world:
+        teardown_distributed(ddp)
+        raise rank_error(problem or "another rank failed", quiet=rank != int(first.item()))
+
+
+def rank_error(message, quiet=False):
+    """A UserError that error_exit prints (quiet=False) or not whatever this process's rank: for an error that one
+    rank alone knows of."""
+    error = UserError(str(message))
+    error.quiet = quiet
+    return error
+
+
+def error_exit(script, error):
+    """Exit with status 1 and the one-line error, printed by one process under torchrun: rank 0, since the ranks
+    check the same inputs and would print it once each, while the others exit quietly. An error that one rank alone
+    may know of (agree_on_error, the rendezvous) says itself whether to print (rank_error)."""
+    quiet = getattr(error, "quiet", None)
+    if quiet is None:
+        quiet = launch_rank() > 0
+    sys.exit(1 if quiet else f"{script}: error: {error}")
+
+
+def launch_rank():
+    """torchrun's RANK for this process, 0 without torchrun or where its variables do not fit (then each process
+    prints torchrun_env's error itself)."""
+    try:
+        env = torchrun_env()
+    except UserError:
+        return 0
+    return env[0] if env else 0
+
+
+def exit_interrupted(script, kept):
+    """Ctrl-C (KeyboardInterrupt): one line saying what was kept (kept(), from rank 0 alone under torchrun) and exit
+    status 130, as a shell reports it. In a process group, os._exit: tearing gloo down with a collective cut short
+    aborts the process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while kept() looks is no traceback either
+    if launch_rank() == 0:
+        print(f"{script}: interrupted (Ctrl-C): {kept()}", file=sys.stderr, flush=True)
+    if dist.is_initialized():
+        sys.stdout.flush()
+        os._exit(130)
+    sys.exit(130)
 
 
 def resolve_dtype(dtype, device):
@@ -198,6 +323,70 @@ def teardown_distributed(ddp):
         barrier.wait()
         _HELD_UNTIL_EXIT.append(barrier)
         dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A run directory has one owner: an advisory lock on out_dir/lock (flock), which the kernel drops when its process dies
+
+
+LOCK_NAME = "lock"
+_owned = {}  # lock file -> descriptor, held by this process until release_run_dirs
+
+
+def own_run_dir(folder, what="out_dir"):
+    """Take out_dir for this process, or a one-line error naming its owner (pid and host, written in the lock file):
+    two trainers in one directory would rename each other's checkpoints away. A lock left by a dead process is free
+    (flock locks die with their process), so it is taken over. Where the filesystem has no locks, a note and no lock."""
+    path = Path(folder) / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise UserError(f"{what} {folder} is in use by {owner}: one process at a time writes a run; wait for it "
+                            "to end or stop it, or give another out_dir") from None
+        except OSError as e:
+            os.close(fd)
+            print(f"note: {what} {folder} cannot be locked ({e.strerror}): nothing stops a second trainer there")
+            return
+        try:  # the owner before us removes the file as it lets go: ours must still be the one at path
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()} ({Path(sys.argv[0]).name})\n".encode())
+    _owned[path] = fd
+
+
+def release_run_dirs():
+    """Let go of every run directory this process owns (removing the lock file first, so that none is left behind)."""
+    while _owned:
+        path, fd = _owned.popitem()
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def run_dir_owner(folder):
+    """Who holds folder's lock ("pid N on host H (script)"), or None when no live process does."""
+    try:
+        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return os.read(fd, 200).decode(errors="replace").strip() or "another process"
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Output files, written so that a kill never leaves one that reads as finished
 
