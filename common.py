@@ -140,14 +140,15 @@ TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT
 
 def torchrun_env():
     """None without torchrun (no RANK); else (rank, world, local_rank, master_addr, master_port), checked: RANK set
-    alone (`RANK=0 python train.py`) or a malformed variable is a one-line error, not torch's ValueError."""
+    alone (`RANK=0 python train.py`) or a malformed variable is a one-line error, not torch's ValueError. LOCAL_RANK
+    (0 if unset) only picks the GPU: setup_distributed asks for it on CUDA."""
     if "RANK" not in os.environ:
         return None
-    missing = [v for v in TORCHRUN_VARS if not os.environ.get(v)]
+    missing = [v for v in TORCHRUN_VARS if not os.environ.get(v) and v != "LOCAL_RANK"]  # that one: CUDA's alone
     if missing:
         raise UserError(f"RANK={os.environ['RANK']!r} is set but not {', '.join(missing)}: launch with torchrun, "
                         "which sets them all, or unset RANK for a single process")
-    values = {v: os.environ[v] for v in TORCHRUN_VARS}
+    values = {v: os.environ.get(v, "0") for v in TORCHRUN_VARS}
     try:
         rank, world, local, port = (int(values[v]) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
     except ValueError:
@@ -176,22 +177,30 @@ def rendezvous(rank, world, addr, port, minutes):
                 raise rank_error(f"rank {rank}: nothing answers at {where} after {minutes:g} minutes: is rank 0 "
                                  "running, and is that address reachable from here? (ddp_rendezvous_minutes)") from None
             time.sleep(0.2)
-    left = lambda: datetime.timedelta(seconds=max(1.0, deadline - time.monotonic()))
     try:
-        store = dist.TCPStore(addr, port, world, is_master=host, timeout=left(), wait_for_workers=False,
-                              multi_tenant=True)
+        store = dist.TCPStore(addr, port, world, is_master=host, wait_for_workers=False, multi_tenant=True,
+                              timeout=datetime.timedelta(seconds=max(1.0, deadline - time.monotonic())))
     except dist.DistError as e:
         raise rank_error(f"rank {rank}: no rendezvous at {where}: {str(e).splitlines()[0]}") from None
     keys = [f"lex-gpt/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/joined/{r}" for r in range(world)]
-    store.set(keys[rank], socket.gethostname())
-    try:
-        store.wait(keys, left())
-    except dist.DistError:
-        joined = [store.check([key]) for key in keys]
-        missing = ", ".join(str(r) for r in range(world) if not joined[r])
-        raise rank_error(f"rank {rank}: rank(s) {missing} of WORLD_SIZE={world} did not join at {where} within "
-                         f"{minutes:g} minutes (ddp_rendezvous_minutes): start them, or fix WORLD_SIZE",
-                         quiet=rank != joined.index(True)) from None  # said once, by the lowest rank that came
+    store.set(keys[rank], f"{world} {socket.gethostname()}")
+    while True:  # polled: store.wait's timeout logs C++ warnings
+        try:
+            joined = [store.check([key]) for key in keys]
+        except dist.DistError:  # rank 0's store went away: its own error says why
+            raise rank_error(f"rank {rank}: the rendezvous at {where} closed (rank 0 stopped)") from None
+        if all(joined):
+            break
+        if time.monotonic() > deadline:
+            missing = ", ".join(str(r) for r in range(world) if not joined[r])
+            raise rank_error(f"rank {rank}: rank(s) {missing} of WORLD_SIZE={world} did not join at {where} within "
+                             f"{minutes:g} minutes (ddp_rendezvous_minutes): start them, or fix WORLD_SIZE",
+                             quiet=rank != joined.index(True))  # said once, by the lowest rank that came
+        time.sleep(0.1)
+    worlds = [int(store.get(key).split()[0]) for key in keys]
+    if worlds != [world] * world:
+        said = ", ".join(f"rank {r}: {w}" for r, w in enumerate(worlds))
+        raise UserError(f"the processes disagree on WORLD_SIZE ({said}): give every one the same")
     return store
 
 
@@ -206,6 +215,8 @@ def setup_distributed(device, timeout_minutes=None, rendezvous_minutes=10.0):
     if env is None:
         return False, 0, 1, device
     rank, world, local, addr, port = env
+    if device.startswith("cuda") and "LOCAL_RANK" not in os.environ:
+        raise UserError("LOCAL_RANK is not set: on CUDA it picks each process's GPU; launch with torchrun")
     if device == "cuda":
         device = f"cuda:{local}"
     if device.startswith("cuda"):
