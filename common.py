@@ -244,6 +244,9 @@ def agree_on_error(problem, ddp, device):
         raise rank_error(problem or "another rank failed", quiet=rank != int(first.item()))
 
 
+QUIET_EXIT_SECONDS = 3
+
+
 def rank_error(message, quiet=False):
     """A UserError that error_exit prints (quiet=False) or not whatever this process's rank: for an error that one
     rank alone knows of."""
@@ -259,6 +262,8 @@ def error_exit(script, error):
     quiet = getattr(error, "quiet", None)
     if quiet is None:
         quiet = launch_rank() > 0
+    if quiet:  # torchrun stops every rank once one has exited: give rank 0 the time to print
+        time.sleep(QUIET_EXIT_SECONDS)
     sys.exit(1 if quiet else f"{script}: error: {error}")
 
 
