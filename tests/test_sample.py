@@ -96,3 +96,17 @@ def test_pointless_or_several_rules_are_errors(tiny_data, tmp_path):
         with pytest.raises(SystemExit) as e:
             sample.main(["--ckpt", str(tmp_path / "alibi.pt"), "--max_new_tokens", "5", *argv])
         assert message in str(e.value.code)
+
+
+def test_torchrun_is_refused_once(tiny_data, tmp_path, capsys, monkeypatch):
+    """Under torchrun every rank printed every sample: sample.py runs as one process, and says so from rank 0 only."""
+    import common
+    from test_common import torchrun_vars
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    monkeypatch.setattr(common, "QUIET_EXIT_SECONDS", 0)
+    for rank, said in ((0, "sample.py: error: RANK=0 is set (torchrun?): sample.py runs as one process; run it with "
+                           "python, not torchrun"), (1, 1)):
+        torchrun_vars(monkeypatch, rank)
+        with pytest.raises(SystemExit) as e:
+            sample.main(["--ckpt", str(tmp_path / "m.pt"), "--max_new_tokens", "4"])
+        assert e.value.code == said and capsys.readouterr().out == ""
