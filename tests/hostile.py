@@ -7,8 +7,8 @@ each checked for what must hold after it. Part of `make test-all`.
 
 - race: two trainers started together on one out_dir (--init_from=resume, then --overwrite=True): one trains to the
   end with a complete log, the other is a one-line error naming the first's pid and touches nothing.
-- orphan: kill -9 of reproduce.py alone while its train.py job runs: the job dies with it, and reproduce.py run again
-  finishes the study.
+- orphan: kill -9 of reproduce.py alone while its train.py job runs (held with SIGSTOP, so that it cannot just
+  finish): the job dies with it, and reproduce.py run again finishes the study.
 - sigint: Ctrl-C (SIGINT) at random moments of a run that writes a checkpoint every iteration: one line and status
   130 each time, the checkpoint it names loads, and the run resumes to its end.
 - sigint_eval: Ctrl-C in the middle of eval_extrapolate.py: one line, status 130, no --json written.
@@ -126,12 +126,15 @@ def orphan(tmp):
     if not found:
         proc.kill()
         return
+    os.kill(trainer[0], signal.SIGSTOP)  # held still: a toy job would otherwise finish by itself in a second
     proc.kill()  # kill -9 of reproduce.py alone: not its process group
     proc.wait()
     deadline = time.monotonic() + 60
     while alive(trainer[0]) and time.monotonic() < deadline:
         time.sleep(0.05)
     check(not alive(trainer[0]), "orphan: its train.py job dies with it", cmdline(trainer[0]))
+    if alive(trainer[0]):
+        os.kill(trainer[0], signal.SIGKILL)
     done = subprocess.run(argv, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1800)
     check(done.returncode == 0 and "jobs are finished" in done.stdout, "orphan: reproduce.py run again finishes",
           done.stdout[-1000:] + done.stderr)
