@@ -178,3 +178,20 @@ def test_a_run_directory_has_one_owner(tmp_path):
     common.own_run_dir(out)
     assert f"pid {os.getpid()}" in (out / "lock").read_text()
     common.release_run_dirs()
+
+
+def test_rendezvous_meets_and_catches_a_disagreement_on_world_size():
+    """Two ranks meet in the store (threads here stand for processes); ranks told different WORLD_SIZEs would leave
+    rank 0 waiting for a rank that never comes (gloo's connect, 30 minutes): a one-line error instead."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def meet(worlds, port=None):
+        port = port or free_port()
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(common.rendezvous, rank, world, "127.0.0.1", port, 0.02)
+                       for rank, world in enumerate(worlds)]
+            return [f.exception() or f.result() for f in futures]
+
+    assert all(isinstance(r, common.dist.TCPStore) for r in meet((2, 2)))
+    rank0, _ = meet((2, 3))
+    assert str(rank0) == "the processes disagree on WORLD_SIZE (rank 0: 2, rank 1: 3): give every one the same"
