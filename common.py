@@ -359,7 +359,7 @@ def own_run_dir(folder, what="out_dir"):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            owner = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            owner = lock_owner(fd)
             os.close(fd)
             raise UserError(f"{what} {folder} is in use by {owner}: one process at a time writes a run; wait for it "
                             "to end or stop it, or give another out_dir") from None
@@ -373,9 +373,20 @@ def own_run_dir(folder, what="out_dir"):
         except FileNotFoundError:
             pass
         os.close(fd)
-    os.ftruncate(fd, 0)
-    os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()} ({Path(sys.argv[0]).name})\n".encode())
+    line = f"pid {os.getpid()} on host {socket.gethostname()} ({Path(sys.argv[0]).name})\n".encode()
+    os.pwrite(fd, line.ljust(os.fstat(fd).st_size), 0)  # in one write: a reader sees a whole line, old or new
+    os.ftruncate(fd, len(line))
     _owned[path] = fd
+
+
+def lock_owner(fd):
+    """The owner's line in a lock file. A new owner writes it just after it locks: an empty file gets a moment."""
+    for _ in range(100):
+        owner = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        if owner:
+            return owner
+        time.sleep(0.01)
+    return "another process"
 
 
 def release_run_dirs():
@@ -396,7 +407,7 @@ def run_dir_owner(folder):
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return None
     except BlockingIOError:
-        return os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        return lock_owner(fd)
     except OSError:
         return None
     finally:
