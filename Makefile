@@ -16,11 +16,13 @@ $(VENV)/installed: requirements.txt requirements-data.txt requirements-test.txt
 test: $(VENV)/installed
 	$(PY) -m pytest -m "not slow"
 
-# Everything (what CI runs): the whole suite, the slow tests included, then the two-process stress loop. The CUDA
-# tests run where a GPU exists (without one they report as skipped).
+# Everything (what CI runs): the whole suite, the slow tests included, then the two-process stress loop and the
+# hostile attacks on the processes' life cycle (two trainers on one out_dir, an orphaned reproduce.py job, Ctrl-C;
+# about 2 minutes). The CUDA tests run where a GPU exists (without one they report as skipped).
 test-all: $(VENV)/installed
 	$(PY) -m pytest
 	$(PY) tests/stress_ddp.py --runs 50
+	$(PY) tests/hostile.py
 
 # Two-process (torchrun, gloo) train and eval, 50 runs each: a teardown crash at exit once hit one run in five.
 stress: $(VENV)/installed

@@ -5,12 +5,15 @@ utilization (MFU).
 """
 
 import datetime
+import fcntl
 import functools
 import json
 import os
 import shutil
 import signal
+import socket
 import statistics
+import sys
 import tempfile
 import time
 import zlib
@@ -195,21 +198,159 @@ def resolve_device(device):
     return device
 
 
-def setup_distributed(device, timeout_minutes=None):
-    """(ddp, rank, world, device): under torchrun (RANK, LOCAL_RANK, WORLD_SIZE) join the process group, NCCL on
-    CUDA (one GPU per local rank) and gloo on CPU; otherwise a single process. timeout_minutes bounds every collective
-    (torch's default otherwise): the ranks wait in one while rank 0 writes a checkpoint, which on a slow shared
-    filesystem can take minutes."""
-    device = resolve_device(device)
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_env():
+    """None without torchrun (no RANK); else (rank, world, local_rank, master_addr, master_port), checked: RANK set
+    alone (`RANK=0 python train.py`) or a malformed variable is a one-line error, not torch's ValueError. LOCAL_RANK
+    (0 if unset) only picks the GPU: setup_distributed asks for it on CUDA."""
     if "RANK" not in os.environ:
+        return None
+    missing = [v for v in TORCHRUN_VARS if not os.environ.get(v) and v != "LOCAL_RANK"]  # that one: CUDA's alone
+    if missing:
+        raise UserError(f"RANK={os.environ['RANK']!r} is set but not {', '.join(missing)}: launch with torchrun, "
+                        "which sets them all, or unset RANK for a single process")
+    values = {v: os.environ.get(v, "0") for v in TORCHRUN_VARS}
+    try:
+        rank, world, local, port = (int(values[v]) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
+    except ValueError:
+        rank = world = local = port = -1
+    if not (0 <= rank < world and local >= 0 and 0 < port < 65536):
+        raise UserError("the torchrun variables " + ", ".join(f"{k}={v!r}" for k, v in values.items()) + " do not fit:"
+                        " integers with 0 <= RANK < WORLD_SIZE, LOCAL_RANK >= 0 and 0 < MASTER_PORT < 65536")
+    return rank, world, local, values["MASTER_ADDR"], port
+
+
+def rendezvous(rank, world, addr, port, minutes):
+    """The TCPStore at MASTER_ADDR:MASTER_PORT, once all WORLD_SIZE processes have checked in there; after `minutes`
+    without them a one-line error naming the ranks missing (torch alone waits its collective timeout, 30 minutes).
+    Under torchrun its agent hosts the store; otherwise rank 0 does, as torch's env:// rendezvous."""
+    deadline = time.monotonic() + 60 * minutes
+    host = not rank and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    where = f"MASTER_ADDR:MASTER_PORT={addr}:{port}"
+    while not host:  # a plain socket first: TCPStore's own retries print C++ stack traces while they wait
+        try:
+            socket.create_connection((addr, port), timeout=5).close()
+            break
+        except socket.gaierror as e:
+            raise rank_error(f"MASTER_ADDR={addr!r}: {e.strerror}") from None
+        except OSError:
+            if time.monotonic() > deadline:
+                raise rank_error(f"rank {rank}: nothing answers at {where} after {minutes:g} minutes: is rank 0 "
+                                 "running, and is that address reachable from here? (ddp_rendezvous_minutes)") from None
+            time.sleep(0.2)
+    try:
+        store = dist.TCPStore(addr, port, world, is_master=host, wait_for_workers=False, multi_tenant=True,
+                              timeout=datetime.timedelta(seconds=max(1.0, deadline - time.monotonic())))
+    except dist.DistError as e:
+        raise rank_error(f"rank {rank}: no rendezvous at {where}: {str(e).splitlines()[0]}") from None
+    keys = [f"lex-gpt/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/joined/{r}" for r in range(world)]
+    store.set(keys[rank], f"{world} {socket.gethostname()}")
+    while True:  # polled: store.wait's timeout logs C++ warnings
+        try:
+            joined = [store.check([key]) for key in keys]
+        except dist.DistError:  # rank 0's store went away: its own error says why
+            raise rank_error(f"rank {rank}: the rendezvous at {where} closed (rank 0 stopped)") from None
+        if all(joined):
+            break
+        if time.monotonic() > deadline:
+            missing = ", ".join(str(r) for r in range(world) if not joined[r])
+            raise rank_error(f"rank {rank}: rank(s) {missing} of WORLD_SIZE={world} did not join at {where} within "
+                             f"{minutes:g} minutes (ddp_rendezvous_minutes): start them, or fix WORLD_SIZE",
+                             quiet=rank != joined.index(True))  # said once, by the lowest rank that came
+        time.sleep(0.1)
+    worlds = [int(store.get(key).split()[0]) for key in keys]
+    if worlds != [world] * world:
+        said = ", ".join(f"rank {r}: {w}" for r, w in enumerate(worlds))
+        raise UserError(f"the processes disagree on WORLD_SIZE ({said}): give every one the same")
+    return store
+
+
+def setup_distributed(device, timeout_minutes=None, rendezvous_minutes=10.0):
+    """(ddp, rank, world, device): under torchrun (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) join the
+    process group, NCCL on CUDA (one GPU per local rank) and gloo on CPU; otherwise a single process. The ranks meet
+    within rendezvous_minutes (rendezvous) or stop with a one-line error naming the missing ones. timeout_minutes
+    bounds every collective after that (torch's default otherwise): the ranks wait in one while rank 0 writes a
+    checkpoint, which on a slow shared filesystem can take minutes."""
+    env = torchrun_env()
+    device = resolve_device(device)
+    if env is None:
         return False, 0, 1, device
+    rank, world, local, addr, port = env
+    if device.startswith("cuda") and "LOCAL_RANK" not in os.environ:
+        raise UserError("LOCAL_RANK is not set: on CUDA it picks each process's GPU; launch with torchrun")
     if device == "cuda":
-        device = f"cuda:{os.environ['LOCAL_RANK']}"
+        device = f"cuda:{local}"
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
+    store = rendezvous(rank, world, addr, port, rendezvous_minutes)
     timeout = {"timeout": datetime.timedelta(minutes=timeout_minutes)} if timeout_minutes else {}
-    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", **timeout)
-    return True, dist.get_rank(), dist.get_world_size(), device
+    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", store=store, rank=rank,
+                            world_size=world, **timeout)
+    return True, rank, world, device
+
+
+def agree_on_error(problem, ddp, device):
+    """Under torchrun, after checks that may fail on some ranks only (rank 0's out_dir, a file one node cannot see):
+    every rank learns whether any failed and all stop together, instead of the others waiting in their next
+    collective; the lowest failing rank prints its error, the others exit quietly. Alone: raise problem, if any."""
+    if not ddp:
+        if problem:
+            raise problem
+        return
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first = torch.tensor(float(rank if problem else world), device=device)
+    dist.all_reduce(first, op=dist.ReduceOp.MIN)
+    if first.item() < world:
+        teardown_distributed(ddp)
+        raise rank_error(problem or "another rank failed", quiet=rank != int(first.item()))
+
+
+QUIET_EXIT_SECONDS = 3
+
+
+def rank_error(message, quiet=False):
+    """A UserError that error_exit prints (quiet=False) or not whatever this process's rank: for an error that one
+    rank alone knows of."""
+    error = UserError(str(message))
+    error.quiet = quiet
+    return error
+
+
+def error_exit(script, error):
+    """Exit with status 1 and the one-line error, printed by one process under torchrun: rank 0, since the ranks
+    check the same inputs and would print it once each, while the others exit quietly. An error that one rank alone
+    may know of (agree_on_error, the rendezvous) says itself whether to print (rank_error)."""
+    quiet = getattr(error, "quiet", None)
+    if quiet is None:
+        quiet = launch_rank() > 0
+    if quiet:  # torchrun stops every rank once one has exited: give rank 0 the time to print
+        time.sleep(QUIET_EXIT_SECONDS)
+    sys.exit(1 if quiet else f"{script}: error: {error}")
+
+
+def launch_rank():
+    """torchrun's RANK for this process, 0 without torchrun or where its variables do not fit (then each process
+    prints torchrun_env's error itself)."""
+    try:
+        env = torchrun_env()
+    except UserError:
+        return 0
+    return env[0] if env else 0
+
+
+def exit_interrupted(script, kept):
+    """Ctrl-C (KeyboardInterrupt): one line saying what was kept (kept(), from rank 0 alone under torchrun) and exit
+    status 130, as a shell reports it. In a process group, os._exit: tearing gloo down with a collective cut short
+    aborts the process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while kept() looks is no traceback either
+    if launch_rank() == 0:
+        print(f"{script}: interrupted (Ctrl-C): {kept()}", file=sys.stderr, flush=True)
+    if dist.is_initialized():
+        sys.stdout.flush()
+        os._exit(130)
+    sys.exit(130)
 
 
 def resolve_dtype(dtype, device):
@@ -261,6 +402,81 @@ def teardown_distributed(ddp):
         barrier.wait()
         _HELD_UNTIL_EXIT.append(barrier)
         dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A run directory has one owner: an advisory lock on out_dir/lock (flock), which the kernel drops when its process dies
+
+
+LOCK_NAME = "lock"
+_owned = {}  # lock file -> descriptor, held by this process until release_run_dirs
+
+
+def own_run_dir(folder, what="out_dir"):
+    """Take out_dir for this process, or a one-line error naming its owner (pid and host, written in the lock file):
+    two trainers in one directory would rename each other's checkpoints away. A lock left by a dead process is free
+    (flock locks die with their process), so it is taken over. Where the filesystem has no locks, a note and no lock."""
+    path = Path(folder) / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = lock_owner(fd)
+            os.close(fd)
+            raise UserError(f"{what} {folder} is in use by {owner}: one process at a time writes a run; wait for it "
+                            "to end or stop it, or give another out_dir") from None
+        except OSError as e:
+            os.close(fd)
+            print(f"note: {what} {folder} cannot be locked ({e.strerror}): nothing stops a second trainer there")
+            return
+        try:  # the owner before us removes the file as it lets go: ours must still be the one at path
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    line = f"pid {os.getpid()} on host {socket.gethostname()} ({Path(sys.argv[0]).name})\n".encode()
+    os.pwrite(fd, line.ljust(os.fstat(fd).st_size), 0)  # in one write: a reader sees a whole line, old or new
+    os.ftruncate(fd, len(line))
+    _owned[path] = fd
+
+
+def lock_owner(fd):
+    """The owner's line in a lock file. A new owner writes it just after it locks: an empty file gets a moment."""
+    for _ in range(100):
+        owner = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        if owner:
+            return owner
+        time.sleep(0.01)
+    return "another process"
+
+
+def release_run_dirs():
+    """Let go of every run directory this process owns (removing the lock file first, so that none is left behind)."""
+    while _owned:
+        path, fd = _owned.popitem()
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def run_dir_owner(folder):
+    """Who holds folder's lock ("pid N on host H (script)"), or None when no live process does."""
+    try:
+        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return lock_owner(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Output files, written so that a kill never leaves one that reads as finished
 

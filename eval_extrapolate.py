@@ -35,6 +35,7 @@ import sys
 import numpy as np
 import torch
 
+from common import error_exit, exit_interrupted  # one-line exits, printed once under torchrun
 from common import (UserError, all_reduce_sum, autocast, load_checkpoint, load_model, model_config, output_path,
                     resolve_dtype, setup_distributed, teardown_distributed, write_json)
 from data import checked, checkpoint_dataset, documents, read_tokens
@@ -305,7 +306,10 @@ def main(argv=None):
     try:
         return evaluate(parse_args(argv))
     except UserError as e:
-        sys.exit(f"eval_extrapolate.py: error: {e}")
+        error_exit("eval_extrapolate.py", e)  # once under torchrun, from rank 0
+    except KeyboardInterrupt:
+        exit_interrupted("eval_extrapolate.py", lambda: "nothing was written (the table, --json and the plots come "
+                         "once every row is measured); run the command again")
 
 
 if __name__ == "__main__":

@@ -23,21 +23,29 @@ the durations of the jobs finished so far (kept in the results directory across 
 a run only redraws the tables and plots; --report does just that from the results directory alone (a checkout
 holds the results but neither the data nor the checkpoints).
 
+One study at a time: on Linux a job dies with reproduce.py, even with a kill -9 of reproduce.py alone (the kernel
+sends it SIGKILL: prctl's PR_SET_PDEATHSIG), so that no orphaned train.py goes on writing a run that the study, run
+again, would start a second time; the run resumes from its last checkpoint. A training job whose run directory
+another process owns (train.py's lock on out_dir) is never started: reproduce.py stops with a one-line error naming
+that process (it does not wait); run it again once that process has ended.
+
 The results directory keeps each job's JSON compact (raw/): numbers rounded far below the printed decimals, one row
 per line, and without the per-position curves that no table or plot here draws (eval_extrapolate.py's "curves",
 resolution.py's s_hat, s_hat_heads and pairs); the scripts run by hand with --json still write them in full.
 """
 
 import argparse
+import ctypes
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import UserError, earlier_output, load_checkpoint, writable_dir, write_json
+from common import UserError, earlier_output, load_checkpoint, run_dir_owner, writable_dir, write_json
 
 PY = sys.executable
 HERE = Path(__file__).resolve().parent  # the scripts and config files; data, runs and results are under the cwd
@@ -313,6 +321,10 @@ def run_jobs(args, budget, jobs):
         else:
             command = job.command[1:]
             resumed_at = 0
+            owner = run_dir_owner(job.output.parent) if job.kind == "train" else None
+            if owner:
+                raise UserError(f"{job.name}: its run directory {job.output.parent} is in use by {owner}; run "
+                                "reproduce.py again once that process has ended (finished jobs are kept)")
             if job.kind not in ("train", "prepare") and job.output.exists() and not earlier_output(job.output,
                                                                                                       plot=False):
                 job.output.unlink()  # damaged, or from before outputs were marked: the script replaces only its own
@@ -321,7 +333,8 @@ def run_jobs(args, budget, jobs):
                 resumed_at = load_checkpoint(job.output, mmap=True)["iter_num"]
             print("$ " + " ".join(command), flush=True)
             argv = [PY] + [str(HERE / a) if a.endswith(".py") and (HERE / a).is_file() else a for a in command]
-            result = subprocess.run(argv, stdout=None if args.verbose else subprocess.DEVNULL)
+            result = subprocess.run(argv, stdout=None if args.verbose else subprocess.DEVNULL,
+                                    preexec_fn=die_with_this_process())
             if result.returncode != 0:
                 raise UserError(f"{job.name} failed (exit {result.returncode}); its command is above. Finished jobs "
                                 "are kept: fix the cause and run reproduce.py again to go on")
@@ -334,6 +347,21 @@ def run_jobs(args, budget, jobs):
         timings[job.name] = dict(kind=job.kind, seconds=round(seconds, 1))
         write_json(timings_path, timings, quiet=True)
     print(f"\nall {len(jobs)} jobs are finished: {args.results} ({clock(time.time() - start)} in this piece)")
+
+
+def die_with_this_process():
+    """A job's preexec_fn on Linux: the kernel sends the job SIGKILL when this process dies, however it dies, so that
+    no job outlives the study (its checkpoints are written by a rename: the run resumes from the last). None
+    elsewhere, where jobs die with reproduce.py's process group only (kill -- -PGID, or Ctrl-C)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded before the fork
+
+    def preexec():
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl: nobody would send the signal
+            os.kill(os.getpid(), signal.SIGKILL)
+    return preexec
 
 
 def read_timings(path):

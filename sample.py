@@ -7,15 +7,19 @@ Sample from a trained checkpoint with model.py's cached generate; past block_siz
 --bca auto (default) switches blockwise causal attention on once the text is longer than block_size; --attention
 sliding|sinks (with --window, --sinks) and --rope_scaling pi|ntk|dynamic_ntk|yarn (with --rope_factor) decode with
 those instead (model.py's AttentionRule and RopeScaling).
+
+One process: under torchrun (RANK set) every rank would print every sample, so sample.py refuses it with a one-line
+error (printed once).
 """
 
 import argparse
 import math
-import sys
+import os
 from pathlib import Path
 
 import torch
 
+from common import error_exit  # the one-line exit, printed once under torchrun
 from common import UserError, autocast, check_seed, load_model, resolve_device, resolve_dtype
 from data import checkpoint_dataset, tokenizer_from_meta
 from evaluation import add_checkpoint_args, attention_options, check_rule, learned_length_check, pointless
@@ -37,6 +41,9 @@ def read_prompt(path):
 
 
 def sample(args):
+    if "RANK" in os.environ:  # torchrun: each rank would print every sample
+        raise UserError(f"RANK={os.environ['RANK']} is set (torchrun?): sample.py runs as one process; run it with "
+                        "python, not torchrun")
     device = resolve_device(args.device)
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise UserError("--max_new_tokens and --num_samples must be >= 1")
@@ -94,7 +101,7 @@ def main(argv=None):
     try:
         sample(parse_args(argv))
     except UserError as e:
-        sys.exit(f"sample.py: error: {e}")
+        error_exit("sample.py", e)  # once under torchrun, from rank 0
 
 
 if __name__ == "__main__":

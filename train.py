@@ -23,15 +23,18 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, fields
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import (CHECKPOINT_FORMAT, DTYPES, UserError, all_reduce_sum, autocast, catch_stop_signals, checkpoint_path,
-                    keep_checkpoint, load_checkpoint, load_weights, model_config, open_log, peak_flops, resolve_dtype,
-                    save_checkpoint, setup_distributed, teardown_distributed, train_flops_per_token, writable_dir)
+from common import (CHECKPOINT_FORMAT, DTYPES, UserError, agree_on_error, all_reduce_sum, autocast,
+                    catch_stop_signals, checkpoint_path, error_exit, exit_interrupted, keep_checkpoint,
+                    load_checkpoint, load_weights, model_config, open_log, own_run_dir, peak_flops, release_run_dirs,
+                    resolve_dtype, save_checkpoint, setup_distributed, teardown_distributed, train_flops_per_token,
+                    writable_dir)
 from configurator import AT_LEAST_ONE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, configure
 from data import check_tokenizer, get_batch, load_meta, read_tokens, sample_offsets, tokenizer_identity
 from model import GPT, GPTConfig
@@ -66,6 +69,7 @@ DEFAULTS = dict(
     dtype="auto",  # auto (bf16 on sm80+, fp16 + GradScaler on older CUDA, fp32 on CPU) | float32 | bfloat16 | float16
     compile=False, seed=1337,
     ddp_timeout_minutes=30.0,  # how long a rank waits in a collective (e.g. while rank 0 writes the checkpoint)
+    ddp_rendezvous_minutes=10.0,  # how long the processes wait for each other at the start (torchrun's RANK etc.)
     grad_checkpoint=False,  # recompute each block's activations in the backward pass: less memory, more compute
     overwrite=False,  # init_from=scratch in an out_dir that holds ckpt.pt: refused unless this is True
 )
@@ -73,7 +77,7 @@ CHOICES = dict(init_from=("scratch", "resume"), lr_schedule=("cosine", "polynomi
 LIMITS = dict(  # numeric keys, checked once the whole configuration is known
     learning_rate=POSITIVE, min_lr=NON_NEGATIVE, weight_decay=NON_NEGATIVE, beta1=FRACTION, beta2=FRACTION,
     adam_eps=POSITIVE, grad_clip=(NON_NEGATIVE[0], "a finite number >= 0 (0 disables clipping)"), lr_power=POSITIVE,
-    checkpoint_minutes=NON_NEGATIVE, ddp_timeout_minutes=POSITIVE, seed=SEED,
+    checkpoint_minutes=NON_NEGATIVE, ddp_timeout_minutes=POSITIVE, ddp_rendezvous_minutes=POSITIVE, seed=SEED,
     **dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "keep_checkpoints"), COUNT),
     **dict.fromkeys(("eval_interval", "eval_iters", "log_interval", "batch_size", "gradient_accumulation_steps"),
                     AT_LEAST_ONE),
@@ -122,33 +126,15 @@ def evaluate(run, c):
 
 
 def setup(c):
-    """Processes, device, precision, and every check that can fail before any work: wandb, out_dir, the dataset, the
-    checkpoint and the model's configuration (the checkpoint's on resume). Returns the shared state and checkpoint."""
-    ddp, rank, world, device = setup_distributed(c["device"], c["ddp_timeout_minutes"])
-    if c["gradient_accumulation_steps"] % world:
-        raise UserError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be divisible by the "
-                        f"number of processes ({world}): it is the global number of micro-steps per iteration")
-    dtype = resolve_dtype(c["dtype"], device)
-    run = SimpleNamespace(ddp=ddp, rank=rank, world=world, device=device, device_type=device.split(":")[0],
-                          master=rank == 0, micro_steps=c["gradient_accumulation_steps"] // world, dtype=dtype,
-                          ctx=autocast(device, dtype), ckpt_path=checkpoint_path(c["out_dir"]),
-                          global_batch=c["batch_size"] * c["gradient_accumulation_steps"], wandb=None)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    if c["wandb_log"]:  # checked on every rank, so that all stop together
-        try:
-            import wandb
-        except ImportError:
-            raise UserError("wandb_log=True needs the wandb package: pip install wandb") from None
-        if run.master:
-            run.wandb = wandb  # the module; start_logging replaces it with the run
-
-    run.meta = load_meta(c["data_dir"])
-    if c["init_from"] == "scratch" and run.ckpt_path.exists() and not c["overwrite"]:  # every rank: all stop together
-        raise UserError(f"{run.ckpt_path} exists and init_from=scratch would replace it: continue it with "
-                        "--init_from=resume, or start over with --overwrite=True")
-    if run.master:  # which writes the checkpoints
-        writable_dir(c["out_dir"], "out_dir")
+    """Processes, device, precision, and every check that can fail before any work: wandb, out_dir (taken for this
+    run: own_run_dir), the dataset, the checkpoint and the model's configuration (the checkpoint's on resume). Returns
+    the shared state and checkpoint."""
+    ddp, rank, world, device = setup_distributed(c["device"], c["ddp_timeout_minutes"], c["ddp_rendezvous_minutes"])
+    try:
+        run, problem = check_run(c, ddp, rank, world, device), None
+    except UserError as e:
+        run, problem = None, e
+    agree_on_error(problem, ddp, device)  # rank 0 alone takes out_dir: all stop together if it cannot
     if ddp and c["init_from"] == "resume":  # rank 0 writes the checkpoints: every rank must see the same out_dir
         seen = int(all_reduce_sum(torch.tensor(float(run.ckpt_path.exists()), device=device), ddp))
         if 0 < seen < world:
@@ -178,6 +164,36 @@ def setup(c):
                             f"{c['block_size']}")
     run.start_iter = ckpt["iter_num"] if ckpt else 0
     return run, ckpt
+
+
+def check_run(c, ddp, rank, world, device):
+    """The checks each rank makes alone, with no collective (setup agrees on their outcome), and out_dir's lock."""
+    if c["gradient_accumulation_steps"] % world:
+        raise UserError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be divisible by the "
+                        f"number of processes ({world}): it is the global number of micro-steps per iteration")
+    dtype = resolve_dtype(c["dtype"], device)
+    run = SimpleNamespace(ddp=ddp, rank=rank, world=world, device=device, device_type=device.split(":")[0],
+                          master=rank == 0, micro_steps=c["gradient_accumulation_steps"] // world, dtype=dtype,
+                          ctx=autocast(device, dtype), ckpt_path=checkpoint_path(c["out_dir"]),
+                          global_batch=c["batch_size"] * c["gradient_accumulation_steps"], wandb=None)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    if c["wandb_log"]:  # checked on every rank, so that all stop together
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("wandb_log=True needs the wandb package: pip install wandb") from None
+        if run.master:
+            run.wandb = wandb  # the module; start_logging replaces it with the run
+
+    run.meta = load_meta(c["data_dir"])
+    if run.master:  # which writes the checkpoints: the one owner of out_dir, before anything in it is touched
+        writable_dir(c["out_dir"], "out_dir")
+        own_run_dir(c["out_dir"])
+    if c["init_from"] == "scratch" and run.ckpt_path.exists() and not c["overwrite"]:
+        raise UserError(f"{run.ckpt_path} exists and init_from=scratch would replace it: continue it with "
+                        "--init_from=resume, or start over with --overwrite=True")
+    return run
 
 
 def build(run, c, ckpt):
@@ -412,11 +428,28 @@ def train(c):
         print(f"done: {run.ckpt_path} (iter {iter_num}, best val loss {run.best_val_loss:.4f})")
 
 
-def main(argv=None):
+def kept(c):
+    """What a Ctrl-C leaves behind (for its one line): the last checkpoint, from which --init_from=resume goes on."""
+    path = Path(c["out_dir"]) / "ckpt.pt" if c else None
+    if path is None or not path.is_file():
+        return "no checkpoint was written"
     try:
-        train(load_config(sys.argv[1:] if argv is None else argv))
+        return f"{path} (iter {load_checkpoint(path, mmap=True)['iter_num']}) is kept: continue with --init_from=resume"
     except UserError as e:
-        sys.exit(f"train.py: error: {e}")
+        return str(e)
+
+
+def main(argv=None):
+    c = None
+    try:
+        c = load_config(sys.argv[1:] if argv is None else argv)
+        train(c)
+    except UserError as e:
+        error_exit("train.py", e)
+    except KeyboardInterrupt:  # the checkpoint is written by a rename: an interrupted save leaves the last one
+        exit_interrupted("train.py", lambda: kept(c))
+    finally:
+        release_run_dirs()
 
 
 if __name__ == "__main__":

@@ -185,3 +185,88 @@ def test_outputs_replace_only_earlier_outputs_of_their_kind(tmp_path):
 @pytest.mark.parametrize("seed", [-1, 10**23, 2**63])
 def test_seeds_outside_what_torch_and_numpy_take_are_refused(seed):
     assert f"--seed {seed} is not allowed: must be an integer from 0 to 2**63 - 1" in error(common.check_seed, seed)
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_vars(monkeypatch, rank, world=2, port=None, **more):
+    for k, v in dict(RANK=rank, WORLD_SIZE=world, MASTER_ADDR="127.0.0.1", MASTER_PORT=port or free_port(),
+                     **more).items():
+        monkeypatch.setenv(k, str(v))
+
+
+def test_rank_without_the_other_torchrun_variables_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv("RANK", "0")  # `RANK=0 python train.py`: torch's ValueError before
+    for k in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    assert "RANK='0' is set but not WORLD_SIZE, MASTER_ADDR, MASTER_PORT" in error(common.setup_distributed, "cpu")
+    torchrun_vars(monkeypatch, "x")
+    assert "RANK='x'" in error(common.setup_distributed, "cpu")
+    torchrun_vars(monkeypatch, 2, world=2)
+    assert "0 <= RANK < WORLD_SIZE" in error(common.setup_distributed, "cpu")
+
+
+def test_rendezvous_timeout_names_the_missing_ranks(monkeypatch):
+    """RANK=0 WORLD_SIZE=2 without a rank 1 waited torch's 30 minutes; now rendezvous_minutes, then who is missing."""
+    torchrun_vars(monkeypatch, 0)
+    message = error(common.setup_distributed, "cpu", rendezvous_minutes=0.01)
+    assert "rank(s) 1 of WORLD_SIZE=2 did not join" in message and "ddp_rendezvous_minutes" in message
+    torchrun_vars(monkeypatch, 1)  # and a rank 1 with nobody at MASTER_ADDR:MASTER_PORT
+    assert "nothing answers at MASTER_ADDR:MASTER_PORT=127.0.0.1:" in error(common.setup_distributed, "cpu",
+                                                                           rendezvous_minutes=0.01)
+
+
+def test_one_rank_prints_the_error(monkeypatch):
+    """Under torchrun every rank checks the same inputs: rank 0 prints the error, the others exit 1 quietly, unless
+    the error is one rank's alone (rank_error)."""
+    torchrun_vars(monkeypatch, 1)
+    monkeypatch.setattr(common, "QUIET_EXIT_SECONDS", 0)
+    with pytest.raises(SystemExit) as e:
+        common.error_exit("x.py", common.UserError("bad"))
+    assert e.value.code == 1
+    with pytest.raises(SystemExit) as e:
+        common.error_exit("x.py", common.rank_error("mine"))
+    assert e.value.code == "x.py: error: mine"
+    torchrun_vars(monkeypatch, 0)
+    with pytest.raises(SystemExit) as e:
+        common.error_exit("x.py", common.UserError("bad"))
+    assert e.value.code == "x.py: error: bad"
+
+
+def test_a_run_directory_has_one_owner(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    common.own_run_dir(out)
+    try:
+        assert f"pid {os.getpid()} on host" in common.run_dir_owner(out)
+        message = error(common.own_run_dir, out)  # a second open of the lock conflicts, even in one process
+        assert f"out_dir {out} is in use by pid {os.getpid()} on host" in message
+    finally:
+        common.release_run_dirs()
+    assert common.run_dir_owner(out) is None and not (out / "lock").exists()
+    (out / "lock").write_text("pid 99999999 on host gone (train.py)\n")  # a dead owner's: no flock holds it
+    assert common.run_dir_owner(out) is None
+    common.own_run_dir(out)
+    assert f"pid {os.getpid()}" in (out / "lock").read_text()
+    common.release_run_dirs()
+
+
+def test_rendezvous_meets_and_catches_a_disagreement_on_world_size():
+    """Two ranks meet in the store (threads here stand for processes); ranks told different WORLD_SIZEs would leave
+    rank 0 waiting for a rank that never comes (gloo's connect, 30 minutes): a one-line error instead."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def meet(worlds, port=None):
+        port = port or free_port()
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(common.rendezvous, rank, world, "127.0.0.1", port, 0.02)
+                       for rank, world in enumerate(worlds)]
+            return [f.exception() or f.result() for f in futures]
+
+    assert all(isinstance(r, common.dist.TCPStore) for r in meet((2, 2)))
+    rank0, _ = meet((2, 3))
+    assert str(rank0) == "the processes disagree on WORLD_SIZE (rank 0: 2, rank 1: 3): give every one the same"

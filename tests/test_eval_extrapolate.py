@@ -378,3 +378,25 @@ def test_a_damaged_checkpoint_is_refused_before_scoring(tiny_data, tmp_path, mon
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "m.pt", "--lengths", "8")
     assert "m.pt is damaged: the checksum of its model tensors does not match" in str(e.value.code)
+
+def test_ctrl_c_is_one_line(tiny_data, tmp_path, monkeypatch, capsys):
+    """Ctrl-C mid-evaluation printed a KeyboardInterrupt traceback of 46 lines: one line saying that nothing was
+    written, exit status 130 (the real signal: tests/hostile.py)."""
+    import signal
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(eval_extrapolate, "score", interrupted)
+    handler = signal.getsignal(signal.SIGINT)  # exit_interrupted ignores a second Ctrl-C: pytest's comes back
+    try:
+        run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--json", tmp_path / "r.json")
+    except BaseException as e:  # noqa: B036 -- a KeyboardInterrupt escaping would stop pytest itself
+        raised = e
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert isinstance(raised, SystemExit) and raised.code == 130
+    assert capsys.readouterr().err == ("eval_extrapolate.py: interrupted (Ctrl-C): nothing was written (the table, "
+                                       "--json and the plots come once every row is measured); run the command "
+                                       "again\n")
+    assert not (tmp_path / "r.json").exists()

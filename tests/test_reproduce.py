@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,68 @@ def test_a_damaged_result_newer_than_its_checkpoints_is_measured_again(toy_study
     ran = [line.split("] ")[1].split(" (")[0] for line in again.stdout.splitlines() if line.startswith("[")]
     assert ran == ["repeat probe learned", "tables and plots"] and "timings.json is not readable JSON" in again.stdout
     assert reproduce.read_result(raw / "learned.repeat.json")["rows"]
+
+def one_job_study(tmp, job):
+    """reproduce.run_jobs on one job, with the arguments it reads."""
+    from types import SimpleNamespace
+    args = SimpleNamespace(results=str(tmp / "results"), plan=False, budget="toy", verbose=False)
+    (tmp / "results").mkdir(exist_ok=True)
+    reproduce.run_jobs(args, {"recipe": {"max_iters": 2}}, [job])
+
+
+def test_a_train_job_whose_run_is_owned_is_not_started(tmp_path):
+    """A run directory that another process owns (a train.py left running, or another study) is a one-line error
+    naming it, and the job is never started."""
+    import fcntl
+    out = tmp_path / "runs" / "rope_s1337"
+    out.mkdir(parents=True)
+    fd = os.open(out / "lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, b"pid 4242 on host elsewhere (train.py)\n")
+    marker = tmp_path / "started"
+    job = reproduce.Job("train rope_s1337", "train", out / "ckpt.pt",
+                        [sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
+    try:
+        with pytest.raises(reproduce.UserError) as e:
+            one_job_study(tmp_path, job)
+    finally:
+        os.close(fd)
+    assert str(e.value).startswith(f"train rope_s1337: its run directory {out} is in use by pid 4242 on host "
+                                   "elsewhere (train.py)")
+    assert not marker.exists()
+    one_job_study(tmp_path, job)  # once the owner is gone
+    assert marker.exists()
+
+
+def test_a_job_dies_with_reproduce(tmp_path):
+    """kill -9 of reproduce.py alone left its train.py running, orphaned, beside the study run again: a job now dies
+    with reproduce.py."""
+    pid_file = tmp_path / "job.pid"
+    job = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", f"""
+import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]
+from pathlib import Path
+import reproduce, test_reproduce
+test_reproduce.one_job_study(Path({str(tmp_path)!r}), reproduce.Job("job", "extrapolate", Path({str(tmp_path)!r}) /
+                             "out.json", [sys.executable, "-c", {job!r}]))
+"""], cwd=ROOT, stdout=subprocess.DEVNULL)
+    try:
+        while parent.poll() is None and not (pid_file.exists() and pid_file.read_text()):
+            time.sleep(0.01)
+        assert parent.poll() is None, "reproduce ended before its job started"
+        parent.kill()
+    finally:
+        parent.wait()
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 30  # not a timing check: the job would sleep for 60 seconds
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid), "the job outlived reproduce.py"
+
+
+def alive(pid):
+    """Whether pid runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False

@@ -119,3 +119,16 @@ def test_seed_temperature_weights_and_prompt_file_are_checked(tiny_data, tmp_pat
         with pytest.raises(SystemExit) as e:
             sample.main(["--ckpt", str(tmp_path / "m.pt"), "--max_new_tokens", "3", *argv])
         assert message in str(e.value.code) and "\n" not in str(e.value.code)
+
+def test_torchrun_is_refused_once(tiny_data, tmp_path, capsys, monkeypatch):
+    """Under torchrun every rank printed every sample: sample.py runs as one process, and says so from rank 0 only."""
+    import common
+    from test_common import torchrun_vars
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    monkeypatch.setattr(common, "QUIET_EXIT_SECONDS", 0, raising=False)
+    for rank, said in ((0, "sample.py: error: RANK=0 is set (torchrun?): sample.py runs as one process; run it with "
+                           "python, not torchrun"), (1, 1)):
+        torchrun_vars(monkeypatch, rank)
+        with pytest.raises(SystemExit) as e:
+            sample.main(["--ckpt", str(tmp_path / "m.pt"), "--max_new_tokens", "4"])
+        assert e.value.code == said and capsys.readouterr().out == ""

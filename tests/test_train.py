@@ -668,3 +668,102 @@ def test_resume_refuses_a_damaged_checkpoint(data_dir, tmp_path):
         save_checkpoint(good, out / "ckpt.pt")
         damage_record(out / "ckpt.pt", name, at=0)
         assert "ckpt.pt is damaged" in train_error(tiny_args(data_dir, out, init_from="resume"))
+
+def hold_lock(out_dir, owner="pid 4242 on host elsewhere (train.py)"):
+    """out_dir's lock held as a running train.py holds it (flock on out_dir/lock, its owner written in): the caller
+    closes the descriptor to let go."""
+    import fcntl
+    fd = os.open(Path(out_dir) / "lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, owner.encode())
+    return fd
+
+
+def test_a_second_trainer_on_an_owned_out_dir_is_refused(data_dir, tmp_path):
+    """Two trainers on one out_dir renamed each other's ckpt.pt.tmp away: the second (resume, or scratch with
+    --overwrite=True) is now a one-line error naming the owner, and touches nothing; a dead owner's lock is taken."""
+    out = tmp_path / "run"
+    train.main(tiny_args(data_dir, out, max_iters=3))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    fd = hold_lock(out)
+    try:
+        for extra in (dict(init_from="resume"), dict(overwrite=True)):
+            with pytest.raises(SystemExit) as e:
+                train.main(tiny_args(data_dir, out, **extra))
+            assert str(e.value.code) == (f"train.py: error: out_dir {out} is in use by pid 4242 on host elsewhere "
+                                         "(train.py): one process at a time writes a run; wait for it to end or stop "
+                                         "it, or give another out_dir")
+            assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != "lock"} == before
+    finally:
+        os.close(fd)  # the owner dies: its lock file stays behind, stale
+    train.main(tiny_args(data_dir, out, init_from="resume"))
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 6 and not (out / "lock").exists()
+
+
+def test_rank_alone_and_a_missing_peer_are_one_line_errors(data_dir, tmp_path, monkeypatch):
+    """`RANK=0 python train.py` was a ValueError traceback, and a rank 0 whose peer never comes waited for ever (30
+    minutes): one-line errors, the second after ddp_rendezvous_minutes, naming the missing rank."""
+    monkeypatch.setenv("RANK", "0")
+    for k in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(data_dir, tmp_path / "run"))
+    assert str(e.value.code).startswith("train.py: error: RANK='0' is set but not WORLD_SIZE, MASTER_ADDR, MASTER_PORT")
+    from test_common import torchrun_vars
+    torchrun_vars(monkeypatch, 0)
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(data_dir, tmp_path / "run", ddp_rendezvous_minutes=0.01))
+    assert "rank(s) 1 of WORLD_SIZE=2 did not join" in str(e.value.code) and "\n" not in str(e.value.code)
+    assert not (tmp_path / "run").exists()
+
+
+def sigint_default():
+    """A child's SIGINT as in a terminal: a background test run (make test-all &) would pass on SIG_IGN."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_is_one_line_and_keeps_the_last_checkpoint(data_dir, tmp_path):
+    """SIGINT (Ctrl-C) mid-run printed a KeyboardInterrupt traceback: one line saying which checkpoint is kept and
+    how to go on, exit status 130; the checkpoint is the last one written, and the run resumes from it."""
+    args = dict(max_iters=400, eval_interval=4, eval_iters=2)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "train.py", *tiny_args(data_dir, out, **args)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_default)
+    try:
+        while proc.poll() is None and not ((out / "log.jsonl").exists() and any(i >= 6 for i in logged_iters(out))):
+            time.sleep(0.01)
+        assert proc.poll() is None, "training ended before the signal"
+        proc.send_signal(signal.SIGINT)
+        stderr = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+    saved = torch.load(out / "ckpt.pt", weights_only=True)["iter_num"]
+    assert proc.returncode == 130 and "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
+    assert stderr.strip() == (f"train.py: interrupted (Ctrl-C): {out / 'ckpt.pt'} (iter {saved}) is kept: continue "
+                              "with --init_from=resume")
+    assert not (out / "lock").exists() or "pid" in (out / "lock").read_text()
+    done = subprocess.run([*cmd, "--max_iters=12", "--init_from=resume"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_under_torchrun_an_error_is_printed_once(data_dir, tmp_path):
+    """Every rank checks the same arguments: the error is printed by rank 0 alone, and the others exit with it. One
+    that rank 0 alone meets (out_dir owned by another process) stops every rank, printed once too."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
+    done = subprocess.run([*torchrun, *tiny_args(data_dir, tmp_path / "a", batch_size=0)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and done.stderr.count("batch_size=0 is not allowed") == 1, done.stderr
+    out = tmp_path / "b"
+    out.mkdir()
+    fd = hold_lock(out)
+    try:
+        done = subprocess.run([*torchrun, *tiny_args(data_dir, out, gradient_accumulation_steps=2)], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        os.close(fd)
+    assert done.returncode != 0 and done.stderr.count(f"train.py: error: out_dir {out} is in use by pid 4242") == 1
+    assert not any(f'{name}", line' in done.stderr for name in ("train.py", "common.py")), done.stderr  # (torchrun's
+    # own traceback, ChildFailedError, is torchrun's)

@@ -1,0 +1,229 @@
+"""
+The slow attacks on the processes' life cycle (issue 22), not part of the pytest suite: real signals and real races,
+each checked for what must hold after it. Part of `make test-all`.
+
+    python tests/hostile.py                 # all of them, a few minutes on 2 CPU cores
+    python tests/hostile.py --only race     # race, orphan, sigint, sigint_eval, sigint_torchrun
+
+- race: two trainers started together on one out_dir (--init_from=resume, then --overwrite=True): one trains to the
+  end with a complete log, the other is a one-line error naming the first's pid and touches nothing.
+- orphan: kill -9 of reproduce.py alone while its train.py job runs (held with SIGSTOP, so that it cannot just
+  finish): the job dies with it, and reproduce.py run again finishes the study.
+- sigint: Ctrl-C (SIGINT) at random moments of a run that writes a checkpoint every iteration: one line and status
+  130 each time, the checkpoint it names loads, and the run resumes to its end.
+- sigint_eval: Ctrl-C in the middle of eval_extrapolate.py: one line, status 130, no --json written.
+- sigint_torchrun: Ctrl-C to torchrun's process group (as a terminal sends it) mid-run: the line once, from rank 0.
+
+Prints one line per check and exits 1 unless every one held.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from test_train import logged_iters, tiny_args, words_dataset  # noqa: E402  (the tests' data and arguments)
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+failures = []
+
+
+def check(ok, what, detail=""):
+    print(f"{'ok  ' if ok else 'FAIL'} {what}" + ("" if ok else f": {detail[-1500:]}"), flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def terminal_sigint():
+    """The child's SIGINT as in a terminal: started from a background job it would be ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start(cmd, **kwargs):
+    return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=terminal_sigint, **kwargs)
+
+
+def wait_for(condition, proc, seconds=300):
+    deadline = time.monotonic() + seconds
+    while proc.poll() is None and not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc.poll() is None and condition()
+
+
+def train_log(out):
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()] if (out / "log.jsonl").exists() \
+        else []
+
+
+def race(tmp, data):
+    base = tmp / "base"
+    subprocess.run([sys.executable, "train.py", *tiny_args(data, base, max_iters=20, eval_interval=10)], cwd=ROOT,
+                   env=ENV, check=True, capture_output=True)
+    for name, extra in (("resume", dict(init_from="resume")), ("overwrite", dict(overwrite=True))):
+        out = tmp / f"race_{name}"
+        shutil.copytree(base, out)
+        args = tiny_args(data, out, max_iters=200, eval_interval=2, eval_iters=1, **extra)
+        procs = [start([sys.executable, "train.py", *args]) for _ in range(2)]
+        errs = [p.communicate(timeout=900)[1] for p in procs]
+        results = [(p.pid, p.returncode, None, err) for p, err in zip(procs, errs)]
+        won = [r for r in results if r[1] == 0]
+        lost = [r for r in results if r[1] != 0]
+        check(len(won) == 1 and len(lost) == 1, f"race {name}: one trainer of two runs",
+              "\n".join(f"pid {r[0]} exit {r[1]}: {r[3]}" for r in results))
+        if len(won) == 1 and len(lost) == 1:
+            err = lost[0][3].strip()
+            check(lost[0][1] == 1 and len(err.splitlines()) == 1 and f"is in use by pid {won[0][0]} on host" in err,
+                  f"race {name}: the other is one line naming the owner's pid", err)
+            iters = [e["iter"] for e in train_log(out) if "loss" in e]
+            check(iters == list(range(200)), f"race {name}: the owner's log is complete",
+                  f"iters {iters[:3]}...{iters[-3:]}")
+            import torch
+            check(torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 200 and not (out / "lock").exists(),
+                  f"race {name}: its checkpoint is at the end, and the lock is gone")
+
+
+def children(pid):
+    """The pids of pid's children (Linux /proc)."""
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        kids += [int(k) for k in (task / "children").read_text().split()] if (task / "children").exists() else []
+    return kids
+
+
+def cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def orphan(tmp):
+    study = tmp / "study"
+    argv = [sys.executable, "reproduce.py", "--budget", "toy", "--schemes", "rope", "--results", str(study / "results"),
+            "--runs", str(study / "runs"), "--data", str(study / "data")]
+    proc = start(argv)
+    trainer = []
+    found = wait_for(lambda: trainer or trainer.extend(k for k in children(proc.pid) if "train.py" in cmdline(k)),
+                     proc, 600)
+    check(found, "orphan: reproduce.py starts a train.py job", proc.stderr.read() if proc.poll() is not None else "")
+    if not found:
+        proc.kill()
+        return
+    os.kill(trainer[0], signal.SIGSTOP)  # held still: a toy job would otherwise finish by itself in a second
+    proc.kill()  # kill -9 of reproduce.py alone: not its process group
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while alive(trainer[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check(not alive(trainer[0]), "orphan: its train.py job dies with it", cmdline(trainer[0]))
+    if alive(trainer[0]):
+        os.kill(trainer[0], signal.SIGKILL)
+    done = subprocess.run(argv, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1800)
+    check(done.returncode == 0 and "jobs are finished" in done.stdout, "orphan: reproduce.py run again finishes",
+          done.stdout[-1000:] + done.stderr)
+
+
+def sigint(tmp, data, rounds=3):
+    import torch
+    out = tmp / "sigint"
+    args = tiny_args(data, out, max_iters=60, eval_interval=1, eval_iters=1, keep_checkpoints=2)
+    rng = random.Random(0)
+    for k in range(rounds):
+        resume = ["--init_from=resume"] if (out / "ckpt.pt").exists() else []
+        proc = start([sys.executable, "train.py", *args, *resume])
+        at = (max(logged_iters(out)) if (out / "log.jsonl").exists() and resume else 0) + rng.randint(2, 8)
+        if not wait_for(lambda: (out / "log.jsonl").exists() and any(i >= at for i in logged_iters(out)), proc):
+            check(False, f"sigint {k}: the run was still going", proc.communicate()[1])
+            return
+        time.sleep(rng.random() * 0.3)  # somewhere in an iteration, an evaluation or a checkpoint's write
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=120)[1].strip()
+        saved = torch.load(out / "ckpt.pt", weights_only=True)["iter_num"]
+        check(proc.returncode == 130 and len(err.splitlines()) == 1 and "Traceback" not in err
+              and f"(iter {saved}) is kept: continue with --init_from=resume" in err,
+              f"sigint {k}: one line naming the checkpoint kept (iter {saved}), status 130",
+              f"exit {proc.returncode}: {err}")
+    done = subprocess.run([sys.executable, "train.py", *args, "--init_from=resume"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True)
+    iters = [e["iter"] for e in train_log(out) if "loss" in e]
+    check(done.returncode == 0 and iters == list(range(60)), "sigint: the run resumes to its end, its log whole",
+          done.stderr + f" iters {iters}")
+
+
+def sigint_eval(tmp, data):
+    ckpt = tmp / "base" / "ckpt.pt"
+    if not ckpt.exists():
+        subprocess.run([sys.executable, "train.py", *tiny_args(data, tmp / "base", max_iters=4)], cwd=ROOT, env=ENV,
+                       check=True, capture_output=True)
+    ready = tmp / "scoring"
+    # the real script, held in its first scoring pass until the signal comes (it would finish in a blink)
+    code = (f"import sys, time, pathlib; sys.path.insert(0, {str(ROOT)!r}); import eval_extrapolate as e; s = e.score\n"
+            f"def slow(*a):\n    pathlib.Path({str(ready)!r}).touch(); time.sleep(60); return s(*a)\n"
+            f"e.score = slow; e.main(['--ckpt', {str(ckpt)!r}, '--lengths', '8,16', '--json', "
+            f"{str(tmp / 'eval.json')!r}])")
+    proc = start([sys.executable, "-c", code])
+    wait_for(ready.exists, proc)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1].strip()
+    check(proc.returncode == 130 and err.startswith("eval_extrapolate.py: interrupted (Ctrl-C): nothing was written")
+          and len(err.splitlines()) == 1 and not (tmp / "eval.json").exists(),
+          "sigint_eval: one line, status 130, no --json", f"exit {proc.returncode}: {err}")
+
+
+def sigint_torchrun(tmp, data):
+    import torch
+    out = tmp / "sigint_torchrun"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+           *tiny_args(data, out, max_iters=400, eval_interval=5, eval_iters=2, gradient_accumulation_steps=2)]
+    proc = start(cmd, start_new_session=True)  # its own process group, which a terminal's Ctrl-C goes to
+    if not wait_for(lambda: (out / "log.jsonl").exists() and any(i >= 12 for i in logged_iters(out)), proc):
+        check(False, "sigint_torchrun: the run was still going", proc.communicate()[1])
+        return
+    os.killpg(proc.pid, signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    saved = torch.load(out / "ckpt.pt", weights_only=True)["iter_num"]
+    ours = [line for line in err.splitlines() if line.startswith("train.py:")]
+    check(len(ours) == 1 and f"(iter {saved}) is kept" in ours[0] and 'train.py", line' not in err
+          and 'common.py", line' not in err, "sigint_torchrun: one line from rank 0, no traceback from train.py",
+          err)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", help="comma-separated: race, orphan, sigint, sigint_eval, sigint_torchrun")
+    attacks = ("race", "orphan", "sigint", "sigint_eval", "sigint_torchrun")
+    only = (p.parse_args().only or ",".join(attacks)).split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        data = words_dataset(tmp)
+        for name in attacks:
+            if name in only:
+                t0 = time.time()
+                if name == "orphan":
+                    orphan(tmp)
+                else:
+                    globals()[name](tmp, data)
+                print(f"     ({name}: {time.time() - t0:.0f} s)", flush=True)
+    print(f"hostile: {'all checks held' if not failures else f'{len(failures)} failed: ' + '; '.join(failures)}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
