@@ -168,16 +168,18 @@ class PositionTable:
         self.scale_base = config.xpos_scale_base if config.pos == "xpos" else math.inf
         half = 8 * math.log(2) * self.scale_base / math.log(1 + 1 / config.xpos_gamma)  # the n/2 where F = 2^8
         self.chunk = self.frame if 2 * half >= self.frame else 2 * int(half) + 1
+        e = torch.arange(-self.frame, self.frame, device=device, dtype=torch.float32)[:, None]  # e = m - c or n - c
+        self.decay = (self.zeta ** (e / self.scale_base))[..., None] if config.pos == "xpos" else None  # row e + frame
 
     def factors(self, queries, keys):
         """The factors of q at frame positions `queries` and of k at `keys`, (n, d/2, 2): the rotation times xPos's
         zeta^((m-c)/scale) and zeta^(-(n-c)/scale). q.k carries zeta^((m-n)/scale) whatever the centre c; with c in the
         middle of at most `chunk` queries no factor passes 2^8, and far keys underflow to 0: they have decayed."""
         q, k = self.rotation[queries.start : queries.stop], self.rotation[keys.start : keys.stop]
-        if self.scale_base < math.inf:
-            c, zeta = (queries.start + queries.stop - 1) // 2, self.zeta[:, None]  # (d/2, 1), against (n, d/2, 2)
-            at = lambda r: torch.arange(r.start - c, r.stop - c, device=q.device, dtype=torch.float32)[:, None, None]
-            q, k = q * zeta ** (at(queries) / self.scale_base), k * zeta ** (-at(keys) / self.scale_base)
+        if self.decay is not None:
+            c = (queries.start + queries.stop - 1) // 2 - self.frame  # row i of decay is zeta^((i - frame)/scale)
+            # far keys divide by an overflowed (inf) decay: 0, what they have decayed to
+            q, k = q * self.decay[queries.start - c : queries.stop - c], k / self.decay[keys.start - c : keys.stop - c]
         return q, k
 
 
