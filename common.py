@@ -595,6 +595,10 @@ def writable_dir(folder, what):
         with tempfile.TemporaryFile(dir=folder):
             pass
     except (FileExistsError, NotADirectoryError):
+        try:
+            os.stat(folder)  # mkdir's "exists" also stands for a loop of symbolic links: name the real problem
+        except OSError as e:
+            raise UserError(f"{what} {folder}: {e.strerror}") from None
         raise UserError(f"{what} {folder}: it (or a folder above it) is a file, not a directory") from None
     except OSError as e:
         raise UserError(f"{what} {folder} is not writable: {e.strerror}") from None

@@ -635,6 +635,9 @@ def test_unusable_out_dirs_are_one_line_errors(data_dir, tmp_path):
     assert "ckpt.pt is a directory, not a checkpoint" in train_error(tiny_args(data_dir, tmp_path / "d",
                                                                                 overwrite=True))
     assert not (tmp_path / "d" / "log.jsonl").exists()  # refused before any work
+    os.symlink(tmp_path / "loop", tmp_path / "loop")  # a symbolic link to itself: it was reported as "a file"
+    message = train_error(tiny_args(data_dir, tmp_path / "loop"))
+    assert "Too many levels of symbolic links" in message and "is a file" not in message
 
 
 def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(data_dir, tmp_path, monkeypatch):
