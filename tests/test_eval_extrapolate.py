@@ -400,3 +400,25 @@ def test_ctrl_c_is_one_line(tiny_data, tmp_path, monkeypatch, capsys):
                                        "--json and the plots come once every row is measured); run the command "
                                        "again\n")
     assert not (tmp_path / "r.json").exists()
+
+
+def steep_xpos_checkpoint(path, data_dir, scale_base=4.0):
+    """A block_size-8 xPos checkpoint with scale_base = l/2, the study's ratio (the issue's attack used 32 at l = 64)."""
+    make_checkpoint(path, data_dir, pos="xpos", block_size=8)
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["model_args"]["xpos_scale_base"] = scale_base
+    save_checkpoint(ckpt, path)
+
+
+def test_xpos_without_bca_scores_finite_far_past_float32s_range(tmp_path):
+    """The issue's command: --bca off at 256 and 512 x block_size, where one factor over the sequence would be 3.5^256
+    and 3.5^512 (float32 holds 3.5^70): both rows finite, and close to each other (the same model, more context)."""
+    from prepare_data import write_dataset
+    rng = np.random.default_rng(0)
+    val, train = (rng.integers(0, len(CHARS), n).astype(np.uint16) for n in (4200, 500))
+    write_dataset(tmp_path / "d", {"train": (train, [[0, 500]], ["train"]), "val": (val, [[0, 4200]], ["v"])},
+                  dict(tokenizer="char", vocab_size=len(CHARS), dtype="uint16", chars=CHARS, eot_token=None))
+    steep_xpos_checkpoint(tmp_path / "m.pt", tmp_path / "d")
+    rows = run("--ckpt", tmp_path / "m.pt", "--bca", "off", "--lengths", "2048,4096", "--protocol", "chunks")
+    assert [r["length"] for r in rows] == [2048, 4096] and all(math.isfinite(r["ppl"]) for r in rows)
+    assert abs(rows[0]["nll"] - rows[1]["nll"]) < 0.05

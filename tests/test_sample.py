@@ -132,3 +132,15 @@ def test_torchrun_is_refused_once(tiny_data, tmp_path, capsys, monkeypatch):
         with pytest.raises(SystemExit) as e:
             sample.main(["--ckpt", str(tmp_path / "m.pt"), "--max_new_tokens", "4"])
         assert e.value.code == said and capsys.readouterr().out == ""
+
+
+def test_samples_without_bca_far_past_float32s_range(tiny_data, tmp_path, capsys):
+    """--bca off after a 4,000-token prompt with scale_base = l/2: one factor over the sequence would be 3.5^500
+    (the issue's sample.py attack ended in an OverflowError, or NaN probabilities)."""
+    from test_eval_extrapolate import steep_xpos_checkpoint
+    steep_xpos_checkpoint(tmp_path / "m.pt", tiny_data)
+    (tmp_path / "prompt.txt").write_text("abcdefghijk" * 364)  # 4,004 tokens
+    out = generate(capsys, "--ckpt", tmp_path / "m.pt", "--start", f"FILE:{tmp_path / 'prompt.txt'}", "--bca", "off",
+                   "--max_new_tokens", 3)
+    text = out.split("\n")[0]
+    assert len(text) == 4007 and set(text) <= set("abcdefghijk")
