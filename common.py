@@ -49,6 +49,12 @@ def save_checkpoint(obj, path):
         tmp.unlink(missing_ok=True)
         raise UserError(f"could not write checkpoint {path}: {e.strerror or e}; the previous one, if any, is kept") \
             from None
+    except RuntimeError as e:  # how torch's zip writer reports a write the system refused (ENOSPC, EFBIG)
+        tmp.unlink(missing_ok=True)
+        if "unexpected pos" not in str(e) and "failed writing" not in str(e):
+            raise
+        raise UserError(f"could not write checkpoint {path}: the write stopped short (a full disk, or a file size "
+                        "limit); the previous one, if any, is kept") from None
 
 
 def tensor_checksums(obj, parts=None):

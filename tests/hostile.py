@@ -3,7 +3,7 @@ The slow attacks on the processes' life cycle (issue 22), not part of the pytest
 each checked for what must hold after it. Part of `make test-all`.
 
     python tests/hostile.py                 # all of them, a few minutes on 2 CPU cores
-    python tests/hostile.py --only race     # race, orphan, sigint, sigint_eval, sigint_torchrun
+    python tests/hostile.py --only race     # race, orphan, sigint, sigint_eval, sigint_torchrun, full
 
 - race: two trainers started together on one out_dir (--init_from=resume, then --overwrite=True): one trains to the
   end with a complete log, the other is a one-line error naming the first's pid and touches nothing.
@@ -13,6 +13,10 @@ each checked for what must hold after it. Part of `make test-all`.
   130 each time, the checkpoint it names loads, and the run resumes to its end.
 - sigint_eval: Ctrl-C in the middle of eval_extrapolate.py: one line, status 130, no --json written.
 - sigint_torchrun: Ctrl-C to torchrun's process group (as a terminal sends it) mid-run: the line once, from rank 0.
+- full: a write the kernel refuses half-way, as on a full disk: a file-size limit (ulimit -f, with SIGXFSZ ignored,
+  so that the write fails with EFBIG as it would with ENOSPC) below a checkpoint's size while train.py resumes, and
+  below the token files' while prepare_data.py replaces a dataset: one line each, status 1, and the checkpoint or
+  dataset from before intact.
 
 Prints one line per check and exits 1 unless every one held.
 """
@@ -205,10 +209,46 @@ def sigint_torchrun(tmp, data):
           err)
 
 
+def limited(size):
+    """preexec_fn: files may not grow past size bytes; a write past it fails (EFBIG) instead of killing the process."""
+    def preexec():
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return preexec
+
+
+def full(tmp, data):
+    out = tmp / "full"
+    subprocess.run([sys.executable, "train.py", *tiny_args(data, out, max_iters=4, eval_interval=2)], cwd=ROOT,
+                   env=ENV, check=True, capture_output=True)
+    before = (out / "ckpt.pt").read_bytes()
+    done = subprocess.run([sys.executable, "train.py", *tiny_args(data, out, max_iters=8, eval_interval=2),
+                           "--init_from=resume"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          preexec_fn=limited(len(before) // 2))
+    err = done.stderr.strip()
+    check(done.returncode == 1 and len(err.splitlines()) == 1 and err.startswith("train.py: error:")
+          and (out / "ckpt.pt").read_bytes() == before, "full: train.py's checkpoint write fails in one line, the "
+          "previous checkpoint intact", f"exit {done.returncode}: {err}")
+    corpus, dataset = tmp / "full_corpus", tmp / "full_data"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the quick brown fox jumps over the lazy dog\n\n" * 3000)
+    prepare = [sys.executable, "prepare_data.py", "--dataset", "files", "--path", str(corpus), "--tokenizer", "char",
+               "--out_dir", str(dataset)]
+    subprocess.run(prepare, cwd=ROOT, env=ENV, check=True, capture_output=True)
+    files = {p.name: p.read_bytes() for p in dataset.iterdir()}
+    (corpus / "a.txt").write_text("pack my box with five dozen liquor jugs\n\n" * 6000)
+    done = subprocess.run(prepare, cwd=ROOT, env=ENV, capture_output=True, text=True, preexec_fn=limited(100_000))
+    err = done.stderr.strip()
+    check(done.returncode == 1 and len(err.splitlines()) == 1 and err.startswith("prepare_data.py: error:")
+          and {p.name: p.read_bytes() for p in dataset.iterdir()} == files, "full: prepare_data.py's write fails in "
+          "one line, the dataset from before intact", f"exit {done.returncode}: {err}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", help="comma-separated: race, orphan, sigint, sigint_eval, sigint_torchrun")
-    attacks = ("race", "orphan", "sigint", "sigint_eval", "sigint_torchrun")
+    p.add_argument("--only", help="comma-separated: race, orphan, sigint, sigint_eval, sigint_torchrun, full")
+    attacks = ("race", "orphan", "sigint", "sigint_eval", "sigint_torchrun", "full")
     only = (p.parse_args().only or ",".join(attacks)).split(",")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -156,6 +156,21 @@ def test_a_failed_checkpoint_write_is_one_line_and_keeps_the_previous(tmp_path, 
     assert path.read_bytes() == before and not (tmp_path / "ckpt.pt.tmp").exists()
 
 
+def test_a_write_torch_reports_as_stopping_short_is_one_line_too(tmp_path, monkeypatch):
+    """torch's zip writer turns a refused write (ENOSPC, EFBIG) into a RuntimeError, not an OSError."""
+    path = tmp_path / "ckpt.pt"
+    common.save_checkpoint({"model": {"w": torch.ones(3)}}, path)
+    before = path.read_bytes()
+
+    def refused(obj, f):
+        open(f, "wb").write(b"half")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    monkeypatch.setattr(common.torch, "save", refused)
+    assert "the write stopped short (a full disk" in error(common.save_checkpoint, {"model": {"w": torch.zeros(3)}},
+                                                           path)
+    assert path.read_bytes() == before and not (tmp_path / "ckpt.pt.tmp").exists()
+
+
 def test_checkpoint_path_is_checked_before_any_work(tmp_path):
     assert common.checkpoint_path(tmp_path / "run") == tmp_path / "run" / "ckpt.pt"
     (tmp_path / "d" / "ckpt.pt").mkdir(parents=True)
