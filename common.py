@@ -5,6 +5,7 @@ utilization (MFU).
 """
 
 import datetime
+import errno
 import fcntl
 import functools
 import json
@@ -604,7 +605,8 @@ def writable_dir(folder, what):
         try:
             os.stat(folder)  # mkdir's "exists" also stands for a loop of symbolic links: name the real problem
         except OSError as e:
-            raise UserError(f"{what} {folder}: {e.strerror}") from None
+            if e.errno == errno.ELOOP:
+                raise UserError(f"{what} {folder}: {e.strerror}") from None
         raise UserError(f"{what} {folder}: it (or a folder above it) is a file, not a directory") from None
     except OSError as e:
         raise UserError(f"{what} {folder} is not writable: {e.strerror}") from None
