@@ -165,11 +165,11 @@ class PositionTable:
         # Over n queries centred on c, q and k carry factors up to F = zeta_0^(-(n/2)/scale) (3.5^(n/1024) at the
         # paper's defaults; a masked score F^2): attention takes at most `chunk` queries at a time, F <= 2^8 (4,531
         # queries at the paper's defaults), so that even float16 holds every factor at any length.
-        self.scale_base = config.xpos_scale_base if config.pos == "xpos" else math.inf
-        half = 8 * math.log(2) * self.scale_base / math.log(1 + 1 / config.xpos_gamma)  # the n/2 where F = 2^8
+        scale_base = config.xpos_scale_base if config.pos == "xpos" else math.inf
+        half = 8 * math.log(2) * scale_base / math.log(1 + 1 / config.xpos_gamma)  # the n/2 where F = 2^8
         self.chunk = self.frame if 2 * half >= self.frame else 2 * int(half) + 1
         e = torch.arange(-self.frame, self.frame, device=device, dtype=torch.float32)[:, None]  # e = m - c or n - c
-        self.decay = (self.zeta ** (e / self.scale_base))[..., None] if config.pos == "xpos" else None  # row e + frame
+        self.decay = (self.zeta ** (e / scale_base))[..., None] if config.pos == "xpos" else None  # row e + frame
 
     def factors(self, queries, keys):
         """The factors of q at frame positions `queries` and of k at `keys`, (n, d/2, 2): the rotation times xPos's

@@ -47,7 +47,7 @@ THEORY_ENTRIES = 2**25
 
 
 def theory(head_dim, gamma, scale_base, max_dist):
-    # block_size 2: the curves have no training length; GPTConfig's float32 bound on scale_base is for training
+    # block_size 2: the curves have no training length
     config = GPTConfig(block_size=2, n_head=1, n_embd=head_dim, pos="xpos", xpos_gamma=gamma,
                        xpos_scale_base=scale_base)
     table = PositionTable(config, 1)
