@@ -628,6 +628,20 @@ def test_a_sigkill_while_writing_leaves_the_old_dataset(tmp_path):
     while time.time() < deadline and processes():  # the forked workers die with it, not left waiting on their pipe
         time.sleep(0.05)
     assert not processes()
+    # A dying worker leaves pgrep's view (its command line goes with its memory) a moment before the kernel closes its
+    # files, the directory lock among them: wait for the lock too, as a user rerunning the command would.
+    import fcntl
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.time() < deadline, "the killed run's lock was never released"
+                time.sleep(0.05)
+    finally:
+        os.close(fd)
     assert {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".tmp-")} == before
     data.load_meta(out)
     run("--dataset", "files", "--path", write_corpus(tmp_path / "new", n=4), "--out_dir", out)
