@@ -30,7 +30,8 @@ class RopeScaling:
                    by exactly s, the fastest (which carry local order) barely change.
       dynamic_ntk  ntk with s recomputed from the current length at every pass: a sequence runs unscaled up to l, and
                    a KV cache follows the length as it grows (GPT.hidden_states).
-      yarn         YaRN (Peng et al. 2023): a ramp between pi and no change, pair by pair, and a sharper softmax.
+      yarn         YaRN (Peng et al. 2023): a ramp between pi and no change, pair by pair, and a sharper softmax; its
+                   ramp is the official code's (and Hugging Face's), linear in the pair index.
     """
     method: str = "none"
     factor: float = None
@@ -64,13 +65,19 @@ def interpolate(theta, scaling, factor, block_size):
         return theta / s, 1.0
     if scaling.method in ("ntk", "dynamic_ntk"):  # base' = base * s^(d/(d-2)), i.e. theta'_j = theta_j * s^(-2j/(d-2))
         return (theta * s ** (-2 * j / (d - 2)) if d > 2 else theta), 1.0
-    # YaRN: pair j turns r_j = l / lambda_j times over the training length (wavelength lambda_j = 2 pi / theta_j).
-    # Below alpha turns training never showed it a full turn: interpolate (theta_j / s); above beta it saw every
-    # angle: keep theta_j; in between the paper's linear ramp (r_j - alpha) / (beta - alpha). (The official code ramps
-    # linearly in the pair index instead.) Its temperature, sqrt(1/t) = 0.1 ln s + 1 on q and k alike, undoes the
-    # thinner spread of attention over a longer context.
-    ramp = ((block_size * theta / (2 * math.pi) - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0, 1)
-    return (1 - ramp) * theta / s + ramp * theta, 0.1 * math.log(s) + 1
+    # YaRN as its official code (jquesnelle/yarn) and Hugging Face compute it: pair j turns r_j = l / lambda_j times
+    # over the training length (wavelength lambda_j = 2 pi / theta_j). Pairs below alpha turns never showed a full turn
+    # in training: interpolate (theta_j / s); pairs above beta saw every angle: keep theta_j. In between the ramp is
+    # linear in the pair index j, from the pair where r = beta (rounded down) to the one where r = alpha (rounded up).
+    # (The paper writes a ramp linear in r_j, which keeps less of the fastest pairs at a small l.) Its temperature,
+    # sqrt(1/t) = 0.1 ln s + 1 on q and k alike, undoes the thinner spread of attention over a longer context.
+    if d == 2 or not theta.any():  # one pair is always kept (j = 0 is below any low); no rotation: nothing to scale
+        return theta, 0.1 * math.log(s) + 1
+    t0, t1 = float(theta[0]), float(theta[1])  # theta_j is geometric in j: the pair where r_j = r, as a real index
+    at = lambda r: math.log(block_size * t0 / (2 * math.pi * r)) / math.log(t0 / t1)  # = d ln(l / 2 pi r) / 2 ln base
+    low, high = max(math.floor(at(YARN_BETA)), 0), min(math.ceil(at(YARN_ALPHA)), d - 1)
+    ramp = ((j - low) / (high - low if high != low else 0.001)).clamp(0, 1)  # 0: keep theta_j, 1: theta_j / s
+    return ramp * theta / s + (1 - ramp) * theta, 0.1 * math.log(s) + 1
 
 
 # ---------------------------------------------------------------------------------------------------------------

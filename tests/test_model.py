@@ -337,9 +337,13 @@ def paper_theta(method, s, d=64, base=10000.0, l=1024):
         return theta / s
     if method in ("ntk", "dynamic_ntk"):  # base -> base * s^(d/(d-2))
         return (base * s ** (d / (d - 2))) ** (-2 * j / d)
-    wavelength = 2 * math.pi / theta  # YaRN: r = l / lambda, ramp from alpha = 1 to beta = 32 turns
-    ramp = ((l / wavelength - 1) / (32 - 1)).clamp(0, 1)
-    return (1 - ramp) * theta / s + ramp * theta
+    # YaRN as the official jquesnelle/yarn and Hugging Face compute it (find_correction_range, linear_ramp_mask): a
+    # ramp linear in the pair index between the pairs where the turns over l are beta = 32 and alpha = 1, rounded out
+    dim = lambda rotations: d * math.log(l / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    low, high = max(math.floor(dim(32)), 0), min(math.ceil(dim(1)), d - 1)
+    high = high + 0.001 if low == high else high
+    extrapolate = 1 - ((j - low) / (high - low)).clamp(0, 1)
+    return theta / s * (1 - extrapolate) + theta * extrapolate
 
 
 SCALINGS = ("pi", "ntk", "dynamic_ntk", "yarn")
@@ -360,9 +364,23 @@ def test_interpolated_frequencies_match_the_papers_formulas(method):
     for s in (1.5, 4.0, 32.0):
         theta, _ = alternatives.interpolate(PositionTable(cfg, 1).theta, model.RopeScaling(method), s, 1024)
         torch.testing.assert_close(theta.double(), paper_theta(method, s), rtol=1e-6, atol=0)
-    if method == "yarn":  # the three regimes are all there at these defaults
-        ramp = ((1024 * paper_theta("none", 1) / (2 * math.pi) - 1) / 31)
-        assert (ramp <= 0).any() and (ramp >= 1).any() and ((ramp > 0) & (ramp < 1)).any()
+    if method == "yarn":  # the three regimes are all there at these defaults: kept, ramped, interpolated
+        theta, s = paper_theta("none", 1), 4.0
+        kept = paper_theta("yarn", s) == theta
+        interpolated = torch.isclose(paper_theta("yarn", s), theta / s, rtol=1e-12, atol=0)
+        assert kept.any() and interpolated.any() and (~kept & ~interpolated).any()
+
+
+@pytest.mark.parametrize("l, d", [(128, 32), (64, 16), (1024, 64), (4096, 128), (16, 8), (32, 2)])
+def test_yarn_follows_the_official_ramp_at_the_studys_shapes(l, d):
+    """At the study's l = 128, d = 32 the official ramp keeps the fastest pair wholly unscaled (the paper's
+    continuous ramp in r_j would keep 0.625 of it); every shape against the official formula, written out above."""
+    for s in (2.0, 16.0):
+        cfg = GPTConfig(block_size=l, n_head=1, n_embd=d, pos="rope")
+        theta, sharpen = alternatives.interpolate(PositionTable(cfg, 1).theta, model.RopeScaling("yarn"), s, l)
+        torch.testing.assert_close(theta.double(), paper_theta("yarn", s, d=d, l=l), rtol=1e-6, atol=0)
+        assert sharpen == pytest.approx(0.1 * math.log(s) + 1)
+        assert theta[0] == 1.0  # the fastest pair is kept
 
 
 @pytest.mark.parametrize("method", SCALINGS)
