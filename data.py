@@ -115,7 +115,7 @@ def passkey_fixed_tokens(tokenizer, digits):
 
 SPLITS = ("train", "val")
 META_KEYS = ("tokenizer", "vocab_size", "dtype", "files")
-FILE_ROLES = (*SPLITS, *(f"{s}_docs" for s in SPLITS), *(f"{s}_names" for s in SPLITS))
+FILE_ROLES = (*SPLITS, *(f"{s}_{kind}" for kind in ("docs", "names", "answers") for s in SPLITS))
 TOKEN_DTYPES = ("uint16", "uint32")
 ENDS_BYTES = 1 << 20  # bytes hashed at each end of a token file: cheap on open, and catches a file from elsewhere
 FULL_CHECK_BYTES = 1 << 30  # files under this are hashed in full on open (2 s on the Xeon); larger, by their ends
@@ -174,13 +174,14 @@ def load_meta(data_dir, full=False):
         raise UserError(f"{path} is corrupt: {problem}; rerun prepare_data.py")
     sizes = {"tokens": np.dtype(meta["dtype"]).itemsize, "documents": 16}  # bytes per item of each kind of file
     for role, entry in meta["files"].items():
-        unit = "tokens" if role in SPLITS else "documents"
+        unit = "tokens" if role in SPLITS or role.endswith("_answers") else "documents"
         dataset_file = Path(data_dir) / entry["file"]
         if not dataset_file.is_file():
             raise UserError(f"{dataset_file} is missing: the dataset in {data_dir} is incomplete; rerun "
                             "prepare_data.py")
         size = dataset_file.stat().st_size
-        count = entry[unit] if role.endswith("_names") else size // sizes[unit]  # names: checked by hash only
+        item = 1 if role.endswith("_answers") else sizes[unit]  # answers: a byte per token
+        count = entry[unit] if role.endswith("_names") else size // item  # names: checked by hash only
         if unit == "tokens" and count < 2:
             raise UserError(f"{dataset_file} is empty ({count} tokens): rerun prepare_data.py with more text")
         if full and "sha256" not in entry:
@@ -239,7 +240,7 @@ def meta_problem(meta):
     entry = lambda e, unit: (isinstance(e, dict) and isinstance(e.get("file"), str) and "/" not in e["file"] and
                              count(e.get(unit)) and isinstance(e.get("ends_sha256"), str) and
                              isinstance(e.get("sha256", ""), str))
-    unit = lambda role: "tokens" if role in SPLITS else "documents"
+    unit = lambda role: "tokens" if role in SPLITS or role.endswith("_answers") else "documents"
     checks = {  # key -> is its value allowed (checked in this order, each may rely on the ones before)
         "tokenizer": lambda: meta["tokenizer"] in ("char", "gpt2"),
         "vocab_size": lambda: count(meta["vocab_size"]) and meta["vocab_size"] > 0,
@@ -277,7 +278,11 @@ def read_tokens(data_dir, split, meta):
     if not path.is_file():
         raise UserError(f"{path} is gone: the dataset in {data_dir} was replaced or removed while in use")
     tokens = np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(entry["tokens"],))
-    tokens.vocab_size = meta["vocab_size"]
+    tokens.vocab_size, tokens.record, tokens.answers = meta["vocab_size"], meta.get("record"), None
+    answers = meta["files"].get(f"{split}_answers")
+    if answers:  # a task dataset: 1 where the token is an answer, the only targets trained on
+        tokens.answers = np.memmap(Path(data_dir) / answers["file"], dtype=np.uint8, mode="r",
+                                   shape=(answers["tokens"],))
     return tokens
 
 
@@ -324,13 +329,25 @@ def checked(rows, data, offsets):
 def get_batch(data, offsets, block_size, device):
     """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather rather than a slice per
     sequence, as x = all but the last and y = all but the first."""
-    xy = torch.from_numpy(checked(data[offsets[:, None] + np.arange(block_size + 1)], data, offsets).astype(np.int64))
+    at = offsets[:, None] + np.arange(block_size + 1)
+    xy = torch.from_numpy(checked(data[at], data, offsets).astype(np.int64))
     x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
+    if getattr(data, "answers", None) is not None:  # a task dataset: the loss is on the answers alone (-1: ignored)
+        y[torch.from_numpy(data.answers[at[:, 1:]] == 0)] = -1
     if device.startswith("cuda"):
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
 
 
-def sample_offsets(seed, stream, index, n_tokens, count, block_size):
-    """Start offsets of `count` sequences, a pure function of (seed, stream, index): 0 = training, 1/2 = eval."""
-    return np.random.default_rng([seed, stream, index]).integers(0, n_tokens - block_size, size=count)
+def sample_offsets(seed, stream, index, data, count, block_size):
+    """Start offsets of `count` sequences in the token file `data` (read_tokens), a pure function of (seed, stream,
+    index): 0 = training, 1/2 = eval. Anywhere in the stream; in a task dataset (tasks.py), whose meta.json gives
+    its record length, at the start of a record: each sequence is one whole instance."""
+    rng, record = np.random.default_rng([seed, stream, index]), getattr(data, "record", None)
+    if record:
+        if block_size + 1 != record:
+            raise UserError(f"{Path(data.filename).parent} holds task records of {record} tokens, made for "
+                            f"block_size {record - 1}: train with --block_size={record - 1}, or prepare the tasks "
+                            f"again with --block_size {block_size}")
+        return rng.integers(0, len(data) // record, size=count) * record
+    return rng.integers(0, len(data) - block_size, size=count)

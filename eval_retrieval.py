@@ -6,6 +6,8 @@ interpolation that eval_extrapolate.py has.
         [--sequences 64] [--seed 0] [--attention ...] [--rope_scaling ...] [--json F] [--plot F]
     python eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe passkey [--lengths 128,256,...] \
         [--depths 0,0.25,0.5,0.75,1] [--sequences 64] [--attention ...] [--rope_scaling ...] [--json F] [--plot F]
+    python eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe task [--task copy,mqar,...] [--distances ...] \
+        [--lengths ...] [--sequences 64] [--attention ...] [--rope_scaling ...] [--json F] [--plot F]
 
 Repeat probe (no training change): each sequence is a span of r validation tokens, d tokens of filler from other
 validation text, then the same span again. Its control is the same sequence with the first copy replaced by other
@@ -25,6 +27,13 @@ documents of each total length (default 1 .. 16 x block_size), validation filler
 Remember it." at each depth (0 = the start, 1 = just before the question), then "What is the pass key? The pass
 key is". The model decodes greedily as many tokens as the answer has; a document counts when they spell the key.
 Accuracy over the length x depth grid: printed, as JSON, and as a heatmap (--plot).
+
+Task probe (a model trained on the long-range task suite, prepare_data.py --dataset task; tasks.py): per task,
+accuracy at the answers by distance (default 1/4 .. 16 x block_size) and by total length (1 .. 16 x block_size,
+the answers at a distance of block_size/2), --sequences instances a cell. The retrieval reach is the largest
+distance up to which accuracy stays at least 90% of its value at 1 x (the mean over distances up to
+block_size); none where that value is not half way from chance to 1 (no retrieval even within the training length).
+The reach bound of each rule is printed beside it and drawn on the plot (one per task: --plot F writes F_<task>).
 """
 
 import argparse
@@ -39,9 +48,12 @@ from common import (UserError, autocast, check_seed, load_checkpoint, load_model
 from data import checked, checkpoint_dataset, passkey_document, passkey_parts, read_tokens, tokenizer_from_meta
 from evaluation import (RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure, default_batch_tokens,
                         finish_curves, learned_length_check, plan_runs, rule_fields, rule_label, save_figure)
+import tasks
 
-PROBES = ("repeat", "passkey")
+PROBES = ("repeat", "passkey", "task")
 DIGITS = 5  # the passkey's digits, as prepare_data.py --passkey writes them by default
+DISTANCES = (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 12, 16)  # task probe: default distances, x block_size
+REACH_SHARE, RETRIEVES = 0.9, 0.5  # reach: accuracy >= 90% of that at 1 x, which must be half way from chance to 1
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -180,6 +192,16 @@ def plan(args, path, rules, scalings):
             raise UserError(f"distance {sizes[-1]} needs 2 x (2 x {args.span} + {sizes[-1]}) = {2 * longest} "
                             f"validation tokens to draw span, filler and control apart, but {data_dir} has "
                             f"{n_tokens}: lower --distances or --span")
+    elif args.probe == "task":
+        if meta.get("chars") != tasks.CHARS:
+            raise UserError(f"{path} was not trained on the task suite ({data_dir} is not a prepare_data.py --dataset "
+                            "task dataset): --probe task scores task models only")
+        sizes = task_sizes(args, l, args.task or meta.get("tasks") or list(tasks.TASKS),
+                           l if config.pos == "learned" else None)
+        longest = max([tasks.PREFIX + distances[-1] + tasks.reach(task)[1] for task, (distances, _, _)
+                       in sizes.items() if distances] + [lengths[-1] for _, lengths, _ in sizes.values() if lengths], default=0)
+        if not longest:
+            raise UserError(f"{path}: no distance or length of --probe task fits its {l} positions")
     else:
         sizes = parse_list(args.lengths, "--lengths", int, [l * k for k in (1, 2, 4, 8, 16)])
         fixed = sum(len(part) for part in passkey_parts(tokenizer_from_meta(meta), "9" * DIGITS))
@@ -192,6 +214,125 @@ def plan(args, path, rules, scalings):
                             f"has {n_tokens}: lower --lengths")
     learned_length_check(config, longest, path)
     return config, data_dir, meta, sizes, *plan_runs(config, rules, scalings, longest, path)
+
+
+def task_sizes(args, l, names, limit=None):
+    """{task: (distances, total lengths, the distance scored at each length)}: the distances raised to the task's
+    shortest (and even for flipflop, whose instructions are pairs), the lengths checked to hold the task; with a
+    limit (learned positions stop at block_size), only what fits in it."""
+    sizes = {}
+    for task in names:
+        shortest, extra = tasks.reach(task)
+        even = (lambda d: d + d % 2) if task == "flipflop" else (lambda d: d)
+        distances = parse_list(args.distances, "--distances", int, [round(k * l) for k in DISTANCES])
+        distances = sorted({even(max(d, shortest)) for d in distances})
+        lengths = parse_list(args.lengths, "--lengths", int, [l * k for k in (1, 2, 4, 8, 16)])
+        at = even(max(l // 2, shortest))
+        if limit:
+            distances = [d for d in distances if tasks.PREFIX + d + extra <= limit]
+            lengths = [n for n in lengths if n <= limit]
+        if lengths and lengths[0] < at + extra:
+            raise UserError(f"--lengths {lengths[0]} cannot hold {task} at distance {at} (it needs {at + extra} "
+                            "tokens)")
+        sizes[task] = (distances, lengths, at)
+    return sizes
+
+
+def retrieval_reach(rows, block_size, chance):
+    """(reach, accuracy at 1 x): the largest distance up to which accuracy stays >= REACH_SHARE of its mean over the
+    distances up to block_size (0 if the shortest fails already), None where that mean is not RETRIEVES of the way
+    from chance to 1 (the model does not retrieve within its training length)."""
+    rows = sorted(rows, key=lambda r: r["d"])
+    within = [r["accuracy"] for r in rows if r["d"] <= block_size]
+    at_1x = float(np.mean(within)) if within else math.nan
+    if not at_1x >= chance + RETRIEVES * (1 - chance):
+        return None, at_1x
+    reach = 0
+    for row in rows:
+        if row["accuracy"] < REACH_SHARE * at_1x:
+            break
+        reach = row["d"]
+    return reach, at_1x
+
+
+def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
+    """The task probe's rows for one checkpoint (accuracy by distance and by length, per task and run), and a note per
+    task and run on its retrieval reach."""
+    l, rows = config.block_size, []
+    for t, (task, (distances, lengths, at)) in enumerate(sizes.items()):
+        cells = [("distance", d, [tasks.at_distance(task, rng, d) for _ in range(args.sequences)])
+                 for d in distances for rng in [np.random.default_rng([args.seed, t, 0, d])]]
+        cells += [("length", at, [tasks.at_length(task, rng, n, at) for _ in range(args.sequences)])
+                  for n in lengths for rng in [np.random.default_rng([args.seed, t, 1, n])]]
+        for rule, scaling in runs:
+            label = rule_label(config.pos, rule, scaling, l)
+            per_batch = (args.batch_tokens or default_batch_tokens(config, scaling))
+            mine = []
+            for kind, d, instances in cells:
+                n = len(instances[0][0])
+                scored = [tasks.accuracy(model, task, instances[i : i + max(1, per_batch // n)], rule, scaling,
+                                         device, ctx) for i in range(0, len(instances), max(1, per_batch // n))]
+                count = sum(c for _, c in scored)
+                mine.append(dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, l, n), probe="task",
+                                 task=task, kind=kind, d=d, length=n, n=count, label=label,
+                                 accuracy=sum(a * c for a, c in scored) / count))
+                if args.verbose:
+                    print(f"{label:>32} {task} {kind} d={d} length {n}: {mine[-1]['accuracy']:.2f}", file=sys.stderr)
+            reach, at_1x = retrieval_reach([r for r in mine if r["kind"] == "distance"], l, tasks.CHANCE[task])
+            bound = reach_bound(config, rule.resolve(max(r["length"] for r in mine), l))
+            for row in mine:
+                row.update(accuracy_1x=at_1x, retrieval_reach=reach, reach_bound=bound)
+            notes.append(f"{label}: {task}: accuracy {at_1x:.2f} within {l} tokens; retrieval reach "
+                         + ("none (not half way from chance to 1 within the training length)" if reach is None else
+                            f">= {reach}" if reach == distances[-1] else f"{reach}")
+                         + (f"; reach bound {bound}" if bound else ""))
+            rows += mine
+    return rows
+
+
+def task_tables(rows):
+    """Per task: accuracy by distance (with reach and bound) and by total length, a row per model."""
+    out = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        for kind in ("distance", "length"):
+            mine = [r for r in rows if r["task"] == task and r["kind"] == kind]
+            sizes = sorted({r["d" if kind == "distance" else "length"] for r in mine})
+            cell = {(r["label"], r["d" if kind == "distance" else "length"]): r for r in mine}
+            extra = " | reach | bound |" if kind == "distance" else " |"
+            out += ["", f"{task}, by {kind}" + (f" (answers at distance {mine[0]['d']})" if kind == "length" else ""),
+                    "", "| model | " + " | ".join(f"{'d' if kind == 'distance' else 'L'}={n}" for n in sizes) + extra,
+                    "|---" * (len(sizes) + 1 + (2 if kind == "distance" else 0)) + "|"]
+            for label in dict.fromkeys(r["label"] for r in mine):
+                first = cell[label, sizes[0]]
+                tail = f" | {first['retrieval_reach']} | {first['reach_bound']} |" if kind == "distance" else " |"
+                out.append(f"| {label} | " + " | ".join(f"{cell[label, n]['accuracy']:.2f}" for n in sizes) + tail)
+    return "\n".join(out[1:])
+
+
+def plot_tasks(rows, block_sizes, path):
+    """One figure per task: accuracy against distance, a curve per model; the training length and each curve's reach
+    bound (dotted, in its colour) marked."""
+    names = list(dict.fromkeys(r["task"] for r in rows))
+    for task in names:
+        mine = [r for r in rows if r["task"] == task and r["kind"] == "distance"]
+        labels = list(dict.fromkeys(r["label"] for r in mine))
+        fig, ax = curves_figure(len(labels))
+        for label in labels:
+            curve = sorted((r for r in mine if r["label"] == label), key=lambda r: r["d"])
+            line, = ax.plot([r["d"] for r in curve], [r["accuracy"] for r in curve], marker="o", label=label)
+            if curve[0]["reach_bound"]:
+                ax.axvline(curve[0]["reach_bound"], color=line.get_color(), ls=":", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("distance from the answer to its source (tokens); dotted: each rule's reach bound")
+        ax.set_ylabel(f"{task} accuracy")
+        ax.set_title(task)
+        finish_curves(fig, ax, len(labels), block_sizes, task_path(path, task, len(names)))
+
+
+def task_path(path, task, n_tasks):
+    """--plot F for one task of several: F with _<task> before its suffix."""
+    return path if n_tasks == 1 else path.with_name(f"{path.stem}_{task}{path.suffix}")
 
 
 def gain_table(rows, distances):
@@ -256,10 +397,16 @@ def plot_heatmaps(rows, lengths, depths, path):
 
 
 def evaluate(args):
-    other = {"repeat": ("lengths", "depths"), "passkey": ("distances", "span")}[args.probe]
+    other = {"repeat": ("lengths", "depths", "task"), "passkey": ("distances", "span", "task"),
+             "task": ("span", "depths")}[args.probe]
     for flag in other:
         if getattr(args, flag) is not None:
-            raise UserError(f"--{flag} applies to --probe {'repeat' if args.probe == 'passkey' else 'passkey'} only")
+            raise UserError(f"--{flag} does not apply to --probe {args.probe}")
+    if args.task is not None:
+        try:
+            args.task = tasks.parse_tasks(args.task)
+        except ValueError as e:
+            raise UserError(str(e)) from None
     args.span = 32 if args.span is None else args.span
     if args.span < 2 or args.sequences < 1:
         raise UserError(f"--span {args.span} and --sequences {args.sequences}: span must be >= 2 (the second copy's "
@@ -282,6 +429,8 @@ def evaluate(args):
         stream = checked(np.asarray(tokens)[None], tokens, [0])[0]  # read whole, so checked whole
         if args.probe == "repeat":
             rows += repeat_probe(args, path, config, model, stream, sizes, runs, device, dtype, ctx, notes)
+        elif args.probe == "task":
+            rows += task_probe(args, path, config, model, sizes, runs, device, ctx, notes)
         else:
             tokenizer = tokenizer_from_meta(meta)
             batches = {(n, d): passkey_batches(stream, tokenizer, n, d, args.sequences, args.seed)
@@ -297,9 +446,15 @@ def evaluate(args):
                                          probe="passkey", length=n, depth=d, accuracy=accuracy, n=count, label=label))
                         if args.verbose:
                             print(f"{label:>32} length {n:>6} depth {d:.2f}: {accuracy:.2f}", file=sys.stderr)
-    fields = ("d", "gain", "gain_stderr", "n", "loss", "control_loss", "effective_context", "reach_bound") \
-        if args.probe == "repeat" else ("length", "depth", "accuracy", "n")
-    if args.probe == "repeat":
+    fields = {"repeat": ("d", "gain", "gain_stderr", "n", "loss", "control_loss", "effective_context", "reach_bound"),
+              "passkey": ("length", "depth", "accuracy", "n"),
+              "task": ("task", "kind", "d", "length", "accuracy", "n", "accuracy_1x", "retrieval_reach",
+                       "reach_bound")}[args.probe]
+    if args.probe == "task":
+        print(f"task probe: accuracy at the answers, teacher-forced ({args.sequences} instances a cell, seed "
+              f"{args.seed}, {dtype}; the passkey counts keys with every digit right)\n")
+        print(task_tables(rows))
+    elif args.probe == "repeat":
         print(f"repeat probe: retrieval gain 1 - loss/control on the second copy ({args.span}-token spans, "
               f"{args.sequences} sequences per distance, seed {args.seed}, {dtype}; ± one standard error)\n")
         print(gain_table(rows, sorted({r["d"] for r in rows})))
@@ -310,11 +465,14 @@ def evaluate(args):
     print("\n" + "\n".join(notes))
     if json_path:
         write_json(json_path, {"probe": args.probe, "sequences": args.sequences, "seed": args.seed,
-                               **({"span": args.span} if args.probe == "repeat" else {"depths": depths}),
+                               **({"span": args.span} if args.probe == "repeat" else {"depths": depths}
+                                  if args.probe == "passkey" else {"tasks": list(dict.fromkeys(r["task"] for r in rows))}),
                                "rows": [{k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "probe", *fields, "label")}
                                         for r in rows], "skipped": [n for n in notes if ": skipped " in n]})
     if plot_path and args.probe == "repeat":
         plot_gain(rows, {p[1].block_size for p in plans}, plot_path)
+    elif plot_path and args.probe == "task":
+        plot_tasks(rows, {p[1].block_size for p in plans}, plot_path)
     elif plot_path:
         plot_heatmaps(rows, sorted({r["length"] for r in rows}), depths, plot_path)
     return rows
@@ -360,15 +518,19 @@ def parse_args(argv=None):
     p.add_argument("--ckpt", action="append", required=True, help="a checkpoint; repeat to compare several")
     p.add_argument("--probe", default="repeat", choices=PROBES)
     p.add_argument("--span", type=int, help="repeat: tokens in each copy (default: 32)")
-    p.add_argument("--distances", help="repeat: filler lengths d (default: 0 and block_size/8 .. 16 x block_size)")
-    p.add_argument("--lengths", help="passkey: document lengths in tokens (default: 1 .. 16 x block_size)")
+    p.add_argument("--task", help="task: comma-separated, of " + ", ".join(tasks.TASKS) + " (default: those the "
+                   "checkpoint's dataset holds)")
+    p.add_argument("--distances", help="repeat: filler lengths d (default: 0 and block_size/8 .. 16 x block_size); "
+                   "task: distances from answer to source (default: 1/4 .. 16 x block_size)")
+    p.add_argument("--lengths", help="passkey, task: total lengths in tokens (default: 1 .. 16 x block_size)")
     p.add_argument("--depths", help="passkey: where the key sits in the filler, 0 .. 1 (default: 0,0.25,0.5,0.75,1)")
     p.add_argument("--sequences", type=int, default=64, help="sequences per distance (repeat) or per cell (passkey)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch_tokens", type=int, help="repeat: tokens per forward pass (as in eval_extrapolate.py)")
     add_checkpoint_args(p, several=True)
     p.add_argument("--json")
-    p.add_argument("--plot", help="repeat: gain against distance; passkey: accuracy heatmaps")
+    p.add_argument("--plot", help="repeat: gain against distance; passkey: accuracy heatmaps; task: accuracy against "
+                   "distance, a file per task")
     p.add_argument("--verbose", action="store_true", help="a line per result as it finishes")
     return p.parse_args(argv)
 

@@ -8,6 +8,7 @@ Prepare a corpus for train.py and eval_extrapolate.py: documents -> tokens on di
     python prepare_data.py --dataset nanogpt --path nanoGPT/data/openwebtext             # its train.bin, val.bin
     python prepare_data.py --dataset url --url https://example.org/a.txt https://example.org/b.txt
     python prepare_data.py --dataset tiny_shakespeare | pg19              # named downloads, cached
+    python prepare_data.py --dataset task --tasks all --block_size 128    # the long-range task suite (tasks.py)
 
 Documents are streamed in and tokenized by --workers processes, in order, so the output is the same for any number
 of workers, in bounded memory: tokens go to a temporary file as they come, and only the documents' offsets (16
@@ -50,13 +51,14 @@ import numpy as np
 from common import UserError, writable_dir
 from data import (PASSKEY_CHARS, SPLITS, Tokenizer, ends_sha256, load_meta, meta_problem, passkey_document,
                   passkey_fixed_tokens)
+import tasks
 
 TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 # A few books of PG-19's test split (Rae et al. 2019; public-domain Project Gutenberg books published before 1919).
 PG19_TEST_BOOKS = ("10146", "10321", "10356", "10762", "15562", "2544", "22424")
 PG19_URL = "https://storage.googleapis.com/deepmind-gutenberg/test/{}.txt"
 NAMED_DOWNLOADS = {"tiny_shakespeare": [TINY_SHAKESPEARE], "pg19": [PG19_URL.format(b) for b in PG19_TEST_BOOKS]}
-DATASETS = ("shakespeare", "files", "jsonl", "text", "nanogpt", "url", *NAMED_DOWNLOADS)
+DATASETS = ("shakespeare", "files", "jsonl", "text", "nanogpt", "url", "task", *NAMED_DOWNLOADS)
 NAMED_SOURCES = ("shakespeare", "files", "url", *NAMED_DOWNLOADS)  # few documents, each worth naming
 GPT2_EOT = 50256
 
@@ -433,7 +435,7 @@ JOURNAL = ".tmp-prepare_data-journal"
 JOURNAL_HEADER = "prepare_data.py journal: files created here that meta.json may not name"
 LINKS = tuple(f"{s}.bin" for s in SPLITS)  # nanoGPT's names, hard links to the current token files
 # The only names a journal may list: a damaged or forged one can never name meta.json or a user's file.
-JOURNALED = re.compile(r"\.tmp-prepare_data-[0-9a-f]{32}|(train|val)(_docs|_names)?-[0-9a-f]{12}\.(bin|jsonl)")
+JOURNALED = re.compile(r"\.tmp-prepare_data-[0-9a-f]{32}|(train|val)(_docs|_names|_answers)?-[0-9a-f]{12}\.(bin|jsonl)")
 
 
 def journal(out_dir, *names):
@@ -518,13 +520,18 @@ class SplitWriter:
     names (one JSON string a line), if named."""
 
     def __init__(self, out_dir, split, dtype, named, registry):
-        self.split, self.dtype, self.at, self.count = split, np.dtype(dtype), 0, 0
+        self.split, self.dtype, self.at, self.count, self.registry = split, np.dtype(dtype), 0, 0, registry
         self.tokens, self.offsets = Temporary(out_dir, registry), Temporary(out_dir, registry)
         self.names = Temporary(out_dir, registry) if named else None
+        self.answers = None
 
-    def add_tokens(self, array):
+    def add_tokens(self, array, answers=None):
+        """Tokens, and for a task dataset a byte per token: 1 where it is an answer."""
         self.tokens.write(np.ascontiguousarray(array, dtype=self.dtype).tobytes())
         self.at += len(array)
+        if answers is not None:
+            self.answers = self.answers or Temporary(self.tokens.path.parent, self.registry)
+            self.answers.write(np.ascontiguousarray(answers, dtype=np.uint8).tobytes())
 
     def add_documents(self, offsets, names=None):
         self.offsets.write(np.ascontiguousarray(offsets, dtype="<i8").tobytes())
@@ -537,7 +544,8 @@ class SplitWriter:
         out = {}
         for role, temp, size in ((self.split, self.tokens, {"tokens": self.at}),
                                  (f"{self.split}_docs", self.offsets, {"documents": self.count}),
-                                 (f"{self.split}_names", self.names, {"documents": self.count})):
+                                 (f"{self.split}_names", self.names, {"documents": self.count}),
+                                 (f"{self.split}_answers", self.answers, {"tokens": self.at})):
             if temp is not None:
                 digest = temp.finish()
                 suffix = "jsonl" if role.endswith("_names") else "bin"
@@ -669,8 +677,35 @@ def check_split_sizes(sizes, args):
                             f"give more text, or change --{flag} ({getattr(args, flag)})")
 
 
+def build_tasks(args, out_dir, registry):
+    """The long-range task suite's records (tasks.py): --records for training and a tenth as many (or
+    --val_documents) for validation, each block_size + 1 characters, the tasks in turn, drawn from --seed."""
+    names, length = tasks.parse_tasks(args.tasks), args.block_size + 1
+    short = [n for n in names if tasks.shortest_record(n) > length]
+    if short:
+        raise UserError(f"--block_size {args.block_size} is too short for {', '.join(short)}: a record needs at "
+                        f"least {max(tasks.shortest_record(n) for n in short)} characters")
+    written = {}
+    counts = dict(train=args.records, val=args.val_documents or max(len(names), args.records // 10))
+    for i, (split, count) in enumerate(counts.items()):
+        writer = SplitWriter(out_dir, split, np.uint16, False, registry)
+        for first in range(0, count, 10000):  # in pieces: bounded memory for any --records
+            n = min(10000, count - first)
+            writer.add_tokens(*tasks.records(names, length, n, np.random.default_rng([args.seed, i, first])))
+            writer.add_documents(np.arange(first, first + n)[:, None] * length + np.array([0, length]))
+        written.update(writer.finish())
+    meta = dict(dataset="task", tokenizer="char", vocab_size=len(tasks.CHARS), dtype="uint16",
+                source=f"tasks.py: {','.join(names)}", seed=args.seed, eot_token=None, chars=tasks.CHARS,
+                tasks=names, record=length)
+    summary = (f"{out_dir}: {counts['train']:,} train and {counts['val']:,} val records of {length} characters "
+               f"({', '.join(names)}; block_size {args.block_size}); vocab {len(tasks.CHARS)} (char)")
+    return written, meta, summary
+
+
 def build(args, out_dir, registry):
     """Everything up to the commit: (temporaries by role, meta, summary line)."""
+    if args.dataset == "task":
+        return build_tasks(args, out_dir, registry)
     named = args.dataset in NAMED_SOURCES
     if args.dataset == "nanogpt":
         if not args.path:
@@ -871,6 +906,11 @@ def parse_args(argv=None):
                    "documents (Mohtashami & Jaggi 2023), mixed into train only; validation stays natural text")
     p.add_argument("--passkey_tokens", type=int, default=128, help="tokens per passkey document (fit block_size)")
     p.add_argument("--passkey_digits", type=int, default=5, help="digits in each key")
+    p.add_argument("--tasks", default="all", help="--dataset task: comma-separated, of " + ", ".join(tasks.TASKS)
+                   + " (default: all, in turn)")
+    p.add_argument("--block_size", type=int, default=128, help="--dataset task: the block_size the records are for "
+                   "(each is block_size + 1 characters)")
+    p.add_argument("--records", type=int, default=100000, help="--dataset task: training records")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--errors", default="strict", choices=("strict", "replace"),
                    help="undecodable UTF-8 bytes: stop with an error naming the file, or replace them")
@@ -886,7 +926,14 @@ def parse_args(argv=None):
                 "and >= 1")
     if not 0 < args.val_fraction < 1:
         p.error(f"--val_fraction {args.val_fraction} is not allowed: must be between 0 and 1")
-    for flag in ("val_tokens", "val_documents", "workers"):
+    if args.dataset == "task":
+        try:
+            tasks.parse_tasks(args.tasks)
+        except ValueError as e:
+            p.error(str(e))
+        if args.val_tokens or args.passkey:
+            p.error("--dataset task: --val_tokens and --passkey do not apply (validation: --val_documents records)")
+    for flag in ("val_tokens", "val_documents", "workers", "block_size", "records"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag} {getattr(args, flag)} is not allowed: must be >= 1")
     if args.retries < 1:

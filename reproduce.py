@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 from common import UserError, earlier_output, load_checkpoint, run_dir_owner, writable_dir, write_json
+from tasks import TASKS
 
 PY = sys.executable
 HERE = Path(__file__).resolve().parent  # the scripts and config files; data, runs and results are under the cwd
@@ -98,7 +99,19 @@ BUDGETS = {
 RAW_DROPPED = ("curves", "s_hat", "s_hat_heads", "pairs")
 RAW_DIGITS = 10
 GUESS_SECONDS = dict(prepare=10, train=300, extrapolate=240, scalings=240, resolution=20, theory=5, repeat=120,
-                     repeat_scaled=120, passkey=300, report=10)  # until a job of the kind has run here
+                     repeat_scaled=120, passkey=300, tasks=300, report=10)  # until a job of the kind has run here
+# --suite retrieval (tasks.py): every scheme trained on the long-range task suite with config/retrieval.py, the same
+# seeds as the study (three for the schemes the claims compare, one for learned, sinusoidal, none and xPos without
+# rotation: three each would take the suite past its 3-hour budget on 2 cores), then eval_retrieval.py --probe task
+# under every rule and, for the rotary schemes, every interpolation.
+SUITES = ("study", "retrieval")
+RETRIEVAL_CONFIG = "config/retrieval.py"
+RETRIEVAL_BUDGETS = {
+    "full": dict(train={}, records=200000, sequences=32),
+    "toy": dict(train=dict(max_iters=2, lr_decay_iters=2, warmup_iters=1, n_layer=1, n_head=2, n_embd=16,
+                           block_size=96, batch_size=2, eval_iters=1, eval_interval=2, log_interval=1),
+                records=50, sequences=2),
+}
 
 
 class Job:
@@ -291,6 +304,125 @@ def tune_report(args, budget):
           + "|---" * (len(TUNE_FACTORS) + 1) + "|")
     for scheme, row in table.items():
         print(f"| {scheme} | " + " | ".join(f"{v:.4f}" for v in row.values()) + " |")
+
+
+def retrieval_plan(args, budget):
+    """--suite retrieval: the task records, then per scheme its training runs and one eval_retrieval.py job over
+    its seeds (every rule; for the rotary schemes every interpolation too), then the tables."""
+    recipe = budget["recipe"]
+    data, raw = Path(args.data), Path(args.results) / "raw"
+    jobs = [Job("prepare task data", "prepare", data / "meta.json",
+                [PY, "prepare_data.py", "--dataset", "task", "--tasks", "all", "--block_size",
+                 str(recipe["block_size"]), "--records", str(budget["records"]), "--out_dir", str(data)])]
+    for scheme, runs in study_runs(budget).items():
+        runs = [r for r in runs if not r[2]]  # no passkey mix here: the suite has its own passkey
+        ckpts = [Path(args.runs) / run / "ckpt.pt" for run, _, _, _ in runs]
+        for (run, seed, _, overrides), ckpt in zip(runs, ckpts):
+            settings = dict(overrides, **budget["train"], seed=seed, out_dir=str(ckpt.parent), data_dir=str(data),
+                            device=args.device)
+            jobs.append(Job(f"train {run}", "train", ckpt, [PY, "train.py", RETRIEVAL_CONFIG]
+                            + [f"--{k}={v}" for k, v in settings.items()]))
+        scalings = ["--rope_scaling", "none," + SCALINGS] if scheme in INTERPOLATED else []
+        jobs.append(Job(f"tasks {scheme}", "tasks", raw / f"{scheme}.tasks.json",
+                        [PY, "eval_retrieval.py", *[a for c in ckpts for a in ("--ckpt", str(c))], "--data_dir",
+                         str(data), "--device", args.device, "--probe", "task", "--sequences",
+                         str(budget["sequences"]), "--attention", WINDOW_RULES, *scalings,
+                         "--json", str(raw / f"{scheme}.tasks.json")], inputs=ckpts))
+    jobs.append(Job("tables and plots", "report", Path(args.results) / "summary.json",
+                    action=lambda measured: retrieval_report(args, budget, measured)))
+    return jobs
+
+
+def retrieval_report(args, budget, measured=True):
+    """The suite's summary.json, then tables.md and one plot per task drawn from it alone."""
+    results = Path(args.results)
+    for path in sorted((results / "raw").glob("*.json")):
+        if read_result(path) is None:
+            print(f"note: {path} is damaged, left out of the tables (run reproduce.py to measure it again)")
+        else:
+            compact_raw(path)
+    ran_on = None if measured else previous_machine(results / "summary.json")
+    panels = {}
+    by_distance = lambda r: r["kind"] == "distance"
+    reach = gather(args, ".tasks.json", lambda r: r["task"] if by_distance(r) else None,
+                   lambda r: r["retrieval_reach"], panels)
+    for key, field in (("{} at 1x", "accuracy_1x"), ("{} bound", "reach_bound")):
+        for name, by_key in gather(args, ".tasks.json", lambda r: key.format(r["task"]) if by_distance(r) else None,
+                                   lambda r: r[field]).items():
+            reach.setdefault(name, {}).update(by_key)
+    curves = gather(args, ".tasks.json", lambda r: f"{r['task']} {r['kind']} {r['d'] if by_distance(r) else r['length']}",
+                    lambda r: r["accuracy"])
+    summary = {"suite": "retrieval", "budget": args.budget, "recipe": budget["recipe"], "seeds": list(SEEDS),
+               "wall_time": wall_time(args, budget, retrieval_plan), "machine": ran_on or machine(args.device),
+               "tasks": list(TASKS), "reach": reach, "accuracy": curves, "panels": panels}
+    write_json(results / "summary.json", summary)
+    summary = json.loads((results / "summary.json").read_text())
+    (results / "tables.md").write_text(retrieval_markdown(summary))
+    for task in summary["tasks"]:
+        plot_task(summary, task, results / f"{task}.png")
+    print(f"wrote {results / 'tables.md'}")
+
+
+def retrieval_markdown(summary):
+    """The suite's tables from summary.json: retrieval reach per model and task, then accuracy by distance and by
+    total length per task."""
+    l, wall = summary["recipe"]["block_size"], summary["wall_time"]
+    head = (f"Long-range task suite: {summary['budget']} budget, training length l = {l}, seeds "
+            f"{', '.join(map(str, summary['seeds']))} (three for rope, alibi, xpos, xpos_sb512; one for the others); "
+            f"wall time {clock(wall['seconds'])} ({wall['measured']} of its {wall['jobs']} jobs measured), on "
+            f"{summary['machine']}.\n")
+    names = summary["tasks"]
+    reach = {name: {task: row.get(task) for task in names} | {"bound": next(
+        (row[f"{t} bound"] for t in names if row.get(f"{t} bound")), None)} for name, row in summary["reach"].items()}
+    at_1x = {name: {task: row.get(f"{task} at 1x") for task in names} for name, row in summary["reach"].items()}
+    tables = [head, markdown("Retrieval reach (tokens; the largest distance with accuracy >= 90% of that at 1 x, "
+                             "mean ± std over seeds; \"n of N\": only n checkpoints retrieve at 1 x) and the rule's "
+                             "reach bound", reach, [*names, "bound"], digits=0),
+              markdown("Accuracy at 1 x (mean over distances up to l)", at_1x, names)]
+    for task in names:
+        for kind in ("distance", "length"):
+            table = {name: {int(k.split()[-1]): v for k, v in row.items() if k.startswith(f"{task} {kind} ")}
+                     for name, row in summary["accuracy"].items()}
+            table = {name: row for name, row in table.items() if row}
+            columns = sorted({c for row in table.values() for c in row})
+            if table:
+                tables.append(markdown(f"{task}: accuracy by {kind}" + (
+                    f" (the answers at distance {l // 2} or the task's shortest)" if kind == "length" else ""),
+                    {n: {str(c): v for c, v in row.items()} for n, row in table.items()}, [str(c) for c in columns]))
+    return "\n".join(tables)
+
+
+def plot_task(summary, task, path):
+    """Accuracy against distance, a panel per rule (and one for the interpolations), a curve per scheme (mean over
+    seeds); the training length and each rule's reach bound marked."""
+    from common import pyplot
+    plt = pyplot()
+    rows = {name: sorted((int(k.split()[-1]), v["mean"]) for k, v in row.items()
+                         if k.startswith(f"{task} distance ") and v)
+            for name, row in summary["accuracy"].items()}
+    panels = [p for p in ("causal", "bca", "sliding", "sinks", "interpolation")
+              if any(summary["panels"].get(n) == p and rows[n] for n in rows)]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), sharey=True, squeeze=False)
+    l = summary["recipe"]["block_size"]
+    for ax, panel in zip(axes[0], panels):
+        for name, curve in rows.items():
+            if summary["panels"].get(name) == panel and curve:
+                line, = ax.plot(*zip(*curve), marker="o", ms=3, label=name)
+                bound = summary["reach"].get(name, {}).get(f"{task} bound")
+                if bound:
+                    ax.axvline(bound["mean"], color=line.get_color(), ls=":", lw=1)
+        ax.axvline(l, color="grey", ls="--", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{task}: {panel}", fontsize=9)
+        ax.set_xlabel("distance (tokens); dashed: l, dotted: reach bound", fontsize=8)
+        ax.legend(fontsize=6)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("accuracy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def clock(seconds):
@@ -676,12 +808,12 @@ def tables_markdown(summary):
     return "\n".join(tables)
 
 
-def wall_time(args, budget):
+def wall_time(args, budget, jobs_of=None):
     """The study's duration: the sum over its jobs of their measured durations (timings.json keeps the latest run
     of each job); a job not measured (run before timings were kept, or not yet) is estimated as in the progress
     lines."""
     timings = read_timings(Path(args.results) / "timings.json")
-    jobs = [job for job in plan(args, budget) if job.kind != "report"]
+    jobs = [job for job in (jobs_of or plan)(args, budget) if job.kind != "report"]
     seconds = sum(expected_seconds(job, timings, args.budget) for job in jobs)
     return {"seconds": round(seconds, 1), "measured": sum(job.name in timings for job in jobs), "jobs": len(jobs)}
 
@@ -728,6 +860,8 @@ def gather_resolution(args, budget, m):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", default="study", choices=SUITES, help="study: the paper's claims (the default); "
+                   "retrieval: the long-range task suite (tasks.py), results/retrieval")
     p.add_argument("--variant", default="char", choices=tuple(VARIANTS), help="char: Shakespeare characters on CPU; "
                    "gpt2: GPT-2 BPE tokens (config/study_gpt2.py), for a GPU")
     p.add_argument("--budget", default="full", choices=tuple(BUDGETS), help="toy: a tiny model and a few "
@@ -749,6 +883,12 @@ def parse_args(argv=None):
     p.add_argument("--verbose", action="store_true", help="show each job's own output")
     args = p.parse_args(argv)
     toy = "_toy" if args.budget == "toy" else ""
+    if args.suite == "retrieval":
+        if args.variant != "char" or args.tune:
+            raise UserError("--suite retrieval has its own data and recipe (config/retrieval.py): --variant and "
+                            "--tune do not apply")
+        args.results = args.results or ("out/retrieval_toy/results" if toy else "results/retrieval")
+        args.runs, args.data = args.runs or f"out/retrieval{toy}", args.data or f"data/task_char{toy}"
     args.results = args.results or (f"out/study_{args.variant}_toy/results" if toy else f"results/{args.variant}")
     args.runs = args.runs or f"out/study_{args.variant}{toy}"
     args.data = args.data or f"data/study_{args.variant}"
@@ -763,15 +903,20 @@ def main(argv=None):
         if unknown:
             raise UserError(f"--schemes {args.schemes}: unknown {', '.join(sorted(unknown))}; the study's schemes are "
                             + ", ".join(s for s, _, _ in SCHEMES))
-        budget["recipe"] = dict(read_recipe(HERE / VARIANTS[args.variant]["config"]), **budget["train"])
+        if args.suite == "retrieval":
+            budget = dict(RETRIEVAL_BUDGETS[args.budget], schemes=budget["schemes"])
+            budget["recipe"] = dict(read_recipe(HERE / RETRIEVAL_CONFIG), **budget["train"])
+        else:
+            budget["recipe"] = dict(read_recipe(HERE / VARIANTS[args.variant]["config"]), **budget["train"])
         if args.report:
             if args.tune or args.plan:
                 raise UserError("--report redraws the study's tables alone: give it without --tune and --plan")
             if not Path(args.results, "raw").is_dir():
                 raise UserError(f"--report: {Path(args.results, 'raw')} does not exist; nothing to draw from")
-            return report(args, budget, measured=False)
+            return (retrieval_report if args.suite == "retrieval" else report)(args, budget, measured=False)
         writable_dir(Path(args.results, "raw"), "--results")
-        run_jobs(args, budget, tune_plan(args, budget) if args.tune else plan(args, budget))
+        jobs = tune_plan if args.tune else retrieval_plan if args.suite == "retrieval" else plan
+        run_jobs(args, budget, jobs(args, budget))
     except UserError as e:
         sys.exit(f"reproduce.py: error: {e}")
 

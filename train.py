@@ -114,7 +114,7 @@ def evaluate(run, c):
         data = read_tokens(c["data_dir"], split, run.meta)
         total = torch.zeros(2, device=run.device)
         for k in range(run.rank, c["eval_iters"], run.world):
-            offsets = sample_offsets(c["seed"], stream, k, len(data), c["batch_size"], c["block_size"])
+            offsets = sample_offsets(c["seed"], stream, k, data, c["batch_size"], c["block_size"])
             x, y = get_batch(data, offsets, c["block_size"], run.device)
             with run.ctx:
                 _, loss = run.model(x, y)
@@ -287,7 +287,7 @@ def train_step(run, c, iter_num):
     for group in run.optimizer.param_groups:
         group["lr"] = get_lr(iter_num, c)
     data = read_tokens(c["data_dir"], "train", run.meta)  # re-opened each step: a long-lived memmap leaks
-    offsets = sample_offsets(c["seed"], 0, iter_num, len(data), run.global_batch, c["block_size"])
+    offsets = sample_offsets(c["seed"], 0, iter_num, data, run.global_batch, c["block_size"])
     loss_sum, data_seconds = torch.zeros((), device=run.device), 0.0
     for micro in range(run.micro_steps):
         first = (run.rank * run.micro_steps + micro) * c["batch_size"]

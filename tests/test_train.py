@@ -436,7 +436,7 @@ def test_gradient_norm_and_data_wait_are_logged(data_dir, tmp_path):
     torch.manual_seed(c["seed"])
     model = GPT(GPTConfig(vocab_size=load_meta(data_dir)["vocab_size"], **{k: c[k] for k in train.MODEL_KEYS}))
     tokens = read_tokens(data_dir, "train", load_meta(data_dir))
-    offsets = train.sample_offsets(c["seed"], 0, 0, len(tokens), c["batch_size"], c["block_size"])
+    offsets = train.sample_offsets(c["seed"], 0, 0, tokens, c["batch_size"], c["block_size"])
     model(*train.get_batch(tokens, offsets, c["block_size"], "cpu"))[1].backward()
     want = torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item()
     assert first["iter"] == 0 and first["grad_norm"] == pytest.approx(want, rel=1e-5) and want > 0.5  # clipped after

@@ -1,0 +1,223 @@
+"""
+The long-range task suite: synthetic tasks, generated from a seed, on which small models do learn to retrieve, so
+that retrieval beyond the training length can be measured for every position scheme and inference-time rule
+(natural text at this scale gives almost no pressure to copy: docs/retrieval.md).
+
+    python prepare_data.py --dataset task --tasks all --block_size 128      # training records, data/task_char
+    python train.py config/retrieval.py --pos=xpos ...                       # as any dataset
+    python eval_retrieval.py --ckpt CKPT --task copy [--attention ...] [--rope_scaling ...]
+
+Every instance is text in one character vocabulary (CHARS), so a task dataset is an ordinary char dataset. Each
+has answer characters, scored by whether the model's most likely next token is the right one given the true text
+before it (teacher forcing; for the passkey, whether all five digits are right), and a distance: how far the answer
+sits from what it must retrieve.
+
+  copy           "<" a span of r letters, a gap of random digits, ">" the span again (answers: the second span).
+                 Distance: from the span's first letter to its copy's.
+  mqar           multi-query associative recall (Arora et al. 2023, Zoology): n key-value pairs (upper-case key,
+                 lower-case value), a gap, "?", then every key again in a new order, each followed by its value
+                 (answers: the values). Distance: from the first pair to the "?".
+  passkey        Mohtashami & Jaggi (2023): their repeated filler ("The grass is green. ..."), the key sentence at
+                 some depth, the question; the answer is the five-digit key. Distance: key to answer.
+  passkey_noise  the same with random letters as filler.
+  flipflop       flip-flop language modelling (Liu et al. 2023): instructions w (write), r (read), i (ignore), each
+                 with a bit; after r the bit is the last one written (answers: the bits read). Training draws
+                 FFL(0.8): w and r with probability 0.1 each. Distance: from the last write to the read.
+
+Training records (prepare_data.py) are block_size + 1 characters each, with the distance drawn uniformly over
+what fits. Evaluation builds instances at a given distance (a short noise prefix first, so that no source sits
+among the first tokens that attention sinks keep) or at a given total length (the instance at a distance of half
+the training length, after noise that fills the length).
+"""
+
+import string
+
+import numpy as np
+import torch
+
+from data import PASSKEY_CHARS, PASSKEY_QUESTION, PASSKEY_SENTENCE
+
+TASKS = ("copy", "mqar", "passkey", "passkey_noise", "flipflop")
+CHARS = sorted(set(" .?<>" + string.digits + string.ascii_letters) | PASSKEY_CHARS)
+LETTERS, DIGITS = string.ascii_letters, string.digits
+SPANS = (4, 16)  # copy: span lengths drawn in training; evaluation uses SPAN
+SPAN = 8
+PAIRS = (2, 8)  # mqar: key-value pairs drawn in training; evaluation uses PAIR_COUNT
+PAIR_COUNT = 6
+KEY_DIGITS = 5
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "  # M&J's
+P_WRITE = P_READ = 0.1  # flip-flop's FFL(0.8)
+PREFIX = 16  # noise before an instance evaluated at a given distance
+CHANCE = dict(copy=1 / len(LETTERS), mqar=1 / 26, passkey=0.1 ** KEY_DIGITS, passkey_noise=0.1 ** KEY_DIGITS,
+              flipflop=0.5)  # accuracy of a uniform guess among the answers' own alphabet
+
+
+def draw(rng, alphabet, n):
+    return "".join(alphabet[i] for i in rng.integers(0, len(alphabet), size=n))
+
+
+def noise(rng, n):
+    return draw(rng, DIGITS, n)
+
+
+def copy(rng, length, distance=None):
+    """(text, answer positions): noise, "<" span, gap, ">" span, `length` characters in all."""
+    if distance is None:
+        r = int(rng.integers(SPANS[0], min(SPANS[1], (length - 2) // 2) + 1))
+        distance = int(rng.integers(r + 1, length - r))
+    else:
+        r = SPAN
+    span, gap = draw(rng, LETTERS, r), noise(rng, distance - r - 1)
+    body = "<" + span + gap + ">" + span
+    return noise(rng, length - len(body)) + body, list(range(length - r, length))
+
+
+def mqar(rng, length, distance=None):
+    """(text, answer positions): noise, n pairs, gap, "?", the n keys again each with its value."""
+    n = int(rng.integers(PAIRS[0], PAIRS[1] + 1)) if distance is None else PAIR_COUNT
+    n = min(n, (length - 1) // 4)
+    if distance is None:
+        distance = int(rng.integers(2 * n + 1, length - 2 * n + 1))
+    keys = rng.choice(list(string.ascii_uppercase), size=n, replace=False)
+    values = draw(rng, string.ascii_lowercase, n)
+    pairs = "".join(k + v for k, v in zip(keys, values))
+    order = rng.permutation(n)
+    queries = "".join(keys[i] + values[i] for i in order)
+    body = pairs + noise(rng, distance - 2 * n - 1) + "?" + queries
+    return noise(rng, length - len(body)) + body, [length - 2 * n + 2 * i + 1 for i in range(n)]
+
+
+def filler(rng, n, repeated):
+    if not repeated:
+        return draw(rng, string.ascii_lowercase + " ", n)
+    phase = int(rng.integers(0, len(FILLER)))
+    return (FILLER * (n // len(FILLER) + 2))[phase : phase + n]
+
+
+def passkey(rng, length, distance=None, repeated=True):
+    """(text, answer positions): filler with the key sentence inside, then the question and the key."""
+    key = draw(rng, DIGITS, KEY_DIGITS)
+    sentence, question = PASSKEY_SENTENCE.format(key=key), PASSKEY_QUESTION + " "
+    to_key = sentence.index(key)  # the key's place in its sentence
+    fixed = len(sentence) + len(question) + KEY_DIGITS
+    room = length - fixed  # filler characters in all
+    shortest = len(sentence) - to_key + len(question)  # the key sentence right before the question
+    if distance is None:
+        distance = int(rng.integers(shortest, shortest + room + 1))
+    before = room - (distance - shortest)  # filler before the key sentence
+    text = filler(rng, before, repeated) + sentence + filler(rng, room - before, repeated) + question + key
+    return text, list(range(length - KEY_DIGITS, length))
+
+
+def flipflop(rng, length, distance=None):
+    """(text, answer positions): instruction-bit pairs, answers the bits after each r. Training: FFL(0.8) throughout.
+    Evaluation: FFL(0.8), then w, ignores and one r at the given (even) distance from the w: that read is scored."""
+    n_pairs = (length - (distance or 0) - 2) // 2 if distance else length // 2
+    ops = list(rng.choice(["w", "r", "i"], size=n_pairs, p=[P_WRITE, P_READ, 1 - P_WRITE - P_READ]))
+    if distance:
+        ops += ["w"] + ["i"] * (distance // 2 - 1) + ["r"]
+    ops[0] = "w"  # a read always has a write before it
+    text, answers, last = "." * (length - 2 * len(ops)), [], None
+    for op in ops:
+        last = str(rng.integers(0, 2)) if op == "w" else last
+        text += op + (last if op == "r" else str(rng.integers(0, 2)) if op == "i" else last)
+        if op == "r":
+            answers.append(len(text) - 1)
+    return text, answers[-1:] if distance else answers
+
+
+GENERATORS = dict(copy=copy, mqar=mqar, passkey=passkey,
+                  passkey_noise=lambda rng, length, distance=None: passkey(rng, length, distance, repeated=False),
+                  flipflop=flipflop)
+
+
+def reach(task):
+    """(the shortest distance an instance of the task can have, the characters it needs beyond its distance)."""
+    if task == "copy":
+        return SPAN + 1, SPAN + 1
+    if task == "mqar":
+        return 2 * PAIR_COUNT + 1, 2 * PAIR_COUNT
+    if task == "flipflop":
+        return 2, 2
+    sentence = PASSKEY_SENTENCE.format(key="0" * KEY_DIGITS)
+    to_key = sentence.index("0" * KEY_DIGITS)
+    return len(sentence) - to_key + len(PASSKEY_QUESTION) + 1, to_key + KEY_DIGITS
+
+
+def shortest_record(task):
+    """The fewest characters a training record of the task can have."""
+    sentence = PASSKEY_SENTENCE.format(key="0" * KEY_DIGITS)
+    return dict(copy=2 * SPANS[0] + 2, mqar=4 * PAIRS[0] + 1, flipflop=2,
+                passkey=len(sentence) + len(PASSKEY_QUESTION) + 1 + KEY_DIGITS)[task.replace("_noise", "")]
+
+
+def at_distance(task, rng, distance):
+    """An evaluation instance whose answers sit `distance` from their source, after PREFIX characters of noise."""
+    return GENERATORS[task](rng, PREFIX + distance + reach(task)[1], distance)
+
+
+def at_length(task, rng, length, distance):
+    """An evaluation instance of `length` characters in all: the task at `distance`, after noise that fills it."""
+    return GENERATORS[task](rng, length, distance)
+
+
+def parse_tasks(text):
+    """A comma-separated list of task names, or "all"."""
+    names = list(TASKS) if text == "all" else text.split(",")
+    unknown = [n for n in names if n not in TASKS]
+    if unknown or not names:
+        raise ValueError(f"--tasks {text!r}: {', '.join(unknown) or 'none'} not allowed: the tasks are "
+                         f"{', '.join(TASKS)} (or all)")
+    return list(dict.fromkeys(names))
+
+
+def records(names, length, count, rng):
+    """`count` training records of `length` characters, the tasks in turn: token ids of CHARS (uint16), and a byte
+    per token, 1 where it is an answer (the targets train.py's loss is on)."""
+    lookup = np.zeros(128, dtype=np.uint16)
+    lookup[[ord(c) for c in CHARS]] = np.arange(len(CHARS))
+    texts, answers = zip(*(GENERATORS[names[i % len(names)]](rng, length) for i in range(count)))
+    scored = np.zeros((count, length), dtype=np.uint8)
+    for row, positions in enumerate(answers):
+        scored[row, positions] = 1
+    return lookup[np.frombuffer("".join(texts).encode("ascii"), dtype=np.uint8)], scored.reshape(-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scoring: accuracy at the answers, teacher-forced.
+
+
+def encode(texts):
+    """(B, T) token ids of equal-length texts."""
+    stoi = {c: i for i, c in enumerate(CHARS)}
+    return torch.tensor([[stoi[c] for c in text] for text in texts])
+
+
+@torch.no_grad()
+def predictions(model, idx, first, attention, rope_scaling):
+    """The most likely token at every position from `first` on ((B, T - first)), given the true tokens before it: one
+    pass over the inputs, as eval_extrapolate.py scores them. Under dynamic NTK as generation runs it: the text before
+    `first` in one pass, then token by token through the KV cache, each at the factor of its own length."""
+    if getattr(rope_scaling, "method", rope_scaling) == "dynamic_ntk":  # alternatives: the factor follows the length
+        cache = model.new_cache(idx.size(1) - 1, attention, rope_scaling)
+        states = [model.hidden_states(idx[:, :first], cache=cache)[:, -1:]]
+        states += [model.hidden_states(idx[:, t : t + 1], cache=cache) for t in range(first, idx.size(1) - 1)]
+        x = torch.cat(states, dim=1)
+    else:
+        x = model.hidden_states(idx[:, :-1], attention, rope_scaling)[:, first - 1 :]
+    return model.head(x).argmax(-1)
+
+
+def accuracy(model, task, instances, attention, rope_scaling, device, ctx):
+    """(accuracy, answers scored) over instances [(text, answer positions)] of one length: the share of answers
+    predicted right, or for the passkey of keys with every digit right."""
+    texts, positions = zip(*instances)
+    first = min(min(p) for p in positions)
+    idx = encode(texts).to(device)
+    with ctx:
+        predicted = predictions(model, idx, first, attention, rope_scaling).cpu()
+    right = [[bool(predicted[b, p - first] == idx[b, p]) for p in ps] for b, ps in enumerate(positions)]
+    if task.startswith("passkey"):
+        right = [[all(r)] for r in right]
+    flat = [r for rs in right for r in rs]
+    return sum(flat) / len(flat), len(flat)
