@@ -304,7 +304,9 @@ def task_tables(rows):
                     "|---" * (len(sizes) + 1 + (2 if kind == "distance" else 0)) + "|"]
             for label in dict.fromkeys(r["label"] for r in mine):
                 first = cell[label, sizes[0]]
-                tail = f" | {first['retrieval_reach']} | {first['reach_bound']} |" if kind == "distance" else " |"
+                show = lambda v: "–" if v is None else str(v)
+                tail = f" | {show(first['retrieval_reach'])} | {show(first['reach_bound'])} |" if kind == "distance" \
+                    else " |"
                 out.append(f"| {label} | " + " | ".join(f"{cell[label, n]['accuracy']:.2f}" for n in sizes) + tail)
     return "\n".join(out[1:])
 

@@ -16,7 +16,7 @@ sits from what it must retrieve.
                  Distance: from the span's first letter to its copy's.
   mqar           multi-query associative recall (Arora et al. 2023, Zoology): n key-value pairs (upper-case key,
                  lower-case value), a gap, "?", then every key again in a new order, each followed by its value
-                 (answers: the values). Distance: from the first pair to the "?".
+                 (answers: the values). Distance: from the first pair to the first query.
   passkey        Mohtashami & Jaggi (2023): their repeated filler ("The grass is green. ..."), the key sentence at
                  some depth, the question; the answer is the five-digit key. Distance: key to answer.
   passkey_noise  the same with random letters as filler.
@@ -117,6 +117,8 @@ def flipflop(rng, length, distance=None):
     if distance:
         ops += ["w"] + ["i"] * (distance // 2 - 1) + ["r"]
     ops[0] = "w"  # a read always has a write before it
+    if "r" not in ops:  # every record has an answer
+        ops[-1] = "r"
     text, answers, last = "." * (length - 2 * len(ops)), [], None
     for op in ops:
         last = str(rng.integers(0, 2)) if op == "w" else last
@@ -147,7 +149,7 @@ def reach(task):
 def shortest_record(task):
     """The fewest characters a training record of the task can have."""
     sentence = PASSKEY_SENTENCE.format(key="0" * KEY_DIGITS)
-    return dict(copy=2 * SPANS[0] + 2, mqar=4 * PAIRS[0] + 1, flipflop=2,
+    return dict(copy=2 * SPANS[0] + 2, mqar=4 * PAIRS[0] + 1, flipflop=4,
                 passkey=len(sentence) + len(PASSKEY_QUESTION) + 1 + KEY_DIGITS)[task.replace("_noise", "")]
 
 

@@ -1,0 +1,241 @@
+"""Tests for the long-range task suite: every task's instances checked against its rule by brute force (the answer
+is what the rule says, at the distance asked), the records prepare_data.py writes and the batches train.py reads
+from them, the scorer against a plain forward pass, the retrieval reach by hand, the probe's command line and the
+suite in reproduce.py on a toy budget."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import data
+import eval_retrieval
+import prepare_data
+import tasks
+from conftest import make_checkpoint
+from model import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def brute_force_answers(task, text):
+    """What each answer must be, by the task's rule read off the text alone: {position: character}."""
+    if task == "copy":
+        start, gap_end = text.index("<") + 1, text.index(">")
+        span = text[start : start + len(text) - gap_end - 1]
+        return {gap_end + 1 + i: c for i, c in enumerate(span)}
+    if task == "mqar":
+        q = text.index("?")
+        n = (len(text) - q - 1) // 2
+        pairs = text[q - (q - text.index(next(c for c in text if c.isupper()))) : q]
+        table = {pairs[i]: pairs[i + 1] for i in range(0, 2 * n, 2)}
+        return {q + 2 + 2 * i: table[text[q + 1 + 2 * i]] for i in range(n)}
+    if task.startswith("passkey"):
+        key = text.split("The pass key is ")[1][:5]
+        return {len(text) - 5 + i: c for i, c in enumerate(key)}
+    answers, last = {}, None  # flipflop: the bit after each r is the last bit written
+    start = len(text) % 2
+    for i in range(start, len(text), 2):
+        if text[i] == "w":
+            last = text[i + 1]
+        elif text[i] == "r":
+            answers[i + 1] = last
+    return answers
+
+
+def source_distance(task, text, answers):
+    """The distance from the first answer back to what it retrieves, found by brute force."""
+    p = min(answers)
+    if task == "copy":
+        return p - (text.index("<") + 1)
+    if task == "mqar":
+        return text.index("?") + 1 - text.index(next(c for c in text if c.isupper()))  # first pair to first query
+    if task.startswith("passkey"):
+        return p - (text.index("The pass key is ") + len("The pass key is "))
+    return max(answers) - 1 - max(i for i in range(len(text) % 2, max(answers), 2) if text[i] == "w")
+
+
+@pytest.mark.parametrize("task", tasks.TASKS)
+def test_training_records_follow_the_tasks_rule(task):
+    rng = np.random.default_rng(0)
+    for length in (tasks.shortest_record(task), 97, 129, 257):
+        for _ in range(40):
+            text, answers = tasks.GENERATORS[task](rng, length)
+            assert len(text) == length and set(text) <= set(tasks.CHARS) and answers
+            truth = brute_force_answers(task, text)
+            if task == "flipflop":
+                assert set(answers) == set(truth)  # every read is an answer
+            assert {p: text[p] for p in answers} == {p: truth[p] for p in answers}
+
+
+@pytest.mark.parametrize("task", tasks.TASKS)
+def test_evaluation_instances_sit_at_the_distance_asked(task):
+    rng = np.random.default_rng(1)
+    shortest, extra = tasks.reach(task)
+    for distance in (shortest, shortest + 2, 128, 1000):
+        distance += distance % 2 if task == "flipflop" else 0
+        text, answers = tasks.at_distance(task, rng, distance)
+        assert len(text) == tasks.PREFIX + distance + extra
+        assert {p: text[p] for p in answers} == {p: brute_force_answers(task, text)[p] for p in answers}
+        assert source_distance(task, text, answers) == distance
+        assert min(answers) - distance >= tasks.PREFIX  # the source is past the first tokens sinks keep
+        text, answers = tasks.at_length(task, rng, 2048, distance)
+        assert len(text) == 2048 and source_distance(task, text, answers) == distance
+
+
+def test_a_distance_that_does_not_fit_is_refused_and_a_bad_task_named():
+    with pytest.raises(ValueError, match="nope not allowed: the tasks are copy, mqar"):
+        tasks.parse_tasks("copy,nope")
+    assert tasks.parse_tasks("all") == list(tasks.TASKS) and tasks.parse_tasks("mqar,copy,mqar") == ["mqar", "copy"]
+
+
+@pytest.fixture(scope="module")
+def task_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tasks") / "d"
+    prepare_data.main(["--dataset", "task", "--block_size", "96", "--records", "60", "--out_dir", str(out)])
+    return out
+
+
+def test_records_are_whole_instances_with_their_answers_marked(task_data):
+    meta = data.load_meta(task_data, full=True)
+    assert meta["record"] == 97 and meta["tasks"] == list(tasks.TASKS) and meta["chars"] == tasks.CHARS
+    tokens = data.read_tokens(task_data, "train", meta)
+    assert len(tokens) == 60 * 97 and len(data.read_tokens(task_data, "val", meta)) == 6 * 97
+    for i in range(60):
+        text = "".join(tasks.CHARS[t] for t in tokens[i * 97 : (i + 1) * 97])
+        task = tasks.TASKS[i % len(tasks.TASKS)]  # in turn
+        marked = set(np.flatnonzero(tokens.answers[i * 97 : (i + 1) * 97]).tolist())
+        truth = brute_force_answers(task, text)
+        assert marked and all(text[p] == truth[p] for p in marked)
+    offsets = data.sample_offsets(1, 0, 3, tokens, 16, 96)
+    assert (offsets % 97 == 0).all()  # a sequence is a whole record
+    x, y = data.get_batch(tokens, offsets, 96, "cpu")
+    for row, at in enumerate(offsets):
+        want = np.where(tokens.answers[at + 1 : at + 97] == 1, tokens[at + 1 : at + 97].astype(np.int64), -1)
+        assert y[row].tolist() == want.tolist() and x[row].tolist() == tokens[at : at + 96].tolist()
+    with pytest.raises(data.UserError, match="holds task records of 97 tokens, made for block_size 96: train with "
+                                             "--block_size=96"):
+        data.sample_offsets(1, 0, 3, tokens, 16, 64)
+    subprocess.run([sys.executable, "prepare_data.py", "--verify", str(task_data)], cwd=ROOT, check=True,
+                   capture_output=True)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tasks", "copy,bogus"], "--tasks 'copy,bogus': bogus not allowed"),
+    (["--block_size", "40", "--tasks", "passkey"], "--block_size 40 is too short for passkey"),
+    (["--records", "0"], "--records 0 is not allowed: must be >= 1"),
+    (["--val_tokens", "100"], "--dataset task: --val_tokens and --passkey do not apply"),
+])
+def test_bad_task_options_are_one_line_errors(tmp_path, argv, message):
+    done = subprocess.run([sys.executable, "prepare_data.py", "--dataset", "task", "--out_dir", str(tmp_path / "d"),
+                           *argv], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "d" / "meta.json").exists()
+
+
+@pytest.mark.parametrize("scaling", ["none", "pi", "dynamic_ntk"])
+@pytest.mark.parametrize("rule", ["causal", "bca"])
+def test_predictions_are_the_argmax_of_a_plain_forward_pass(rule, scaling):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=len(tasks.CHARS), n_layer=2, n_head=2, n_embd=16,
+                          pos="rope")).eval()
+    rng = np.random.default_rng(0)
+    texts = [tasks.at_distance("copy", rng, 60)[0] for _ in range(3)]
+    idx = tasks.encode(texts)
+    first = idx.size(1) - tasks.SPAN
+    got = tasks.predictions(model, idx, first, rule, scaling)
+    if scaling != "dynamic_ntk":
+        logits, _ = model(idx[:, :-1], idx[:, 1:], attention=rule, rope_scaling=scaling)
+        assert torch.equal(got, logits[:, first - 1 :].argmax(-1))
+    else:  # dynamic NTK: each answer from a full pass over the text before it, at its own length's factor
+        for j, t in enumerate(range(first, idx.size(1))):
+            logits, _ = model(idx[:, :t], attention=rule, rope_scaling=scaling)
+            assert torch.equal(got[:, j], logits[:, -1].argmax(-1))
+    right, n = tasks.accuracy(model, "copy", [tasks.at_distance("copy", rng, 60) for _ in range(3)], rule, scaling,
+                              "cpu", torch.no_grad())
+    assert n == 3 * tasks.SPAN and 0 <= right <= 1
+
+
+def test_retrieval_reach_by_hand():
+    rows = lambda accs: [dict(d=d, accuracy=a) for d, a in accs]
+    reach = eval_retrieval.retrieval_reach
+    assert reach(rows([(32, 1.0), (64, 0.9), (128, 0.95), (256, 0.86), (512, 0.2)]), 128, 0.02) == (256, pytest.approx(0.95))
+    assert reach(rows([(32, 1.0), (64, 0.5), (128, 1.0), (256, 1.0)]), 128, 0.02) == (32, pytest.approx(2.5 / 3))
+    assert reach(rows([(32, 0.6), (128, 0.6), (256, 0.6)]), 128, 0.5)[0] is None  # not half way from chance to 1
+    assert reach(rows([(32, 0.9), (128, 0.9), (2048, 0.9)]), 128, 0.5) == (2048, 0.9)
+
+
+def test_task_probe_json_table_plots_and_errors(task_data, tmp_path, capsys):
+    meta = data.load_meta(task_data)
+    make_checkpoint(tmp_path / "m.pt", task_data, pos="rope", block_size=96, vocab=meta["chars"])
+    out, png = tmp_path / "t.json", tmp_path / "t.png"
+    eval_retrieval.main([str(a) for a in ("--ckpt", tmp_path / "m.pt", "--probe", "task", "--task", "copy,flipflop",
+                                          "--distances", "10,50,200", "--lengths", "96,384", "--sequences", 3,
+                                          "--attention", "causal,bca", "--rope_scaling", "none,yarn", "--json", out,
+                                          "--plot", png)])
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert result["tasks"] == ["copy", "flipflop"]
+    copy = [(r["label"], r["kind"], r["d"], r["length"]) for r in rows if r["task"] == "copy"]
+    assert copy[:5] == [("rope", "distance", 10, 16 + 10 + 9), ("rope", "distance", 50, 75),
+                        ("rope", "distance", 200, 225), ("rope", "length", 48, 96), ("rope", "length", 48, 384)]
+    assert {r["label"] for r in rows} == {"rope", "rope + yarn", "rope + BCA"}  # yarn under BCA: skipped
+    assert {r["reach_bound"] for r in rows if r["label"] == "rope + BCA"} == {2 * 96 // 2}
+    assert all(r["n"] == 3 * (tasks.SPAN if r["task"] == "copy" else 1) for r in rows)
+    assert "copy, by distance" in printed and "| rope + BCA | " in printed and "retrieval reach" in printed
+    assert (tmp_path / "t_copy.png").stat().st_size > 1000 and (tmp_path / "t_flipflop.png").stat().st_size > 1000
+    for argv, message in ((["--task", "copy", "--span", "4"], "--span does not apply to --probe task"),
+                          (["--task", "cop"], "--tasks 'cop': cop not allowed"),
+                          (["--lengths", "20"], "--lengths 20 cannot hold copy")):
+        with pytest.raises(SystemExit) as e:
+            eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "task", *argv])
+        assert message in str(e.value.code)
+
+
+def test_the_task_probe_refuses_a_model_of_natural_text(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    with pytest.raises(SystemExit) as e:
+        eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "task"])
+    assert "was not trained on the task suite" in str(e.value.code)
+
+
+def test_learned_positions_are_scored_within_the_training_length(task_data, tmp_path):
+    meta = data.load_meta(task_data)
+    make_checkpoint(tmp_path / "m.pt", task_data, pos="learned", block_size=96, vocab=meta["chars"])
+    rows = eval_retrieval.main([str(a) for a in ("--ckpt", tmp_path / "m.pt", "--probe", "task", "--task", "copy",
+                                                 "--sequences", 1, "--attention", "causal")])
+    # the default distances 24, 48, 72, ... x 96 / 128: 48 + PREFIX + 9 fits in 96 positions, 72 + 25 does not
+    assert rows and max(r["length"] for r in rows) <= 96 and {r["d"] for r in rows if r["kind"] == "distance"} == {
+        24, 48}
+
+
+@pytest.mark.slow
+def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
+    argv = [sys.executable, "reproduce.py", "--suite", "retrieval", "--budget", "toy", "--schemes", "learned,rope",
+            "--results", str(tmp_path / "results"), "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data")]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = tmp_path / "results"
+    summary = json.loads((results / "summary.json").read_text())
+    raw = json.loads((results / "raw" / "rope.tasks.json").read_text())
+    assert {r["ckpt"] for r in raw["rows"]} == {str(tmp_path / "runs" / f"rope_s{s}" / "ckpt.pt")
+                                                 for s in (1337, 1338, 1339)}
+    # every rule for both; the interpolations for rope only; learned within its training length (96 at toy size)
+    assert {"rope", "rope + BCA", "rope + sliding W=96", "rope + sinks S=4 W=96", "rope + pi", "rope + ntk",
+            "rope + dynamic_ntk", "rope + yarn", "learned", "learned + BCA"} <= set(summary["reach"])
+    assert summary["reach"]["rope + BCA"]["copy bound"] == {"mean": 1 * 96 / 2, "std": 0.0, "n": 3, "of": 3}
+    copy_2048 = [r["accuracy"] for r in raw["rows"] if r["label"] == "rope" and r["task"] == "copy"
+                 and r["kind"] == "distance" and r["d"] == 1536]
+    assert summary["accuracy"]["rope"]["copy distance 1536"]["mean"] == pytest.approx(np.mean(copy_2048))
+    assert max(int(k.split()[-1]) for k in summary["accuracy"]["learned"] if "distance" in k) <= 96
+    for task in tasks.TASKS:
+        assert (results / f"{task}.png").stat().st_size > 1000
+    tables = (results / "tables.md").read_text()
+    assert "### Retrieval reach" in tables and "| rope + yarn |" in tables and "### copy: accuracy by distance" in tables
+    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0 and "7 of 8 jobs finished already; 1 to run" in again.stdout  # only the report
