@@ -48,6 +48,8 @@ KEY_DIGITS = 5
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "  # M&J's
 P_WRITE = P_READ = 0.1  # flip-flop's FFL(0.8)
 PREFIX = 16  # noise before an instance evaluated at a given distance
+SHARE = dict(copy=2, mqar=2, passkey=1, passkey_noise=1, flipflop=1)  # records of each task per turn: the two that
+# match content with content learn slowest (copy alone: 0.95 after 64,000 records; in an even five-way mix, 0.5)
 CHANCE = dict(copy=1 / len(LETTERS), mqar=1 / 26, passkey=0.1 ** KEY_DIGITS, passkey_noise=0.1 ** KEY_DIGITS,
               flipflop=0.5)  # accuracy of a uniform guess among the answers' own alphabet
 
@@ -110,22 +112,25 @@ def passkey(rng, length, distance=None, repeated=True):
 
 
 def flipflop(rng, length, distance=None):
-    """(text, answer positions): instruction-bit pairs, answers the bits after each r. Training: FFL(0.8) throughout.
-    Evaluation: FFL(0.8), then w, ignores and one r at the given (even) distance from the w: that read is scored."""
-    n_pairs = (length - (distance or 0) - 2) // 2 if distance else length // 2
+    """(text, answer positions): "." then instruction-bit pairs, answers the bits after each r. Training: FFL(0.8)
+    throughout, after one or two "." (so that instructions sit at either parity of position: a model trained on one
+    only fails on the other). Evaluation: FFL(0.8), then w, ignores and one r at the given (even) distance from the
+    w: that read is scored."""
+    pad = 1 + int(rng.integers(0, 2)) if distance is None else 1 + (length - 1) % 2
+    n_pairs = (length - pad - (distance + 2 if distance else 0)) // 2
     ops = list(rng.choice(["w", "r", "i"], size=n_pairs, p=[P_WRITE, P_READ, 1 - P_WRITE - P_READ]))
     if distance:
         ops += ["w"] + ["i"] * (distance // 2 - 1) + ["r"]
     ops[0] = "w"  # a read always has a write before it
     if "r" not in ops:  # every record has an answer
         ops[-1] = "r"
-    text, answers, last = "." * (length - 2 * len(ops)), [], None
+    text, answers, last = "." * pad, [], None
     for op in ops:
         last = str(rng.integers(0, 2)) if op == "w" else last
         text += op + (last if op == "r" else str(rng.integers(0, 2)) if op == "i" else last)
         if op == "r":
             answers.append(len(text) - 1)
-    return text, answers[-1:] if distance else answers
+    return text + "." * (length - len(text)), answers[-1:] if distance else answers
 
 
 GENERATORS = dict(copy=copy, mqar=mqar, passkey=passkey,
@@ -140,7 +145,7 @@ def reach(task):
     if task == "mqar":
         return 2 * PAIR_COUNT + 1, 2 * PAIR_COUNT
     if task == "flipflop":
-        return 2, 2
+        return 2, 3  # and the "." it begins with
     sentence = PASSKEY_SENTENCE.format(key="0" * KEY_DIGITS)
     to_key = sentence.index("0" * KEY_DIGITS)
     return len(sentence) - to_key + len(PASSKEY_QUESTION) + 1, to_key + KEY_DIGITS
@@ -149,7 +154,7 @@ def reach(task):
 def shortest_record(task):
     """The fewest characters a training record of the task can have."""
     sentence = PASSKEY_SENTENCE.format(key="0" * KEY_DIGITS)
-    return dict(copy=2 * SPANS[0] + 2, mqar=4 * PAIRS[0] + 1, flipflop=4,
+    return dict(copy=2 * SPANS[0] + 2, mqar=4 * PAIRS[0] + 1, flipflop=6,
                 passkey=len(sentence) + len(PASSKEY_QUESTION) + 1 + KEY_DIGITS)[task.replace("_noise", "")]
 
 
@@ -174,11 +179,12 @@ def parse_tasks(text):
 
 
 def records(names, length, count, rng):
-    """`count` training records of `length` characters, the tasks in turn: token ids of CHARS (uint16), and a byte
-    per token, 1 where it is an answer (the targets train.py's loss is on)."""
+    """`count` training records of `length` characters, the tasks in turn (SHARE of each): token ids of CHARS
+    (uint16), and a byte per token, 1 where it is an answer (the targets train.py's loss is on)."""
     lookup = np.zeros(128, dtype=np.uint16)
     lookup[[ord(c) for c in CHARS]] = np.arange(len(CHARS))
-    texts, answers = zip(*(GENERATORS[names[i % len(names)]](rng, length) for i in range(count)))
+    turn = [name for name in names for _ in range(SHARE[name])]
+    texts, answers = zip(*(GENERATORS[turn[i % len(turn)]](rng, length) for i in range(count)))
     scored = np.zeros((count, length), dtype=np.uint8)
     for row, positions in enumerate(answers):
         scored[row, positions] = 1

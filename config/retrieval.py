@@ -12,8 +12,8 @@ dropout = 0.0
 
 batch_size = 64
 gradient_accumulation_steps = 1
-max_iters = 4000
-lr_decay_iters = 4000
+max_iters = 8000
+lr_decay_iters = 8000
 warmup_iters = 100
 learning_rate = 3e-3
 min_lr = 3e-4

@@ -104,8 +104,8 @@ def test_repeat_probe_json_table_and_plot(tiny_data, tmp_path, capsys):
     (["--distances", "-1"], "--distances '-1' must be >= 0"),
     (["--span", 1], "span must be >= 2"),
     (["--attention", "window"], "--attention 'window' is not allowed"),
-    (["--depths", "0.5"], "--depths applies to --probe passkey only"),
-    (["--probe", "passkey", "--distances", "0,8"], "--distances applies to --probe repeat only"),
+    (["--depths", "0.5"], "--depths does not apply to --probe repeat"),
+    (["--probe", "passkey", "--distances", "0,8"], "--distances does not apply to --probe passkey"),
 ])
 def test_bad_inputs_are_one_line_errors(tiny_data, tmp_path, argv, message):
     make_checkpoint(tmp_path / "m.pt", tiny_data)

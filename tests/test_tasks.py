@@ -38,8 +38,8 @@ def brute_force_answers(task, text):
         key = text.split("The pass key is ")[1][:5]
         return {len(text) - 5 + i: c for i, c in enumerate(key)}
     answers, last = {}, None  # flipflop: the bit after each r is the last bit written
-    start = len(text) % 2
-    for i in range(start, len(text), 2):
+    start = len(text) - len(text.lstrip("."))
+    for i in range(start, len(text.rstrip(".")), 2):
         if text[i] == "w":
             last = text[i + 1]
         elif text[i] == "r":
@@ -56,7 +56,8 @@ def source_distance(task, text, answers):
         return text.index("?") + 1 - text.index(next(c for c in text if c.isupper()))  # first pair to first query
     if task.startswith("passkey"):
         return p - (text.index("The pass key is ") + len("The pass key is "))
-    return max(answers) - 1 - max(i for i in range(len(text) % 2, max(answers), 2) if text[i] == "w")
+    start = len(text) - len(text.lstrip("."))
+    return max(answers) - 1 - max(i for i in range(start, max(answers), 2) if text[i] == "w")
 
 
 @pytest.mark.parametrize("task", tasks.TASKS)
@@ -83,6 +84,8 @@ def test_evaluation_instances_sit_at_the_distance_asked(task):
         assert {p: text[p] for p in answers} == {p: brute_force_answers(task, text)[p] for p in answers}
         assert source_distance(task, text, answers) == distance
         assert min(answers) - distance >= tasks.PREFIX  # the source is past the first tokens sinks keep
+        if task == "flipflop":  # the instructions at odd positions, as in half the training records
+            assert text[0] == "." and text[1] != "." and text[-2] == "r"
         text, answers = tasks.at_length(task, rng, 2048, distance)
         assert len(text) == 2048 and source_distance(task, text, answers) == distance
 
@@ -107,7 +110,8 @@ def test_records_are_whole_instances_with_their_answers_marked(task_data):
     assert len(tokens) == 60 * 97 and len(data.read_tokens(task_data, "val", meta)) == 6 * 97
     for i in range(60):
         text = "".join(tasks.CHARS[t] for t in tokens[i * 97 : (i + 1) * 97])
-        task = tasks.TASKS[i % len(tasks.TASKS)]  # in turn
+        turn = [t for t in tasks.TASKS for _ in range(tasks.SHARE[t])]
+        task = turn[i % len(turn)]  # in turn, SHARE of each
         marked = set(np.flatnonzero(tokens.answers[i * 97 : (i + 1) * 97]).tolist())
         truth = brute_force_answers(task, text)
         assert marked and all(text[p] == truth[p] for p in marked)
