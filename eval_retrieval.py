@@ -198,7 +198,7 @@ def plan(args, path, rules, scalings):
                             "task dataset): --probe task scores task models only")
         sizes = task_sizes(args, l, args.task or meta.get("tasks") or list(tasks.TASKS),
                            l if config.pos == "learned" else None)
-        longest = max([tasks.PREFIX + distances[-1] + tasks.reach(task)[1] for task, (distances, _, _)
+        longest = max([tasks.PREFIX + distances[-1] + tasks.layout(task)[1] for task, (distances, _, _)
                        in sizes.items() if distances] + [lengths[-1] for _, lengths, _ in sizes.values() if lengths], default=0)
         if not longest:
             raise UserError(f"{path}: no distance or length of --probe task fits its {l} positions")
@@ -222,7 +222,7 @@ def task_sizes(args, l, names, limit=None):
     limit (learned positions stop at block_size), only what fits in it."""
     sizes = {}
     for task in names:
-        shortest, extra = tasks.reach(task)
+        shortest, extra = tasks.layout(task)
         even = (lambda d: d + d % 2) if task == "flipflop" else (lambda d: d)
         distances = parse_list(args.distances, "--distances", int, [round(k * l) for k in DISTANCES])
         distances = sorted({even(max(d, shortest)) for d in distances})

@@ -126,8 +126,9 @@ def flipflop(rng, length, distance=None):
         ops[-1] = "r"
     text, answers, last = "." * pad, [], None
     for op in ops:
-        last = str(rng.integers(0, 2)) if op == "w" else last
-        text += op + (last if op == "r" else str(rng.integers(0, 2)) if op == "i" else last)
+        if op == "w":
+            last = str(rng.integers(0, 2))
+        text += op + (last if op in "wr" else str(rng.integers(0, 2)))  # an ignored bit is noise
         if op == "r":
             answers.append(len(text) - 1)
     return text + "." * (length - len(text)), answers[-1:] if distance else answers
@@ -138,7 +139,7 @@ GENERATORS = dict(copy=copy, mqar=mqar, passkey=passkey,
                   flipflop=flipflop)
 
 
-def reach(task):
+def layout(task):
     """(the shortest distance an instance of the task can have, the characters it needs beyond its distance)."""
     if task == "copy":
         return SPAN + 1, SPAN + 1
@@ -160,7 +161,7 @@ def shortest_record(task):
 
 def at_distance(task, rng, distance):
     """An evaluation instance whose answers sit `distance` from their source, after PREFIX characters of noise."""
-    return GENERATORS[task](rng, PREFIX + distance + reach(task)[1], distance)
+    return GENERATORS[task](rng, PREFIX + distance + layout(task)[1], distance)
 
 
 def at_length(task, rng, length, distance):

@@ -76,7 +76,7 @@ def test_training_records_follow_the_tasks_rule(task):
 @pytest.mark.parametrize("task", tasks.TASKS)
 def test_evaluation_instances_sit_at_the_distance_asked(task):
     rng = np.random.default_rng(1)
-    shortest, extra = tasks.reach(task)
+    shortest, extra = tasks.layout(task)
     for distance in (shortest, shortest + 2, 128, 1000):
         distance += distance % 2 if task == "flipflop" else 0
         text, answers = tasks.at_distance(task, rng, distance)
