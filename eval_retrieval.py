@@ -39,6 +39,7 @@ The reach bound of each rule is printed beside it and drawn on the plot (one per
 import argparse
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -290,19 +291,26 @@ def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
     return rows
 
 
+def model_name(rows):
+    """A row's name in the task probe's tables and plots: its label, and its run's folder where several checkpoints
+    were scored (their seeds would share a label)."""
+    several = len({r["ckpt"] for r in rows}) > 1
+    return lambda r: f"{r['label']} [{Path(r['ckpt']).parent.name}]" if several else r["label"]
+
+
 def task_tables(rows):
     """Per task: accuracy by distance (with reach and bound) and by total length, a row per model."""
-    out = []
+    out, name = [], model_name(rows)
     for task in dict.fromkeys(r["task"] for r in rows):
         for kind in ("distance", "length"):
             mine = [r for r in rows if r["task"] == task and r["kind"] == kind]
             sizes = sorted({r["d" if kind == "distance" else "length"] for r in mine})
-            cell = {(r["label"], r["d" if kind == "distance" else "length"]): r for r in mine}
+            cell = {(name(r), r["d" if kind == "distance" else "length"]): r for r in mine}
             extra = " | reach | bound |" if kind == "distance" else " |"
             out += ["", f"{task}, by {kind}" + (f" (answers at distance {mine[0]['d']})" if kind == "length" else ""),
                     "", "| model | " + " | ".join(f"{'d' if kind == 'distance' else 'L'}={n}" for n in sizes) + extra,
                     "|---" * (len(sizes) + 1 + (2 if kind == "distance" else 0)) + "|"]
-            for label in dict.fromkeys(r["label"] for r in mine):
+            for label in dict.fromkeys(name(r) for r in mine):
                 first = cell[label, sizes[0]]
                 show = lambda v: "–" if v is None else str(v)
                 tail = f" | {show(first['retrieval_reach'])} | {show(first['reach_bound'])} |" if kind == "distance" \
@@ -314,13 +322,13 @@ def task_tables(rows):
 def plot_tasks(rows, block_sizes, path):
     """One figure per task: accuracy against distance, a curve per model; the training length and each curve's reach
     bound (dotted, in its colour) marked."""
-    names = list(dict.fromkeys(r["task"] for r in rows))
+    names, name = list(dict.fromkeys(r["task"] for r in rows)), model_name(rows)
     for task in names:
         mine = [r for r in rows if r["task"] == task and r["kind"] == "distance"]
-        labels = list(dict.fromkeys(r["label"] for r in mine))
+        labels = list(dict.fromkeys(name(r) for r in mine))
         fig, ax = curves_figure(len(labels))
         for label in labels:
-            curve = sorted((r for r in mine if r["label"] == label), key=lambda r: r["d"])
+            curve = sorted((r for r in mine if name(r) == label), key=lambda r: r["d"])
             line, = ax.plot([r["d"] for r in curve], [r["accuracy"] for r in curve], marker="o", label=label)
             if curve[0]["reach_bound"]:
                 ax.axvline(curve[0]["reach_bound"], color=line.get_color(), ls=":", lw=1)

@@ -243,3 +243,17 @@ def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
     assert "### Retrieval reach" in tables and "| rope + yarn |" in tables and "### copy: accuracy by distance" in tables
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "7 of 8 jobs finished already; 1 to run" in again.stdout  # only the report
+
+
+def test_several_checkpoints_keep_their_own_rows(task_data, tmp_path, capsys):
+    meta = data.load_meta(task_data)
+    for run, seed in (("a", 0), ("b", 1)):
+        (tmp_path / run).mkdir()
+        make_checkpoint(tmp_path / run / "ckpt.pt", task_data, pos="rope", block_size=96, vocab=meta["chars"],
+                        seed=seed)
+    rows = eval_retrieval.main([str(a) for a in ("--ckpt", tmp_path / "a" / "ckpt.pt", "--ckpt",
+                                                 tmp_path / "b" / "ckpt.pt", "--probe", "task", "--task", "mqar",
+                                                 "--distances", "20,40", "--lengths", "96", "--sequences", 2,
+                                                 "--attention", "causal")])
+    printed = capsys.readouterr().out
+    assert len(rows) == 2 * 3 and "| rope [a] | " in printed and "| rope [b] | " in printed
