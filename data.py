@@ -256,6 +256,13 @@ def meta_problem(meta):
         return f"{bad}={meta.get(bad)!r} is not allowed"
     if not old_format(meta) and not all(f"{s}_docs" in meta["files"] for s in SPLITS):
         return "no document offsets (files: train_docs, val_docs)"
+    record, answers = meta.get("record"), [s for s in SPLITS if f"{s}_answers" in meta["files"]]
+    if record is not None or answers:  # a task dataset: whole records, and their answers beside every split
+        if not (count(record) and record >= 2 and all(meta["files"][s]["tokens"] % record == 0 for s in SPLITS)):
+            return f"record={record!r} is not allowed: each split must hold whole records of at least 2 tokens"
+        if answers != list(SPLITS) or any(meta["files"][f"{s}_answers"]["tokens"] != meta["files"][s]["tokens"]
+                                          for s in SPLITS):
+            return "the answers files (train_answers, val_answers) do not match the token files"
     return None
 
 

@@ -199,8 +199,9 @@ def plan(args, path, rules, scalings):
                             "task dataset): --probe task scores task models only")
         sizes = task_sizes(args, l, args.task or meta.get("tasks") or list(tasks.TASKS),
                            l if config.pos == "learned" else None)
-        longest = max([tasks.PREFIX + distances[-1] + tasks.layout(task)[1] for task, (distances, _, _)
-                       in sizes.items() if distances] + [lengths[-1] for _, lengths, _ in sizes.values() if lengths], default=0)
+        ends = [tasks.PREFIX + distances[-1] + tasks.layout(task)[1] for task, (distances, _, _) in sizes.items()
+                if distances]  # the longest instance by distance, and by length
+        longest = max(ends + [lengths[-1] for _, lengths, _ in sizes.values() if lengths], default=0)
         if not longest:
             raise UserError(f"{path}: no distance or length of --probe task fits its {l} positions")
     else:
@@ -242,10 +243,13 @@ def task_sizes(args, l, names, limit=None):
 def retrieval_reach(rows, block_size, chance):
     """(reach, accuracy at 1 x): the largest distance up to which accuracy stays >= REACH_SHARE of its mean over the
     distances up to block_size (0 if the shortest fails already), None where that mean is not RETRIEVES of the way
-    from chance to 1 (the model does not retrieve within its training length)."""
+    from chance to 1 (the model does not retrieve within its training length); (None, None) without such
+    distances."""
     rows = sorted(rows, key=lambda r: r["d"])
     within = [r["accuracy"] for r in rows if r["d"] <= block_size]
-    at_1x = float(np.mean(within)) if within else math.nan
+    if not within:
+        return None, None
+    at_1x = float(np.mean(within))
     if not at_1x >= chance + RETRIEVES * (1 - chance):
         return None, at_1x
     reach = 0
@@ -260,11 +264,19 @@ def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
     """The task probe's rows for one checkpoint (accuracy by distance and by length, per task and run), and a note per
     task and run on its retrieval reach."""
     l, rows = config.block_size, []
-    for t, (task, (distances, lengths, at)) in enumerate(sizes.items()):
-        cells = [("distance", d, [tasks.at_distance(task, rng, d) for _ in range(args.sequences)])
-                 for d in distances for rng in [np.random.default_rng([args.seed, t, 0, d])]]
-        cells += [("length", at, [tasks.at_length(task, rng, n, at) for _ in range(args.sequences)])
-                  for n in lengths for rng in [np.random.default_rng([args.seed, t, 1, n])]]
+
+    def drawn(task, kind, size, make):  # seeded by the task's name and the cell: the same for any --task list
+        rng = np.random.default_rng([args.seed, tasks.TASKS.index(task), kind, size])
+        return [make(rng) for _ in range(args.sequences)]
+
+    for task, (distances, lengths, at) in sizes.items():
+        cells = [("distance", d, drawn(task, 0, d, lambda rng: tasks.at_distance(task, rng, d)))
+                 for d in distances]
+        cells += [("length", at, drawn(task, 1, n, lambda rng: tasks.at_length(task, rng, n, at)))
+                  for n in lengths]
+        if not cells:
+            notes.append(f"{path}: {task}: skipped: no distance or length of it fits in {l} positions")
+            continue
         for rule, scaling in runs:
             label = rule_label(config.pos, rule, scaling, l)
             per_batch = (args.batch_tokens or default_batch_tokens(config, scaling))
@@ -283,9 +295,11 @@ def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
             bound = reach_bound(config, rule.resolve(max(r["length"] for r in mine), l))
             for row in mine:
                 row.update(accuracy_1x=at_1x, retrieval_reach=reach, reach_bound=bound)
-            notes.append(f"{label}: {task}: accuracy {at_1x:.2f} within {l} tokens; retrieval reach "
-                         + ("none (not half way from chance to 1 within the training length)" if reach is None else
-                            f">= {reach}" if reach == distances[-1] else f"{reach}")
+            why = "no distance within the training length scored" if at_1x is None else \
+                "none (not half way from chance to 1 within the training length)"
+            notes.append(f"{label}: {task}: " + (f"accuracy {at_1x:.2f} within {l} tokens; " if at_1x is not None
+                                                 else "") + "retrieval reach "
+                         + (why if reach is None else f">= {reach}" if reach == distances[-1] else f"{reach}")
                          + (f"; reach bound {bound}" if bound else ""))
             rows += mine
     return rows
@@ -293,9 +307,11 @@ def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
 
 def model_name(rows):
     """A row's name in the task probe's tables and plots: its label, and its run's folder where several checkpoints
-    were scored (their seeds would share a label)."""
-    several = len({r["ckpt"] for r in rows}) > 1
-    return lambda r: f"{r['label']} [{Path(r['ckpt']).parent.name}]" if several else r["label"]
+    were scored (their seeds would share a label), or the whole path where two share a folder name."""
+    paths = {r["ckpt"] for r in rows}
+    folders = {Path(p).parent.name for p in paths}
+    where = (lambda p: Path(p).parent.name) if len(folders) == len(paths) else str
+    return lambda r: f"{r['label']} [{where(r['ckpt'])}]" if len(paths) > 1 else r["label"]
 
 
 def task_tables(rows):
@@ -307,15 +323,20 @@ def task_tables(rows):
             sizes = sorted({r["d" if kind == "distance" else "length"] for r in mine})
             cell = {(name(r), r["d" if kind == "distance" else "length"]): r for r in mine}
             extra = " | reach | bound |" if kind == "distance" else " |"
-            out += ["", f"{task}, by {kind}" + (f" (answers at distance {mine[0]['d']})" if kind == "length" else ""),
+            if not mine:
+                continue
+            at = sorted({r["d"] for r in mine})
+            out += ["", f"{task}, by {kind}" + (f" (answers at distance {', '.join(map(str, at))})"
+                                               if kind == "length" else ""),
                     "", "| model | " + " | ".join(f"{'d' if kind == 'distance' else 'L'}={n}" for n in sizes) + extra,
                     "|---" * (len(sizes) + 1 + (2 if kind == "distance" else 0)) + "|"]
+            show = lambda v: "–" if v is None else str(v)
             for label in dict.fromkeys(name(r) for r in mine):
-                first = cell[label, sizes[0]]
-                show = lambda v: "–" if v is None else str(v)
+                first = next(r for r in mine if name(r) == label)
                 tail = f" | {show(first['retrieval_reach'])} | {show(first['reach_bound'])} |" if kind == "distance" \
                     else " |"
-                out.append(f"| {label} | " + " | ".join(f"{cell[label, n]['accuracy']:.2f}" for n in sizes) + tail)
+                accuracy = lambda n: f"{cell[label, n]['accuracy']:.2f}" if (label, n) in cell else "–"
+                out.append(f"| {label} | " + " | ".join(accuracy(n) for n in sizes) + tail)
     return "\n".join(out[1:])
 
 
@@ -476,7 +497,8 @@ def evaluate(args):
     if json_path:
         write_json(json_path, {"probe": args.probe, "sequences": args.sequences, "seed": args.seed,
                                **({"span": args.span} if args.probe == "repeat" else {"depths": depths}
-                                  if args.probe == "passkey" else {"tasks": list(dict.fromkeys(r["task"] for r in rows))}),
+                                  if args.probe == "passkey" else
+                                  {"tasks": list(dict.fromkeys(r["task"] for r in rows))}),
                                "rows": [{k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "probe", *fields, "label")}
                                         for r in rows], "skipped": [n for n in notes if ": skipped " in n]})
     if plot_path and args.probe == "repeat":

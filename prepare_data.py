@@ -691,7 +691,7 @@ def build_tasks(args, out_dir, registry):
         writer = SplitWriter(out_dir, split, np.uint16, False, registry)
         for first in range(0, count, 10000):  # in pieces: bounded memory for any --records
             n = min(10000, count - first)
-            writer.add_tokens(*tasks.records(names, length, n, np.random.default_rng([args.seed, i, first])))
+            writer.add_tokens(*tasks.records(names, length, first, n, np.random.default_rng([args.seed, i, first])))
             writer.add_documents(np.arange(first, first + n)[:, None] * length + np.array([0, length]))
         written.update(writer.finish())
     meta = dict(dataset="task", tokenizer="char", vocab_size=len(tasks.CHARS), dtype="uint16",
@@ -906,11 +906,11 @@ def parse_args(argv=None):
                    "documents (Mohtashami & Jaggi 2023), mixed into train only; validation stays natural text")
     p.add_argument("--passkey_tokens", type=int, default=128, help="tokens per passkey document (fit block_size)")
     p.add_argument("--passkey_digits", type=int, default=5, help="digits in each key")
-    p.add_argument("--tasks", default="all", help="--dataset task: comma-separated, of " + ", ".join(tasks.TASKS)
+    p.add_argument("--tasks", help="--dataset task: comma-separated, of " + ", ".join(tasks.TASKS)
                    + " (default: all, in turn)")
-    p.add_argument("--block_size", type=int, default=128, help="--dataset task: the block_size the records are for "
-                   "(each is block_size + 1 characters)")
-    p.add_argument("--records", type=int, default=100000, help="--dataset task: training records")
+    p.add_argument("--block_size", type=int, help="--dataset task: the block_size the records are for (each is "
+                   "block_size + 1 characters; default 128)")
+    p.add_argument("--records", type=int, help="--dataset task: training records (default 100,000)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--errors", default="strict", choices=("strict", "replace"),
                    help="undecodable UTF-8 bytes: stop with an error naming the file, or replace them")
@@ -926,7 +926,13 @@ def parse_args(argv=None):
                 "and >= 1")
     if not 0 < args.val_fraction < 1:
         p.error(f"--val_fraction {args.val_fraction} is not allowed: must be between 0 and 1")
+    given = [f"--{flag}" for flag in ("tasks", "block_size", "records") if getattr(args, flag) is not None]
+    if given and args.dataset != "task":
+        p.error(f"{', '.join(given)} apply to --dataset task only")
     if args.dataset == "task":
+        args.tasks = "all" if args.tasks is None else args.tasks
+        args.block_size = 128 if args.block_size is None else args.block_size
+        args.records = 100000 if args.records is None else args.records
         try:
             tasks.parse_tasks(args.tasks)
         except ValueError as e:

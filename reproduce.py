@@ -350,7 +350,8 @@ def retrieval_report(args, budget, measured=True):
         for name, by_key in gather(args, ".tasks.json", lambda r: key.format(r["task"]) if by_distance(r) else None,
                                    lambda r: r[field]).items():
             reach.setdefault(name, {}).update(by_key)
-    curves = gather(args, ".tasks.json", lambda r: f"{r['task']} {r['kind']} {r['d'] if by_distance(r) else r['length']}",
+    curves = gather(args, ".tasks.json",
+                    lambda r: f"{r['task']} {r['kind']} {r['d'] if by_distance(r) else r['length']}",
                     lambda r: r["accuracy"])
     summary = {"suite": "retrieval", "budget": args.budget, "recipe": budget["recipe"], "seeds": list(SEEDS),
                "wall_time": wall_time(args, budget, retrieval_plan), "machine": ran_on or machine(args.device),

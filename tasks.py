@@ -35,6 +35,7 @@ import string
 import numpy as np
 import torch
 
+from alternatives import RopeScaling
 from data import PASSKEY_CHARS, PASSKEY_QUESTION, PASSKEY_SENTENCE
 
 TASKS = ("copy", "mqar", "passkey", "passkey_noise", "flipflop")
@@ -69,6 +70,8 @@ def copy(rng, length, distance=None):
         distance = int(rng.integers(r + 1, length - r))
     else:
         r = SPAN
+    if not r + 1 <= distance <= length - r - 1:
+        raise ValueError(f"copy: distance {distance} does not fit a span of {r} in {length} characters")
     span, gap = draw(rng, LETTERS, r), noise(rng, distance - r - 1)
     body = "<" + span + gap + ">" + span
     return noise(rng, length - len(body)) + body, list(range(length - r, length))
@@ -85,6 +88,8 @@ def mqar(rng, length, distance=None):
     pairs = "".join(k + v for k, v in zip(keys, values))
     order = rng.permutation(n)
     queries = "".join(keys[i] + values[i] for i in order)
+    if not 2 * n + 1 <= distance <= length - 2 * n:
+        raise ValueError(f"mqar: distance {distance} does not fit {n} pairs in {length} characters")
     body = pairs + noise(rng, distance - 2 * n - 1) + "?" + queries
     return noise(rng, length - len(body)) + body, [length - 2 * n + 2 * i + 1 for i in range(n)]
 
@@ -107,19 +112,24 @@ def passkey(rng, length, distance=None, repeated=True):
     if distance is None:
         distance = int(rng.integers(shortest, shortest + room + 1))
     before = room - (distance - shortest)  # filler before the key sentence
+    if not 0 <= before <= room:
+        raise ValueError(f"passkey: distance {distance} does not fit in {length} characters")
     text = filler(rng, before, repeated) + sentence + filler(rng, room - before, repeated) + question + key
     return text, list(range(length - KEY_DIGITS, length))
 
 
 def flipflop(rng, length, distance=None):
     """(text, answer positions): "." then instruction-bit pairs, answers the bits after each r. Training: FFL(0.8)
-    throughout, after one or two "." (so that instructions sit at either parity of position: a model trained on one
-    only fails on the other). Evaluation: FFL(0.8), then w, ignores and one r at the given (even) distance from the
-    w: that read is scored."""
-    pad = 1 + int(rng.integers(0, 2)) if distance is None else 1 + (length - 1) % 2
-    n_pairs = (length - pad - (distance + 2 if distance else 0)) // 2
-    ops = list(rng.choice(["w", "r", "i"], size=n_pairs, p=[P_WRITE, P_READ, 1 - P_WRITE - P_READ]))
-    if distance:
+    throughout. Evaluation: FFL(0.8), then w, ignores and one r at the given (even) distance from the w: that read is
+    scored. Training records begin with one or two "." at random, so that the instructions sit at either parity of
+    position (a model trained on one parity reads worse than chance at the other); an evaluation instance begins
+    with as many as make its length come out."""
+    if distance is not None and not (distance >= 2 and distance % 2 == 0 and distance + 3 <= length):
+        raise ValueError(f"flipflop: distance {distance} must be even, >= 2, and fit in {length} characters")
+    tail = 0 if distance is None else distance + 2  # the scored w ... r and its bit
+    pad = 1 + int(rng.integers(0, 2)) if distance is None else 1 + (length - 1 - tail) % 2
+    ops = list(rng.choice(["w", "r", "i"], size=(length - pad - tail) // 2, p=[P_WRITE, P_READ, 1 - P_WRITE - P_READ]))
+    if distance is not None:
         ops += ["w"] + ["i"] * (distance // 2 - 1) + ["r"]
     ops[0] = "w"  # a read always has a write before it
     if "r" not in ops:  # every record has an answer
@@ -131,7 +141,7 @@ def flipflop(rng, length, distance=None):
         text += op + (last if op in "wr" else str(rng.integers(0, 2)))  # an ignored bit is noise
         if op == "r":
             answers.append(len(text) - 1)
-    return text + "." * (length - len(text)), answers[-1:] if distance else answers
+    return text + "." * (length - len(text)), answers[-1:] if distance is not None else answers
 
 
 GENERATORS = dict(copy=copy, mqar=mqar, passkey=passkey,
@@ -179,13 +189,13 @@ def parse_tasks(text):
     return list(dict.fromkeys(names))
 
 
-def records(names, length, count, rng):
-    """`count` training records of `length` characters, the tasks in turn (SHARE of each): token ids of CHARS
-    (uint16), and a byte per token, 1 where it is an answer (the targets train.py's loss is on)."""
+def records(names, length, first, count, rng):
+    """Training records first .. first + count - 1 of `length` characters, the tasks in turn (SHARE of each): token
+    ids of CHARS (uint16), and a byte per token, 1 where it is an answer (the targets train.py's loss is on)."""
     lookup = np.zeros(128, dtype=np.uint16)
     lookup[[ord(c) for c in CHARS]] = np.arange(len(CHARS))
     turn = [name for name in names for _ in range(SHARE[name])]
-    texts, answers = zip(*(GENERATORS[turn[i % len(turn)]](rng, length) for i in range(count)))
+    texts, answers = zip(*(GENERATORS[turn[i % len(turn)]](rng, length) for i in range(first, first + count)))
     scored = np.zeros((count, length), dtype=np.uint8)
     for row, positions in enumerate(answers):
         scored[row, positions] = 1
@@ -207,7 +217,8 @@ def predictions(model, idx, first, attention, rope_scaling):
     """The most likely token at every position from `first` on ((B, T - first)), given the true tokens before it: one
     pass over the inputs, as eval_extrapolate.py scores them. Under dynamic NTK as generation runs it: the text before
     `first` in one pass, then token by token through the KV cache, each at the factor of its own length."""
-    if getattr(rope_scaling, "method", rope_scaling) == "dynamic_ntk":  # alternatives: the factor follows the length
+    scaling = rope_scaling if isinstance(rope_scaling, RopeScaling) else RopeScaling(rope_scaling or "none")
+    if scaling.method == "dynamic_ntk":  # alternatives: the factor follows the length
         cache = model.new_cache(idx.size(1) - 1, attention, rope_scaling)
         states = [model.hidden_states(idx[:, :first], cache=cache)[:, -1:]]
         states += [model.hidden_states(idx[:, t : t + 1], cache=cache) for t in range(first, idx.size(1) - 1)]
@@ -222,9 +233,9 @@ def accuracy(model, task, instances, attention, rope_scaling, device, ctx):
     predicted right, or for the passkey of keys with every digit right."""
     texts, positions = zip(*instances)
     first = min(min(p) for p in positions)
-    idx = encode(texts).to(device)
+    idx = encode(texts)
     with ctx:
-        predicted = predictions(model, idx, first, attention, rope_scaling).cpu()
+        predicted = predictions(model, idx.to(device), first, attention, rope_scaling).cpu()
     right = [[bool(predicted[b, p - first] == idx[b, p]) for p in ps] for b, ps in enumerate(positions)]
     if task.startswith("passkey"):
         right = [[all(r)] for r in right]

@@ -4,6 +4,7 @@ from them, the scorer against a plain forward pass, the retrieval reach by hand,
 suite in reproduce.py on a toy budget."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,9 +69,8 @@ def test_training_records_follow_the_tasks_rule(task):
             text, answers = tasks.GENERATORS[task](rng, length)
             assert len(text) == length and set(text) <= set(tasks.CHARS) and answers
             truth = brute_force_answers(task, text)
-            if task == "flipflop":
-                assert set(answers) == set(truth)  # every read is an answer
-            assert {p: text[p] for p in answers} == {p: truth[p] for p in answers}
+            assert set(answers) == set(truth)  # every answer is marked, and nothing else
+            assert {p: text[p] for p in answers} == truth
 
 
 @pytest.mark.parametrize("task", tasks.TASKS)
@@ -91,6 +91,11 @@ def test_evaluation_instances_sit_at_the_distance_asked(task):
 
 
 def test_a_distance_that_does_not_fit_is_refused_and_a_bad_task_named():
+    rng = np.random.default_rng(0)
+    for task, length, distance in (("passkey", 70, 59), ("passkey", 78, 59), ("copy", 30, 25), ("mqar", 30, 40),
+                                   ("flipflop", 100, 5), ("flipflop", 100, 0), ("flipflop", 20, 18)):
+        with pytest.raises(ValueError, match=f"{task}: distance {distance} "):
+            tasks.at_length(task, rng, length, distance)
     with pytest.raises(ValueError, match="nope not allowed: the tasks are copy, mqar"):
         tasks.parse_tasks("copy,nope")
     assert tasks.parse_tasks("all") == list(tasks.TASKS) and tasks.parse_tasks("mqar,copy,mqar") == ["mqar", "copy"]
@@ -164,10 +169,24 @@ def test_predictions_are_the_argmax_of_a_plain_forward_pass(rule, scaling):
     assert n == 3 * tasks.SPAN and 0 <= right <= 1
 
 
+def test_accuracy_scores_the_prediction_for_each_answer(monkeypatch):
+    """With predictions forced to the true text the accuracy is 1; shifted by one position it falls to chance level;
+    a passkey counts only with all five digits."""
+    rng = np.random.default_rng(0)
+    for task in tasks.TASKS:
+        instances = [tasks.at_distance(task, rng, max(40, tasks.layout(task)[0])) for _ in range(8)]
+        for shift, check in ((0, lambda a: a == 1.0), (1, lambda a: a < 0.7)):
+            monkeypatch.setattr(tasks, "predictions", lambda model, idx, first, *a: idx[:, first - shift :
+                                                                                      idx.size(1) - shift])
+            accuracy, n = tasks.accuracy(None, task, instances, "causal", "none", "cpu", torch.no_grad())
+            assert check(accuracy) and n == sum(1 if task.startswith("passkey") else len(p) for _, p in instances)
+
+
 def test_retrieval_reach_by_hand():
     rows = lambda accs: [dict(d=d, accuracy=a) for d, a in accs]
     reach = eval_retrieval.retrieval_reach
-    assert reach(rows([(32, 1.0), (64, 0.9), (128, 0.95), (256, 0.86), (512, 0.2)]), 128, 0.02) == (256, pytest.approx(0.95))
+    accuracies = [(32, 1.0), (64, 0.9), (128, 0.95), (256, 0.86), (512, 0.2)]  # 1 x: 0.95; 0.86 >= 0.9 x 0.95
+    assert reach(rows(accuracies), 128, 0.02) == (256, pytest.approx(0.95))
     assert reach(rows([(32, 1.0), (64, 0.5), (128, 1.0), (256, 1.0)]), 128, 0.02) == (32, pytest.approx(2.5 / 3))
     assert reach(rows([(32, 0.6), (128, 0.6), (256, 0.6)]), 128, 0.5)[0] is None  # not half way from chance to 1
     assert reach(rows([(32, 0.9), (128, 0.9), (2048, 0.9)]), 128, 0.5) == (2048, 0.9)
@@ -240,7 +259,8 @@ def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
     for task in tasks.TASKS:
         assert (results / f"{task}.png").stat().st_size > 1000
     tables = (results / "tables.md").read_text()
-    assert "### Retrieval reach" in tables and "| rope + yarn |" in tables and "### copy: accuracy by distance" in tables
+    assert "### Retrieval reach" in tables and "| rope + yarn |" in tables
+    assert "### copy: accuracy by distance" in tables
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "7 of 8 jobs finished already; 1 to run" in again.stdout  # only the report
 
@@ -257,3 +277,19 @@ def test_several_checkpoints_keep_their_own_rows(task_data, tmp_path, capsys):
                                                  "--attention", "causal")])
     printed = capsys.readouterr().out
     assert len(rows) == 2 * 3 and "| rope [a] | " in printed and "| rope [b] | " in printed
+
+
+def test_task_flags_elsewhere_and_a_damaged_record_length_are_one_line_errors(task_data, tmp_path):
+    done = subprocess.run([sys.executable, "prepare_data.py", "--records", "10", "--out_dir", str(tmp_path / "d")],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1 and "--records apply to --dataset task only" in done.stderr
+    copy = tmp_path / "copy"
+    shutil.copytree(task_data, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    for record, answers in ((96, True), (97, False)):
+        broken = dict(meta, record=record, files={k: v for k, v in meta["files"].items()
+                                                  if answers or not k.endswith("_answers")})
+        (copy / "meta.json").write_text(json.dumps(broken))
+        with pytest.raises(data.UserError, match="record=96 is not allowed" if record == 96 else
+                           "the answers files .* do not match the token files"):
+            data.load_meta(copy)
