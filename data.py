@@ -122,6 +122,12 @@ FULL_CHECK_BYTES = 1 << 30  # files under this are hashed in full on open (2 s o
 READ_BYTES = 1 << 24  # bytes read at a time by the full check: bounded memory for any file
 
 
+def unit_of(role):
+    """What a dataset file's count in meta.json counts: tokens (token files, and a task dataset's answers, a byte per
+    token) or documents (offsets, names)."""
+    return "tokens" if role in SPLITS or role.endswith("_answers") else "documents"
+
+
 def ends_sha256(path):
     """SHA-256 of a file's size, first MiB and last MiB: the cheap identity meta.json records for each token file."""
     size = Path(path).stat().st_size
@@ -174,7 +180,7 @@ def load_meta(data_dir, full=False):
         raise UserError(f"{path} is corrupt: {problem}; rerun prepare_data.py")
     sizes = {"tokens": np.dtype(meta["dtype"]).itemsize, "documents": 16}  # bytes per item of each kind of file
     for role, entry in meta["files"].items():
-        unit = "tokens" if role in SPLITS or role.endswith("_answers") else "documents"
+        unit = unit_of(role)
         dataset_file = Path(data_dir) / entry["file"]
         if not dataset_file.is_file():
             raise UserError(f"{dataset_file} is missing: the dataset in {data_dir} is incomplete; rerun "
@@ -240,7 +246,6 @@ def meta_problem(meta):
     entry = lambda e, unit: (isinstance(e, dict) and isinstance(e.get("file"), str) and "/" not in e["file"] and
                              count(e.get(unit)) and isinstance(e.get("ends_sha256"), str) and
                              isinstance(e.get("sha256", ""), str))
-    unit = lambda role: "tokens" if role in SPLITS or role.endswith("_answers") else "documents"
     checks = {  # key -> is its value allowed (checked in this order, each may rely on the ones before)
         "tokenizer": lambda: meta["tokenizer"] in ("char", "gpt2"),
         "vocab_size": lambda: count(meta["vocab_size"]) and meta["vocab_size"] > 0,
@@ -249,7 +254,7 @@ def meta_problem(meta):
                                                          len(meta["chars"]) == meta["vocab_size"]),
         "files": lambda: (isinstance(meta["files"], dict) and all(s in meta["files"] for s in SPLITS) and
                           set(meta["files"]) <= set(FILE_ROLES) and
-                          all(entry(e, unit(role)) for role, e in meta["files"].items())),
+                          all(entry(e, unit_of(role)) for role, e in meta["files"].items())),
     }
     bad = next((key for key, ok in checks.items() if not ok()), None)
     if bad:

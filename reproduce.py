@@ -336,11 +336,7 @@ def retrieval_plan(args, budget):
 def retrieval_report(args, budget, measured=True):
     """The suite's summary.json, then tables.md and one plot per task drawn from it alone."""
     results = Path(args.results)
-    for path in sorted((results / "raw").glob("*.json")):
-        if read_result(path) is None:
-            print(f"note: {path} is damaged, left out of the tables (run reproduce.py to measure it again)")
-        else:
-            compact_raw(path)
+    check_raw(results)
     ran_on = None if measured else previous_machine(results / "summary.json")
     panels = {}
     by_distance = lambda r: r["kind"] == "distance"
@@ -749,11 +745,7 @@ def report(args, budget, measured=True):
     """results/summary.json, then tables.md and the plots drawn from it alone, from whatever has finished. Its
     machine is this one where this run measured something, else the one the summary already names (a redraw)."""
     results = Path(args.results)
-    for path in sorted((results / "raw").glob("*.json")):  # put there by hand, or before they were kept compact
-        if read_result(path) is None:  # left out of the tables (gather), and measured again by the next run
-            print(f"note: {path} is damaged, left out of the tables (run reproduce.py to measure it again)")
-        else:
-            compact_raw(path)
+    check_raw(results)
     ran_on = None if measured else previous_machine(results / "summary.json")
     panels = {}
     ppl = gather(args, ".ppl.json", lambda r: r["length"], lambda r: r["ppl"], panels)
@@ -782,6 +774,16 @@ def report(args, budget, measured=True):
     if repeat:
         plot_effective_context(summary, results / "effective_context.png")
     print(f"wrote {results / 'tables.md'}")
+
+
+def check_raw(results):
+    """Every raw result compact (some were put there by hand, or before they were kept compact); a damaged one noted,
+    left out of the tables (gather) and measured again by the next run."""
+    for path in sorted((results / "raw").glob("*.json")):
+        if read_result(path) is None:
+            print(f"note: {path} is damaged, left out of the tables (run reproduce.py to measure it again)")
+        else:
+            compact_raw(path)
 
 
 def tables_markdown(summary):

@@ -179,6 +179,13 @@ def at_length(task, rng, length, distance):
     return GENERATORS[task](rng, length, distance)
 
 
+def ids(text):
+    """The token ids (uint16) of a text in CHARS, through a table of the ASCII codes."""
+    lookup = np.zeros(128, dtype=np.uint16)
+    lookup[[ord(c) for c in CHARS]] = np.arange(len(CHARS))
+    return lookup[np.frombuffer(text.encode("ascii"), dtype=np.uint8)]
+
+
 def parse_tasks(text):
     """A comma-separated list of task names, or "all"."""
     names = list(TASKS) if text == "all" else text.split(",")
@@ -192,14 +199,12 @@ def parse_tasks(text):
 def records(names, length, first, count, rng):
     """Training records first .. first + count - 1 of `length` characters, the tasks in turn (SHARE of each): token
     ids of CHARS (uint16), and a byte per token, 1 where it is an answer (the targets train.py's loss is on)."""
-    lookup = np.zeros(128, dtype=np.uint16)
-    lookup[[ord(c) for c in CHARS]] = np.arange(len(CHARS))
     turn = [name for name in names for _ in range(SHARE[name])]
     texts, answers = zip(*(GENERATORS[turn[i % len(turn)]](rng, length) for i in range(first, first + count)))
     scored = np.zeros((count, length), dtype=np.uint8)
     for row, positions in enumerate(answers):
         scored[row, positions] = 1
-    return lookup[np.frombuffer("".join(texts).encode("ascii"), dtype=np.uint8)], scored.reshape(-1)
+    return ids("".join(texts)), scored.reshape(-1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -208,8 +213,7 @@ def records(names, length, first, count, rng):
 
 def encode(texts):
     """(B, T) token ids of equal-length texts."""
-    stoi = {c: i for i, c in enumerate(CHARS)}
-    return torch.tensor([[stoi[c] for c in text] for text in texts])
+    return torch.from_numpy(ids("".join(texts)).astype(np.int64).reshape(len(texts), -1))
 
 
 @torch.no_grad()
