@@ -242,11 +242,11 @@ def task_sizes(args, l, names, limit=None):
 
 def retrieval_reach(rows, block_size, chance):
     """(reach, accuracy at 1 x): the largest distance up to which accuracy stays >= REACH_SHARE of its mean over the
-    distances up to block_size (0 if the shortest fails already), None where that mean is not RETRIEVES of the way
-    from chance to 1 (the model does not retrieve within its training length); (None, None) without such
-    distances."""
+    distances whose whole instance fits in a training record (block_size + 1 tokens, as train.py reads them), 0 if
+    the shortest fails already; None where that mean is not RETRIEVES of the way from chance to 1 (the model does
+    not retrieve within its training length); (None, None) without such distances."""
     rows = sorted(rows, key=lambda r: r["d"])
-    within = [r["accuracy"] for r in rows if r["d"] <= block_size]
+    within = [r["accuracy"] for r in rows if r["length"] <= block_size + 1]
     if not within:
         return None, None
     at_1x = float(np.mean(within))

@@ -22,7 +22,8 @@ sits from what it must retrieve.
   passkey_noise  the same with random letters as filler.
   flipflop       flip-flop language modelling (Liu et al. 2023): instructions w (write), r (read), i (ignore), each
                  with a bit; after r the bit is the last one written (answers: the bits read). Training draws
-                 FFL(0.8): w and r with probability 0.1 each. Distance: from the last write to the read.
+                 FFL(0.8) (w and r with probability 0.1 each), half the records ending in a long gap (below).
+                 Distance: from the last write to the read.
 
 Training records (prepare_data.py) are block_size + 1 characters each, with the distance drawn uniformly over
 what fits. Evaluation builds instances at a given distance (a short noise prefix first, so that no source sits
@@ -48,6 +49,8 @@ PAIR_COUNT = 6
 KEY_DIGITS = 5
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "  # M&J's
 P_WRITE = P_READ = 0.1  # flip-flop's FFL(0.8)
+SPARSE = 0.5  # flip-flop: the share of training records that end in a read at a drawn distance (FFL(0.8) alone
+# almost never leaves a gap of 64; Liu et al. 2023 mix in sparse FFL(0.98) sequences to remove long-range glitches)
 PREFIX = 16  # noise before an instance evaluated at a given distance
 SHARE = dict(copy=2, mqar=2, passkey=1, passkey_noise=1, flipflop=1)  # records of each task per turn: the two that
 # match content with content learn slowest (copy alone: 0.95 after 64,000 records; in an even five-way mix, 0.5)
@@ -119,15 +122,20 @@ def passkey(rng, length, distance=None, repeated=True):
 
 
 def flipflop(rng, length, distance=None):
-    """(text, answer positions): "." then instruction-bit pairs, answers the bits after each r. Training: FFL(0.8)
-    throughout. Evaluation: FFL(0.8), then w, ignores and one r at the given (even) distance from the w: that read is
+    """(text, answer positions): "." then instruction-bit pairs, answers the bits after each r. Training: FFL(0.8),
+    and in a share SPARSE of the records then a w, ignores and an r at a distance drawn uniformly over the even ones
+    that fit (every gap up to the record's length equally often, where FFL(0.98) would put most reads at its end).
+    Evaluation: FFL(0.8), then w, ignores and one r at the given (even) distance from the w: that read alone is
     scored. Training records begin with one or two "." at random, so that the instructions sit at either parity of
     position (a model trained on one parity reads worse than chance at the other); an evaluation instance begins
     with as many as make its length come out."""
-    if distance is not None and not (distance >= 2 and distance % 2 == 0 and distance + 3 <= length):
+    scored = distance is not None
+    if not scored and rng.random() < SPARSE:
+        distance = 2 * int(rng.integers(1, (length - 4) // 2 + 1))  # room for two "." and the read's bit
+    elif scored and not (distance >= 2 and distance % 2 == 0 and distance + 3 <= length):
         raise ValueError(f"flipflop: distance {distance} must be even, >= 2, and fit in {length} characters")
-    tail = 0 if distance is None else distance + 2  # the scored w ... r and its bit
-    pad = 1 + int(rng.integers(0, 2)) if distance is None else 1 + (length - 1 - tail) % 2
+    tail = 0 if distance is None else distance + 2  # the w ... r at the distance, and the bit read
+    pad = 1 + (length - 1 - tail) % 2 if scored else 1 + int(rng.integers(0, 2))
     ops = list(rng.choice(["w", "r", "i"], size=(length - pad - tail) // 2, p=[P_WRITE, P_READ, 1 - P_WRITE - P_READ]))
     if distance is not None:
         ops += ["w"] + ["i"] * (distance // 2 - 1) + ["r"]
@@ -141,7 +149,7 @@ def flipflop(rng, length, distance=None):
         text += op + (last if op in "wr" else str(rng.integers(0, 2)))  # an ignored bit is noise
         if op == "r":
             answers.append(len(text) - 1)
-    return text + "." * (length - len(text)), answers[-1:] if distance is not None else answers
+    return text + "." * (length - len(text)), answers[-1:] if scored else answers
 
 
 GENERATORS = dict(copy=copy, mqar=mqar, passkey=passkey,

@@ -183,13 +183,30 @@ def test_accuracy_scores_the_prediction_for_each_answer(monkeypatch):
 
 
 def test_retrieval_reach_by_hand():
-    rows = lambda accs: [dict(d=d, accuracy=a) for d, a in accs]
+    rows = lambda accs, extra=9: [dict(d=d, length=d + extra, accuracy=a) for d, a in accs]
     reach = eval_retrieval.retrieval_reach
-    accuracies = [(32, 1.0), (64, 0.9), (128, 0.95), (256, 0.86), (512, 0.2)]  # 1 x: 0.95; 0.86 >= 0.9 x 0.95
-    assert reach(rows(accuracies), 128, 0.02) == (256, pytest.approx(0.95))
-    assert reach(rows([(32, 1.0), (64, 0.5), (128, 1.0), (256, 1.0)]), 128, 0.02) == (32, pytest.approx(2.5 / 3))
-    assert reach(rows([(32, 0.6), (128, 0.6), (256, 0.6)]), 128, 0.5)[0] is None  # not half way from chance to 1
-    assert reach(rows([(32, 0.9), (128, 0.9), (2048, 0.9)]), 128, 0.5) == (2048, 0.9)
+    accuracies = [(32, 1.0), (64, 0.9), (120, 0.95), (128, 0.5), (256, 0.86), (512, 0.2)]
+    # 1 x: the instances of at most 129 tokens (d <= 120): mean 0.95; 0.5 at 128 is below 0.9 x 0.95
+    assert reach(rows(accuracies), 128, 0.02) == (120, pytest.approx(0.95))
+    assert reach(rows(accuracies[:3] + accuracies[4:]), 128, 0.02) == (256, pytest.approx(0.95))  # 0.86 >= 0.855
+    assert reach(rows([(32, 1.0), (64, 0.5), (96, 1.0), (256, 1.0)]), 128, 0.02) == (32, pytest.approx(2.5 / 3))
+    assert reach(rows([(32, 0.6), (96, 0.6), (256, 0.6)]), 128, 0.5)[0] is None  # not half way from chance to 1
+    assert reach(rows([(32, 0.9), (96, 0.9), (2048, 0.9)]), 128, 0.5) == (2048, 0.9)
+    # a passkey-like instance: at d = 96 it needs 135 tokens, more than a training record holds, so it is not 1 x
+    assert reach(rows([(59, 1.0), (64, 0.9), (96, 0.3), (128, 0.0)], extra=39), 128, 0.0) == (64, pytest.approx(0.95))
+    assert reach(rows([(200, 1.0)]), 128, 0.0) == (None, None)
+
+
+def test_flipflop_training_records_hold_every_even_distance_up_to_their_length():
+    rng = np.random.default_rng(2)
+    seen, longest = set(), []
+    for _ in range(600):
+        text, answers = tasks.flipflop(rng, 129)
+        start = len(text) - len(text.lstrip("."))
+        distances = [p - 1 - max(i for i in range(start, p, 2) if text[i] == "w") for p in answers]
+        seen, longest = seen | set(distances), longest + [max(distances)]
+    assert seen == set(range(2, 125, 2))  # every even distance, none odd, none past the record
+    assert 0.15 < np.mean(np.array(longest) > 64) < 0.35  # half the records end in a read at a uniform distance
 
 
 def test_task_probe_json_table_plots_and_errors(task_data, tmp_path, capsys):
