@@ -149,14 +149,17 @@ def flat_numbers(value, key=""):
     return {key: value}
 
 
-def test_committed_raw_results_reproduce_the_committed_tables(tmp_path):
-    """--report from the committed results/char alone (raw/, timings.json) draws the committed tables.md exactly,
-    a summary.json whose every number agrees with the committed one, and leaves the raw files as they are."""
-    committed = ROOT / "results" / "char"
-    shutil.copytree(committed, tmp_path / "char")
-    reproduce.main(["--report", "--results", str(tmp_path / "char")])
-    assert (tmp_path / "char" / "tables.md").read_text() == (committed / "tables.md").read_text()
-    drawn, kept = (flat_numbers(json.loads((d / "summary.json").read_text())) for d in (tmp_path / "char", committed))
+@pytest.mark.parametrize("suite", ["char", "retrieval"])
+def test_committed_raw_results_reproduce_the_committed_tables(tmp_path, suite):
+    """--report from the committed results (the study's results/char, the task suite's results/retrieval) alone
+    (raw/, timings.json) draws the committed tables.md exactly, a summary.json whose every number agrees with the
+    committed one, and leaves the raw files as they are."""
+    committed = ROOT / "results" / suite
+    shutil.copytree(committed, tmp_path / suite)
+    reproduce.main(["--report", "--results", str(tmp_path / suite)]
+                   + (["--suite", "retrieval"] if suite == "retrieval" else []))
+    assert (tmp_path / suite / "tables.md").read_text() == (committed / "tables.md").read_text()
+    drawn, kept = (flat_numbers(json.loads((d / "summary.json").read_text())) for d in (tmp_path / suite, committed))
     assert drawn.keys() == kept.keys()
     for key, value in kept.items():
         if isinstance(value, float):
@@ -164,7 +167,7 @@ def test_committed_raw_results_reproduce_the_committed_tables(tmp_path):
         else:
             assert drawn[key] == value, key
     for path in sorted((committed / "raw").glob("*.json")):
-        assert (tmp_path / "char" / "raw" / path.name).read_bytes() == path.read_bytes(), f"{path.name} not compact"
+        assert (tmp_path / suite / "raw" / path.name).read_bytes() == path.read_bytes(), f"{path.name} not compact"
 
 
 def test_spread():
@@ -225,24 +228,31 @@ def readme_results_section():
     return text[start:end if end > 0 else None]
 
 
+SUITE_HEADING = "\n## The long-range task suite"  # docs/results.md: the study above it, the task suite from it on
+
+
 def test_results_pages_match_the_committed_summary():
     """Every table row and every decimal number of the full results page (docs/results.md) and of the README's
-    headline results is in the tables drawn from the committed results/char/summary.json (which also carry the
-    paper's numbers beside ours)."""
+    headline results is in the tables drawn from the committed summary.json: the study's part from results/char's
+    (which also carry the paper's numbers beside ours), the task suite's part from results/retrieval's."""
     import re
-    summary = json.loads((ROOT / "results" / "char" / "summary.json").read_text())
-    tables = reproduce.tables_markdown(summary)
-    assert tables == (ROOT / "results" / "char" / "tables.md").read_text()  # the committed tables are up to date
-    cells = set(re.findall(r"(?<![\d.])\d+\.\d+(?![\d.])", tables))
-    pages = {"docs/results.md": ((ROOT / "docs" / "results.md").read_text(), 20),  # the paper's tables beside ours
-             "README.md": (readme_results_section(), 5)}  # one headline table
-    for page, (section, least) in pages.items():
+    number = r"(?<![\d.])\d+\.\d+(?![\d.])"
+    page = (ROOT / "docs" / "results.md").read_text()
+    study, suite = page.split(SUITE_HEADING)
+    sources = {"char": reproduce.tables_markdown, "retrieval": reproduce.retrieval_markdown}
+    checks = [("char", "docs/results.md (the study)", study, 20), ("char", "README.md", readme_results_section(), 5),
+              ("retrieval", "docs/results.md (the task suite)", suite, 4)]
+    for results, page, section, least in checks:
+        summary = json.loads((ROOT / "results" / results / "summary.json").read_text())
+        tables = sources[results](summary)
+        assert tables == (ROOT / "results" / results / "tables.md").read_text()  # the committed tables are current
+        cells = set(re.findall(number, tables))
         rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| model")]
-        assert len(rows) >= least, f"{page} shows too few rows of the study's tables"
+        assert len(rows) >= least, f"{page} shows too few rows of the tables"
         for line in rows:
             assert line in tables.splitlines(), f"{page} row not in the tables drawn from summary.json: {line}"
-        for number in re.findall(r"(?<![\d.])\d+\.\d+(?![\d.])", section):
-            assert number in cells, f"{page} number {number} is not in results/char/summary.json's tables"
+        for value in re.findall(number, section):
+            assert value in cells, f"{page} number {value} is not in results/{results}/summary.json's tables"
 
 
 @pytest.mark.parametrize("results, message", [
