@@ -375,7 +375,8 @@ def retrieval_markdown(summary):
     tables = [head, markdown("Retrieval reach (tokens; the largest distance with accuracy >= 90% of that at 1 x, "
                              "mean ± std over seeds; \"n of N\": only n checkpoints retrieve at 1 x) and the rule's "
                              "reach bound", reach, [*names, "bound"], digits=0),
-              markdown("Accuracy at 1 x (mean over distances up to l)", at_1x, names)]
+              markdown("Accuracy at 1 x (mean over the distances whose whole instance fits in a training record, "
+                       "l + 1 tokens)", at_1x, names)]
     for task in names:
         for kind in ("distance", "length"):
             table = {name: {int(k.split()[-1]): v for k, v in row.items() if k.startswith(f"{task} {kind} ")}
