@@ -31,8 +31,9 @@ Accuracy over the length x depth grid: printed, as JSON, and as a heatmap (--plo
 Task probe (a model trained on the long-range task suite, prepare_data.py --dataset task; tasks.py): per task,
 accuracy at the answers by distance (default 1/4 .. 16 x block_size) and by total length (1 .. 16 x block_size,
 the answers at a distance of block_size/2), --sequences instances a cell. The retrieval reach is the largest
-distance up to which accuracy stays at least 90% of its value at 1 x (the mean over distances up to
-block_size); none where that value is not half way from chance to 1 (no retrieval even within the training length).
+distance up to which accuracy stays at least 90% of its value at 1 x (the mean over the distances whose whole
+instance fits in a training record, block_size + 1 tokens); none where that value is not half way from chance to 1
+(no retrieval even within the training length).
 The reach bound of each rule is printed beside it and drawn on the plot (one per task: --plot F writes F_<task>).
 """
 
@@ -295,9 +296,9 @@ def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
             bound = reach_bound(config, rule.resolve(max(r["length"] for r in mine), l))
             for row in mine:
                 row.update(accuracy_1x=at_1x, retrieval_reach=reach, reach_bound=bound)
-            why = "no distance within the training length scored" if at_1x is None else \
+            why = "no instance that fits in a training record scored" if at_1x is None else \
                 "none (not half way from chance to 1 within the training length)"
-            notes.append(f"{label}: {task}: " + (f"accuracy {at_1x:.2f} within {l} tokens; " if at_1x is not None
+            notes.append(f"{label}: {task}: " + (f"accuracy {at_1x:.2f} at 1 x; " if at_1x is not None
                                                  else "") + "retrieval reach "
                          + (why if reach is None else f">= {reach}" if reach == distances[-1] else f"{reach}")
                          + (f"; reach bound {bound}" if bound else ""))

@@ -372,9 +372,9 @@ def retrieval_markdown(summary):
     reach = {name: {task: row.get(task) for task in names} | {"bound": next(
         (row[f"{t} bound"] for t in names if row.get(f"{t} bound")), None)} for name, row in summary["reach"].items()}
     at_1x = {name: {task: row.get(f"{task} at 1x") for task in names} for name, row in summary["reach"].items()}
-    tables = [head, markdown("Retrieval reach (tokens; the largest distance with accuracy >= 90% of that at 1 x, "
-                             "mean ± std over seeds; \"n of N\": only n checkpoints retrieve at 1 x) and the rule's "
-                             "reach bound", reach, [*names, "bound"], digits=0),
+    tables = [head, markdown("Retrieval reach (tokens; the largest distance up to which accuracy stays >= 90% of that "
+                             "at 1 x, mean ± std over seeds; \"n of N\": only n checkpoints retrieve at 1 x) and the "
+                             "rule's reach bound", reach, [*names, "bound"], digits=0),
               markdown("Accuracy at 1 x (mean over the distances whose whole instance fits in a training record, "
                        "l + 1 tokens)", at_1x, names)]
     for task in names:

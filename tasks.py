@@ -124,7 +124,8 @@ def passkey(rng, length, distance=None, repeated=True):
 def flipflop(rng, length, distance=None):
     """(text, answer positions): "." then instruction-bit pairs, answers the bits after each r. Training: FFL(0.8),
     and in a share SPARSE of the records then a w, ignores and an r at a distance drawn uniformly over the even ones
-    that fit (every gap up to the record's length equally often, where FFL(0.98) would put most reads at its end).
+    up to length - 4 (every gap up to the record's length equally often, where FFL(0.98) would put most reads at its
+    end).
     Evaluation: FFL(0.8), then w, ignores and one r at the given (even) distance from the w: that read alone is
     scored. Training records begin with one or two "." at random, so that the instructions sit at either parity of
     position (a model trained on one parity reads worse than chance at the other); an evaluation instance begins

@@ -200,7 +200,7 @@ def test_retrieval_reach_by_hand():
 def test_flipflop_training_records_hold_every_even_distance_up_to_their_length():
     rng = np.random.default_rng(2)
     seen, longest = set(), []
-    for _ in range(600):
+    for _ in range(3000):
         text, answers = tasks.flipflop(rng, 129)
         start = len(text) - len(text.lstrip("."))
         distances = [p - 1 - max(i for i in range(start, p, 2) if text[i] == "w") for p in answers]
