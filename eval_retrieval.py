@@ -33,7 +33,8 @@ accuracy at the answers by distance (default 1/4 .. 16 x block_size) and by tota
 the answers at a distance of block_size/2), --sequences instances a cell. The retrieval reach is the largest
 distance up to which accuracy stays at least 90% of its value at 1 x (the mean over the distances whose whole
 instance fits in a training record, block_size + 1 tokens); none where that value is not half way from chance to 1
-(no retrieval even within the training length).
+(no retrieval even within the training length). MQAR is also scored per query, first to last: accuracy that climbs
+across the queries as 1/(n - i) is elimination among the values not yet asked for, not recall.
 The reach bound of each rule is printed beside it and drawn on the plot (one per task: --plot F writes F_<task>).
 """
 
@@ -285,11 +286,15 @@ def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
             for kind, d, instances in cells:
                 n = len(instances[0][0])
                 scored = [tasks.accuracy(model, task, instances[i : i + max(1, per_batch // n)], rule, scaling,
-                                         device, ctx) for i in range(0, len(instances), max(1, per_batch // n))]
-                count = sum(c for _, c in scored)
+                                         device, ctx, by_answer=True)
+                          for i in range(0, len(instances), max(1, per_batch // n))]
+                count = sum(s[1] for s in scored)
                 mine.append(dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, l, n), probe="task",
                                  task=task, kind=kind, d=d, length=n, n=count, label=label,
-                                 accuracy=sum(a * c for a, c in scored) / count))
+                                 accuracy=sum(s[0] * s[1] for s in scored) / count))
+                if task == "mqar":  # which queries are right tells lookup from elimination (tasks.by_elimination)
+                    mine[-1]["by_query"] = [sum(s[2][i][0] for s in scored) / sum(s[2][i][1] for s in scored)
+                                            for i in range(len(scored[0][2]))]
                 if args.verbose:
                     print(f"{label:>32} {task} {kind} d={d} length {n}: {mine[-1]['accuracy']:.2f}", file=sys.stderr)
             reach, at_1x = retrieval_reach([r for r in mine if r["kind"] == "distance"], l, tasks.CHANCE[task])
@@ -302,6 +307,13 @@ def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
                                                  else "") + "retrieval reach "
                          + (why if reach is None else f">= {reach}" if reach == distances[-1] else f"{reach}")
                          + (f"; reach bound {bound}" if bound else ""))
+            within = [r["by_query"] for r in mine if "by_query" in r and r["kind"] == "distance"
+                      and r["length"] <= l + 1]
+            if within:  # weighted alike: every distance scores the same number of instances
+                notes.append(f"{label}: mqar: accuracy by query, 1st to last, at 1 x: "
+                             + " ".join(f"{a:.2f}" for a in np.mean(within, axis=0)) + " (picking among the values "
+                             "not yet asked for: " + " ".join(f"{a:.2f}" for a in tasks.by_elimination(len(within[0])))
+                             + ")")
             rows += mine
     return rows
 
@@ -500,7 +512,8 @@ def evaluate(args):
                                **({"span": args.span} if args.probe == "repeat" else {"depths": depths}
                                   if args.probe == "passkey" else
                                   {"tasks": list(dict.fromkeys(r["task"] for r in rows))}),
-                               "rows": [{k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "probe", *fields, "label")}
+                               "rows": [{**{k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "probe", *fields, "label")},
+                                         **{k: r[k] for k in ("by_query",) if k in r}}  # MQAR's rows alone
                                         for r in rows], "skipped": [n for n in notes if ": skipped " in n]})
     if plot_path and args.probe == "repeat":
         plot_gain(rows, {p[1].block_size for p in plans}, plot_path)

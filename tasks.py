@@ -241,9 +241,10 @@ def predictions(model, idx, first, attention, rope_scaling):
     return model.head(x).argmax(-1)
 
 
-def accuracy(model, task, instances, attention, rope_scaling, device, ctx):
+def accuracy(model, task, instances, attention, rope_scaling, device, ctx, by_answer=False):
     """(accuracy, answers scored) over instances [(text, answer positions)] of one length: the share of answers
-    predicted right, or for the passkey of keys with every digit right."""
+    predicted right, or for the passkey of keys with every digit right. by_answer adds the answers right at each
+    place in an instance (for MQAR the i-th query's), as a list of (right, scored)."""
     texts, positions = zip(*instances)
     first = min(min(p) for p in positions)
     idx = encode(texts)
@@ -253,4 +254,14 @@ def accuracy(model, task, instances, attention, rope_scaling, device, ctx):
     if task.startswith("passkey"):
         right = [[all(r)] for r in right]
     flat = [r for rs in right for r in rs]
-    return sum(flat) / len(flat), len(flat)
+    if not by_answer:
+        return sum(flat) / len(flat), len(flat)
+    places = [[rs[i] for rs in right if i < len(rs)] for i in range(max(map(len, right)))]
+    return sum(flat) / len(flat), len(flat), [(sum(p), len(p)) for p in places]
+
+
+def by_elimination(n):
+    """MQAR accuracy at each query of n when a model does not look the key up but picks one of the values not yet
+    asked for: 1/(n - i) at the i-th query (from 0; the values taken as distinct). A model whose accuracy climbs
+    this way across the queries has learned the elimination, not the association that Zoology's MQAR asks for."""
+    return [1 / (n - i) for i in range(n)]

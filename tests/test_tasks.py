@@ -182,6 +182,37 @@ def test_accuracy_scores_the_prediction_for_each_answer(monkeypatch):
             assert check(accuracy) and n == sum(1 if task.startswith("passkey") else len(p) for _, p in instances)
 
 
+def test_accuracy_by_query_tells_elimination_from_lookup(monkeypatch):
+    """MQAR scored per query: a simulated model that picks, at each query, one of the values not yet asked for
+    scores tasks.by_elimination's 1/(n - i) at the i-th query (measured over 3,000 instances of distinct values); one
+    that looks each key up scores 1 at every query."""
+    rng, pick = np.random.default_rng(0), np.random.default_rng(1)
+    instances = [tasks.at_distance("mqar", rng, 64) for _ in range(5000)]
+    n = tasks.PAIR_COUNT
+    instances = [(text, ps) for text, ps in instances if len({text[p] for p in ps}) == n][:3000]
+
+    def eliminator(model, idx, first, *a):
+        out = idx[:, first:].clone()
+        for b, (text, ps) in enumerate(instances):
+            left = sorted({text[p] for p in ps})
+            for p in ps:  # a value not yet asked for, at random; the one asked for leaves the pool
+                out[b, p - first] = int(tasks.encode([pick.choice(left)])[0, 0])
+                left.remove(text[p])
+        return out
+
+    monkeypatch.setattr(tasks, "predictions", eliminator)
+    accuracy, scored, places = tasks.accuracy(None, "mqar", instances, "causal", "none", "cpu", torch.no_grad(),
+                                              by_answer=True)
+    assert scored == n * len(instances) and [c for _, c in places] == [len(instances)] * n
+    for (right, count), expected in zip(places, tasks.by_elimination(n)):
+        assert abs(right / count - expected) < 0.03  # binomial std at 3,000 instances: at most 0.009
+    assert accuracy == pytest.approx(sum(r for r, _ in places) / scored)
+    monkeypatch.setattr(tasks, "predictions", lambda model, idx, first, *a: idx[:, first:])  # looks every key up
+    _, _, places = tasks.accuracy(None, "mqar", instances[:50], "causal", "none", "cpu", torch.no_grad(),
+                                  by_answer=True)
+    assert places == [(50, 50)] * n
+
+
 def test_retrieval_reach_by_hand():
     rows = lambda accs, extra=9: [dict(d=d, length=d + extra, accuracy=a) for d, a in accs]
     reach = eval_retrieval.retrieval_reach
@@ -235,6 +266,23 @@ def test_task_probe_json_table_plots_and_errors(task_data, tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "task", *argv])
         assert message in str(e.value.code)
+
+
+def test_the_task_probe_scores_mqar_by_query(task_data, tmp_path, capsys):
+    """Each MQAR row holds its accuracy at each query, whose mean is the row's accuracy (every query is scored once
+    per instance), and the notes set the queries at 1 x beside what picking by elimination would score."""
+    meta = data.load_meta(task_data)
+    make_checkpoint(tmp_path / "m.pt", task_data, pos="rope", block_size=96, vocab=meta["chars"])
+    out = tmp_path / "t.json"
+    eval_retrieval.main([str(a) for a in ("--ckpt", tmp_path / "m.pt", "--probe", "task", "--task", "mqar",
+                                          "--distances", "20,200", "--lengths", "96", "--sequences", 4, "--json", out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 3 and all(len(r["by_query"]) == tasks.PAIR_COUNT for r in rows)
+    for r in rows:
+        assert r["accuracy"] == pytest.approx(np.mean(r["by_query"]))
+    printed = capsys.readouterr().out
+    assert "mqar: accuracy by query, 1st to last, at 1 x: " in printed
+    assert "(picking among the values not yet asked for: 0.17 0.20 0.25 0.33 0.50 1.00)" in printed
 
 
 def test_the_task_probe_refuses_a_model_of_natural_text(tiny_data, tmp_path):
