@@ -288,13 +288,13 @@ def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
                 scored = [tasks.accuracy(model, task, instances[i : i + max(1, per_batch // n)], rule, scaling,
                                          device, ctx, by_answer=True)
                           for i in range(0, len(instances), max(1, per_batch // n))]
-                count = sum(s[1] for s in scored)
+                count = sum(c for _, c, _ in scored)
                 mine.append(dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, l, n), probe="task",
                                  task=task, kind=kind, d=d, length=n, n=count, label=label,
-                                 accuracy=sum(s[0] * s[1] for s in scored) / count))
+                                 accuracy=sum(a * c for a, c, _ in scored) / count))
                 if task == "mqar":  # which queries are right tells lookup from elimination (tasks.by_elimination)
-                    mine[-1]["by_query"] = [sum(s[2][i][0] for s in scored) / sum(s[2][i][1] for s in scored)
-                                            for i in range(len(scored[0][2]))]
+                    per_query = zip(*(places for _, _, places in scored))  # each query's (right, scored) by batch
+                    mine[-1]["by_query"] = [sum(r for r, _ in q) / sum(c for _, c in q) for q in per_query]
                 if args.verbose:
                     print(f"{label:>32} {task} {kind} d={d} length {n}: {mine[-1]['accuracy']:.2f}", file=sys.stderr)
             reach, at_1x = retrieval_reach([r for r in mine if r["kind"] == "distance"], l, tasks.CHANCE[task])
