@@ -405,16 +405,16 @@ def plot_task(summary, task, path):
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), sharey=True, squeeze=False)
     l = summary["recipe"]["block_size"]
     for ax, panel in zip(axes[0], panels):
-        for name, curve in rows.items():
-            if summary["panels"].get(name) == panel and curve:
-                line, = ax.plot(*zip(*curve), marker="o", ms=3, label=name)
-                bound = summary["reach"].get(name, {}).get(f"{task} bound")
-                if bound:
-                    ax.axvline(bound["mean"], color=line.get_color(), ls=":", lw=1)
+        shown = [(name, curve) for name, curve in rows.items() if summary["panels"].get(name) == panel and curve]
+        for i, (name, curve) in enumerate(shown):  # past matplotlib's ten colours, a dashed line tells them apart
+            line, = ax.plot(*zip(*curve), marker="o", ms=3, ls="-" if i < 10 else "--", label=name)
+            bound = summary["reach"].get(name, {}).get(f"{task} bound")
+            if bound:
+                ax.axvline(bound["mean"], color=line.get_color(), ls=":", lw=1)
         ax.axvline(l, color="grey", ls="--", lw=1)
         ax.set_xscale("log", base=2)
         ax.set_title(f"{task}: {panel}", fontsize=9)
-        ax.set_xlabel("distance (tokens); dashed: l, dotted: reach bound", fontsize=8)
+        ax.set_xlabel("distance (tokens); grey dashed: l, dotted: reach bound", fontsize=8)
         ax.legend(fontsize=6)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("accuracy")
