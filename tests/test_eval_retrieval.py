@@ -210,17 +210,20 @@ def test_seeds_and_non_finite_depths_are_one_line_errors(tiny_data, tmp_path, ar
     assert message in str(e.value.code)
 
 
-def test_the_alibi_learning_rate_trial_in_the_docs_matches_its_json():
-    """docs/retrieval.md's table of the ALiBi trial at half the learning rate is its committed JSON, cell by cell."""
+def test_the_learning_rate_trials_in_the_docs_match_their_json():
+    """docs/retrieval.md's table of the trials at half the learning rate is their committed JSON, cell by cell."""
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
-    rows = json.loads((root / "results/retrieval_trials/alibi_lr1.5e-3_s1338.tasks.json").read_text())["rows"]
-    lines = [line for line in (root / "docs/retrieval.md").read_text().splitlines() if line.startswith("| 1.5e-3: ")]
-    assert len(lines) == 5
+    runs = {"alibi": "alibi_lr1.5e-3_s1338", "rope": "rope_lr1.5e-3_s1339"}
+    rows = {scheme: json.loads((root / f"results/retrieval_trials/{run}.tasks.json").read_text())["rows"]
+            for scheme, run in runs.items()}
+    lines = [line for line in (root / "docs/retrieval.md").read_text().splitlines()
+             if line.startswith(tuple(f"| {scheme} 1.5e-3: " for scheme in runs))]
+    assert len(lines) == 10
     for line in lines:
-        task, at_1x, *by_d, reach, at_2048 = [cell.strip() for cell in line.strip("|").split("|")]
-        task = task.split(": ")[1]
-        mine = [r for r in rows if r["task"] == task]
+        label, at_1x, *by_d, reach, at_2048 = [cell.strip() for cell in line.strip("|").split("|")]
+        scheme, task = label.split()[0], label.split(": ")[1]
+        mine = [r for r in rows[scheme] if r["task"] == task]
         at = {r["d"]: r["accuracy"] for r in mine if r["kind"] == "distance"}
         assert f"{mine[0]['accuracy_1x']:.2f}" == at_1x and str(mine[0]["retrieval_reach"]) == reach
         assert [f"{at[d]:.2f}" for d in (256, 512, 768, 1024, 2048)] == by_d
