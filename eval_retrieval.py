@@ -286,7 +286,7 @@ def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
             for kind, d, instances in cells:
                 n = len(instances[0][0])
                 scored = [tasks.accuracy(model, task, instances[i : i + max(1, per_batch // n)], rule, scaling,
-                                         device, ctx, by_answer=True)
+                                         device, ctx)
                           for i in range(0, len(instances), max(1, per_batch // n))]
                 count = sum(c for _, c, _ in scored)
                 mine.append(dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, l, n), probe="task",
@@ -513,7 +513,7 @@ def evaluate(args):
                                   if args.probe == "passkey" else
                                   {"tasks": list(dict.fromkeys(r["task"] for r in rows))}),
                                "rows": [{**{k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "probe", *fields, "label")},
-                                         **{k: r[k] for k in ("by_query",) if k in r}}  # MQAR's rows alone
+                                         **({"by_query": r["by_query"]} if "by_query" in r else {})}  # MQAR's rows
                                         for r in rows], "skipped": [n for n in notes if ": skipped " in n]})
     if plot_path and args.probe == "repeat":
         plot_gain(rows, {p[1].block_size for p in plans}, plot_path)

@@ -241,9 +241,9 @@ def predictions(model, idx, first, attention, rope_scaling):
     return model.head(x).argmax(-1)
 
 
-def accuracy(model, task, instances, attention, rope_scaling, device, ctx, by_answer=False):
-    """(accuracy, answers scored) over instances [(text, answer positions)] of one length: the share of answers
-    predicted right, or for the passkey of keys with every digit right. by_answer adds the answers right at each
+def accuracy(model, task, instances, attention, rope_scaling, device, ctx):
+    """(accuracy, answers scored, by place) over instances [(text, answer positions)] of one length: the share of
+    answers predicted right, or for the passkey of keys with every digit right; by place, the answers right at each
     place in an instance (for MQAR the i-th query's), as a list of (right, scored)."""
     texts, positions = zip(*instances)
     first = min(min(p) for p in positions)
@@ -254,8 +254,6 @@ def accuracy(model, task, instances, attention, rope_scaling, device, ctx, by_an
     if task.startswith("passkey"):
         right = [[all(r)] for r in right]
     flat = [r for rs in right for r in rs]
-    if not by_answer:
-        return sum(flat) / len(flat), len(flat)
     places = [[rs[i] for rs in right if i < len(rs)] for i in range(max(map(len, right)))]
     return sum(flat) / len(flat), len(flat), [(sum(p), len(p)) for p in places]
 

@@ -3,6 +3,7 @@ models, the JSON shape, and one-line errors."""
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -212,7 +213,6 @@ def test_seeds_and_non_finite_depths_are_one_line_errors(tiny_data, tmp_path, ar
 
 def test_the_learning_rate_trials_in_the_docs_match_their_json():
     """docs/retrieval.md's table of the trials at half the learning rate is their committed JSON, cell by cell."""
-    from pathlib import Path
     root = Path(__file__).resolve().parent.parent
     runs = {"alibi": "alibi_lr1.5e-3_s1338", "rope": "rope_lr1.5e-3_s1339"}
     rows = {scheme: json.loads((root / f"results/retrieval_trials/{run}.tasks.json").read_text())["rows"]

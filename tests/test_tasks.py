@@ -164,8 +164,8 @@ def test_predictions_are_the_argmax_of_a_plain_forward_pass(rule, scaling):
         for j, t in enumerate(range(first, idx.size(1))):
             logits, _ = model(idx[:, :t], attention=rule, rope_scaling=scaling)
             assert torch.equal(got[:, j], logits[:, -1].argmax(-1))
-    right, n = tasks.accuracy(model, "copy", [tasks.at_distance("copy", rng, 60) for _ in range(3)], rule, scaling,
-                              "cpu", torch.no_grad())
+    right, n, _ = tasks.accuracy(model, "copy", [tasks.at_distance("copy", rng, 60) for _ in range(3)], rule, scaling,
+                                 "cpu", torch.no_grad())
     assert n == 3 * tasks.SPAN and 0 <= right <= 1
 
 
@@ -178,7 +178,7 @@ def test_accuracy_scores_the_prediction_for_each_answer(monkeypatch):
         for shift, check in ((0, lambda a: a == 1.0), (1, lambda a: a < 0.7)):
             monkeypatch.setattr(tasks, "predictions", lambda model, idx, first, *a: idx[:, first - shift :
                                                                                       idx.size(1) - shift])
-            accuracy, n = tasks.accuracy(None, task, instances, "causal", "none", "cpu", torch.no_grad())
+            accuracy, n, _ = tasks.accuracy(None, task, instances, "causal", "none", "cpu", torch.no_grad())
             assert check(accuracy) and n == sum(1 if task.startswith("passkey") else len(p) for _, p in instances)
 
 
@@ -201,15 +201,13 @@ def test_accuracy_by_query_tells_elimination_from_lookup(monkeypatch):
         return out
 
     monkeypatch.setattr(tasks, "predictions", eliminator)
-    accuracy, scored, places = tasks.accuracy(None, "mqar", instances, "causal", "none", "cpu", torch.no_grad(),
-                                              by_answer=True)
+    accuracy, scored, places = tasks.accuracy(None, "mqar", instances, "causal", "none", "cpu", torch.no_grad())
     assert scored == n * len(instances) and [c for _, c in places] == [len(instances)] * n
     for (right, count), expected in zip(places, tasks.by_elimination(n)):
         assert abs(right / count - expected) < 0.03  # binomial std at 3,000 instances: at most 0.009
     assert accuracy == pytest.approx(sum(r for r, _ in places) / scored)
     monkeypatch.setattr(tasks, "predictions", lambda model, idx, first, *a: idx[:, first:])  # looks every key up
-    _, _, places = tasks.accuracy(None, "mqar", instances[:50], "causal", "none", "cpu", torch.no_grad(),
-                                  by_answer=True)
+    _, _, places = tasks.accuracy(None, "mqar", instances[:50], "causal", "none", "cpu", torch.no_grad())
     assert places == [(50, 50)] * n
 
 
