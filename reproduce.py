@@ -17,8 +17,9 @@ the passkey mix). Finally the tables and plots are drawn from those JSON files.
 
 Resumable: every job writes one file (JSON, or a checkpoint that has reached max_iters) and a job whose file is
 there is skipped; a training run that was stopped resumes from its last checkpoint, and a result older than one of
-its checkpoints (a run trained again) is measured again. So the study can run in pieces; a changed recipe needs
-its run directories removed. Progress lines carry an estimate of the time left, from
+its checkpoints (a run trained again) is measured again. So the study can run in pieces. A checkpoint trained with
+other settings than the recipe's (config file and overrides) is neither skipped nor resumed: reproduce.py stops with
+a one-line error naming the settings that differ, and the run directory must be moved aside. Progress lines carry an estimate of the time left, from
 the durations of the jobs finished so far (kept in the results directory across pieces). With the study finished,
 a run only redraws the tables and plots; --report does just that from the results directory alone (a checkout
 holds the results but neither the data nor the checkpoints).
@@ -45,7 +46,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import UserError, earlier_output, load_checkpoint, run_dir_owner, writable_dir, write_json
+from common import OUTPUT_MARK, UserError, earlier_output, load_checkpoint, run_dir_owner, writable_dir, write_json
 from tasks import TASKS
 
 PY = sys.executable
@@ -118,19 +119,64 @@ class Job:
     """One step of the study: a command that writes `output` (or a Python function, for the report), from the
     checkpoints in `inputs`."""
 
-    def __init__(self, name, kind, output, command=None, action=None, inputs=()):
+    def __init__(self, name, kind, output, command=None, action=None, inputs=(), settings=None):
         self.name, self.kind, self.output, self.command, self.action = name, kind, Path(output), command, action
         self.inputs = [Path(p) for p in inputs]
+        self.settings = settings  # a training job's: what train.py will run with (recipe file and overrides)
 
     def done(self, max_iters=None):
         if self.kind == "train":
-            return self.output.exists() and load_checkpoint(self.output, mmap=True)["iter_num"] >= max_iters
+            if not self.output.exists():
+                return False
+            checkpoint = load_checkpoint(self.output, mmap=True)
+            self.check_recipe(checkpoint["config"])
+            return checkpoint["iter_num"] >= max_iters
         if self.kind == "report":
             return False  # cheap: always redrawn from whatever is finished
         # as make does: a result older than one of its checkpoints (a run trained again) is measured again, and so
         # is one that does not read as a result (damaged): as if missing
         return self.output.exists() and all(self.output.stat().st_mtime >= p.stat().st_mtime for p in self.inputs
                                             if p.exists()) and (self.kind == "prepare" or read_result(self.output))
+
+    def check_recipe(self, trained):
+        """A checkpoint trained with other settings than this job's is neither finished nor resumed: either would
+        put two recipes in one table. Where it was written and on what device do not count."""
+        differ = [k for k, v in (self.settings or {}).items() if k not in NOT_RECIPE and trained.get(k) != v]
+        if differ:
+            was = ", ".join(f"{k}={trained.get(k)}" for k in differ)
+            now = ", ".join(f"{k}={self.settings[k]}" for k in differ)
+            raise UserError(f"{self.name}: {self.output} was trained with {was}, not this recipe's {now}; move "
+                            f"{self.output.parent} aside (or give another --runs) to train it again")
+
+
+NOT_RECIPE = ("out_dir", "data_dir", "device", "compile")  # the data itself is checked by train.py on resume
+
+
+def results_recipe(args, recipe):
+    """The recipe of the results directory's models: recipe.json, written by the first run into it. A results
+    directory holds one recipe's results, never two mixed: a run with other settings stops with a one-line error;
+    --report (which may run on a checkout without the config that trained them) draws with the recorded one."""
+    path = Path(args.results) / "recipe.json"
+    recorded = None
+    if path.exists():
+        try:
+            recorded = {k: v for k, v in json.loads(path.read_text(encoding="utf-8")).items() if k not in OUTPUT_MARK}
+        except (OSError, ValueError, AttributeError):
+            raise UserError(f"{path} is damaged (not a JSON object): write the settings its results were trained with "
+                            "into it, or give another --results") from None
+    if args.report:
+        return recorded or recipe
+    differ = sorted(k for k in set(recipe) | set(recorded or {}) if k not in NOT_RECIPE and recorded is not None
+                    and recorded.get(k) != recipe.get(k))
+    if differ:
+        was = ", ".join(f"{k}={recorded.get(k)}" for k in differ)
+        now = ", ".join(f"{k}={recipe.get(k)}" for k in differ)
+        raise UserError(f"--results {args.results} holds results trained with {was}, not this recipe's {now}: give "
+                        "another --results")
+    if recorded is None and not args.plan:
+        writable_dir(path.parent, "--results")
+        write_json(path, recipe, quiet=True)
+    return recipe
 
 
 def read_result(path):
@@ -202,7 +248,7 @@ def plan(args, budget):
             settings = dict(overrides, **budget["train"], seed=seed, out_dir=str(ckpts[run].parent),
                             data_dir=f"{data}_passkey" if passkey else str(data), device=args.device)
             train = Job(f"train {run}", "train", ckpts[run], [PY, "train.py", variant["config"]]
-                        + [f"--{k}={v}" for k, v in settings.items()])
+                        + [f"--{k}={v}" for k, v in settings.items()], settings=dict(recipe, **settings))
             (passkey_jobs if passkey else jobs).append(train)
         # learned positions stop at block_size (the model refuses more): that scheme is measured up to l only
         bounded = scheme in BOUNDED
@@ -276,7 +322,7 @@ def tune_plan(args, budget):
                             min_lr=recipe["min_lr"] * factor)
             jobs.append(Job(f"tune {scheme} at {factor} x learning_rate", "train", out_dir / "ckpt.pt",
                             [PY, "train.py", VARIANTS[args.variant]["config"]]
-                            + [f"--{k}={v}" for k, v in settings.items()]))
+                            + [f"--{k}={v}" for k, v in settings.items()], settings=dict(recipe, **settings)))
     jobs.append(Job("tuning table", "report", Path(args.results) / "tuning.json",
                     action=lambda measured: tune_report(args, budget)))
     return jobs
@@ -321,7 +367,7 @@ def retrieval_plan(args, budget):
             settings = dict(overrides, **budget["train"], seed=seed, out_dir=str(ckpt.parent), data_dir=str(data),
                             device=args.device)
             jobs.append(Job(f"train {run}", "train", ckpt, [PY, "train.py", RETRIEVAL_CONFIG]
-                            + [f"--{k}={v}" for k, v in settings.items()]))
+                            + [f"--{k}={v}" for k, v in settings.items()], settings=dict(recipe, **settings)))
         scalings = ["--rope_scaling", "none," + SCALINGS] if scheme in INTERPOLATED else []
         jobs.append(Job(f"tasks {scheme}", "tasks", raw / f"{scheme}.tasks.json",
                         [PY, "eval_retrieval.py", *[a for c in ckpts for a in ("--ckpt", str(c))], "--data_dir",
@@ -912,6 +958,7 @@ def main(argv=None):
             budget["recipe"] = dict(read_recipe(HERE / RETRIEVAL_CONFIG), **budget["train"])
         else:
             budget["recipe"] = dict(read_recipe(HERE / VARIANTS[args.variant]["config"]), **budget["train"])
+        budget["recipe"] = results_recipe(args, budget["recipe"])
         if args.report:
             if args.tune or args.plan:
                 raise UserError("--report redraws the study's tables alone: give it without --tune and --plan")

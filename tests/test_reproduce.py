@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import reproduce
 from common import load_checkpoint
@@ -36,6 +37,8 @@ def test_toy_study_end_to_end(toy_study):
     tmp, stdout = toy_study
     results = tmp / "results"
     summary = json.loads((results / "summary.json").read_text())
+    recorded = json.loads((results / "recipe.json").read_text())  # the recipe its models were trained with
+    assert recorded["max_iters"] == 2 and recorded["learning_rate"] == summary["recipe"]["learning_rate"]
     ppl = summary["perplexity"]
     # rope: 3 seeds at every length 4 .. 64 (l = 16), under each window rule and each interpolation
     for name in ("rope", "rope + BCA", "rope + sliding W=16", "rope + sinks S=4 W=16", "rope + pi", "rope + yarn",
@@ -367,3 +370,54 @@ def alive(pid):
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def test_a_checkpoint_trained_with_another_recipe_is_neither_finished_nor_resumed(tmp_path):
+    argv = ["--suite", "retrieval", "--budget", "toy", "--schemes", "rope", "--results", str(tmp_path / "results"),
+            "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data")]
+    budget = dict(reproduce.RETRIEVAL_BUDGETS["toy"], schemes=["rope"])
+    budget["recipe"] = dict(reproduce.read_recipe(ROOT / reproduce.RETRIEVAL_CONFIG), **budget["train"])
+    job = next(j for j in reproduce.retrieval_plan(reproduce.parse_args(argv), budget) if j.name == "train rope_s1337")
+    assert job.settings["learning_rate"] == budget["recipe"]["learning_rate"] and job.settings["pos"] == "rope"
+    job.output.parent.mkdir(parents=True)
+
+    def trained(iters, **changed):  # a checkpoint as train.py writes it, from these settings
+        config = dict(job.settings, **changed)
+        torch.save({"model": {}, "model_args": {"pos": config["pos"]}, "config": config, "iter_num": iters},
+                   job.output)
+
+    trained(2, out_dir="/elsewhere", device="cuda", data_dir="/moved")  # where and on what: not the recipe
+    assert job.done(max_iters=2)
+    lr = job.settings["learning_rate"]
+    for iters in (2, 1):  # finished, or stopped part way (resuming would mix two recipes in one run)
+        trained(iters, learning_rate=2 * lr, seed=1)
+        with pytest.raises(reproduce.UserError) as e:
+            job.done(max_iters=2)
+        assert str(e.value) == (f"train rope_s1337: {job.output} was trained with learning_rate={2 * lr}, seed=1, "
+                                f"not this recipe's learning_rate={lr}, seed=1337; move {job.output.parent} aside (or "
+                                "give another --runs) to train it again")
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(argv + ["--plan"])
+    assert e.value.code.startswith("reproduce.py: error: train rope_s1337: ") and "\n" not in e.value.code
+
+
+def test_a_results_directory_holds_one_recipe(tmp_path, capsys):
+    argv = ["--suite", "retrieval", "--budget", "toy", "--results", str(tmp_path / "results"), "--runs",
+            str(tmp_path / "runs"), "--data", str(tmp_path / "data")]
+    recipe = dict(reproduce.read_recipe(ROOT / reproduce.RETRIEVAL_CONFIG), **reproduce.RETRIEVAL_BUDGETS["toy"]["train"])
+    reproduce.main(argv + ["--plan"])
+    assert not (tmp_path / "results" / "recipe.json").exists()  # --plan writes nothing
+    other = dict(recipe, learning_rate=2 * recipe["learning_rate"], device="cuda")  # the device does not count
+    (tmp_path / "results").mkdir(exist_ok=True)
+    (tmp_path / "results" / "recipe.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(argv + ["--plan"])
+    assert e.value.code == (f"reproduce.py: error: --results {tmp_path / 'results'} holds results trained with "
+                            f"learning_rate={2 * recipe['learning_rate']}, not this recipe's "
+                            f"learning_rate={recipe['learning_rate']}: give another --results")
+    args = reproduce.parse_args(argv + ["--report"])
+    assert reproduce.results_recipe(args, recipe) == other  # drawn with the recipe that trained them
+    (tmp_path / "results" / "recipe.json").write_text("[")
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(argv + ["--plan"])
+    assert e.value.code.startswith("reproduce.py: error: ") and "recipe.json is damaged" in e.value.code
