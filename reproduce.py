@@ -18,8 +18,9 @@ the passkey mix). Finally the tables and plots are drawn from those JSON files.
 Resumable: every job writes one file (JSON, or a checkpoint that has reached max_iters) and a job whose file is
 there is skipped; a training run that was stopped resumes from its last checkpoint, and a result older than one of
 its checkpoints (a run trained again) is measured again. So the study can run in pieces. A checkpoint trained with
-other settings than the recipe's (config file and overrides) is neither skipped nor resumed: reproduce.py stops with
-a one-line error naming the settings that differ, and the run directory must be moved aside. Progress lines carry an estimate of the time left, from
+other settings than those the recipe's config file and overrides name is neither skipped nor resumed: reproduce.py
+stops with a one-line error naming them, and the run directory must be moved aside. The results directory records
+its recipe (recipe.json) and takes no results of another. Progress lines carry an estimate of the time left, from
 the durations of the jobs finished so far (kept in the results directory across pieces). With the study finished,
 a run only redraws the tables and plots; --report does just that from the results directory alone (a checkout
 holds the results but neither the data nor the checkpoints).
@@ -45,7 +46,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
+from configurator import run_config_file
 from common import OUTPUT_MARK, UserError, earlier_output, load_checkpoint, run_dir_owner, writable_dir, write_json
 from tasks import TASKS
 
@@ -129,19 +132,25 @@ class Job:
             if not self.output.exists():
                 return False
             checkpoint = load_checkpoint(self.output, mmap=True)
-            self.check_recipe(checkpoint["config"])
+            self.check_recipe(checkpoint["config"], checkpoint["iter_num"], max_iters)
             return checkpoint["iter_num"] >= max_iters
         if self.kind == "report":
             return False  # cheap: always redrawn from whatever is finished
         # as make does: a result older than one of its checkpoints (a run trained again) is measured again, and so
-        # is one that does not read as a result (damaged): as if missing
-        return self.output.exists() and all(self.output.stat().st_mtime >= p.stat().st_mtime for p in self.inputs
-                                            if p.exists()) and (self.kind == "prepare" or read_result(self.output))
+        # is one that does not read as a result (damaged): as if missing. So is one whose checkpoint is missing: this
+        # run trains it, and the result (of another checkpoint) would otherwise stand beside the new ones
+        return self.output.exists() and all(p.exists() and self.output.stat().st_mtime >= p.stat().st_mtime
+                                            for p in self.inputs) and (self.kind == "prepare"
+                                                                       or read_result(self.output))
 
-    def check_recipe(self, trained):
-        """A checkpoint trained with other settings than this job's is neither finished nor resumed: either would
-        put two recipes in one table. Where it was written and on what device do not count."""
+    def check_recipe(self, trained, iter_num, max_iters):
+        """A checkpoint trained with other settings than this job's (those its config file and overrides name) is
+        neither finished nor resumed: either would put two recipes in one table. Settings that leave the weights as
+        they are do not count; nor does max_iters, since a run stopped early and resumed trains as one that was not
+        (the schedule is lr_decay_iters'), unless it went past this job's."""
         differ = [k for k, v in (self.settings or {}).items() if k not in NOT_RECIPE and trained.get(k) != v]
+        if self.settings and iter_num > max_iters:
+            differ.append("max_iters")
         if differ:
             was = ", ".join(f"{k}={trained.get(k)}" for k in differ)
             now = ", ".join(f"{k}={self.settings[k]}" for k in differ)
@@ -149,21 +158,23 @@ class Job:
                             f"{self.output.parent} aside (or give another --runs) to train it again")
 
 
-NOT_RECIPE = ("out_dir", "data_dir", "device", "compile")  # the data itself is checked by train.py on resume
+# Settings that do not change the weights trained: where the run and its data lie (the data's folder is not compared:
+# which records it holds is the prepare job's), the device, compilation, and how often it is evaluated and logged
+# (batches are drawn from (seed, iteration) alone).
+NOT_RECIPE = ("out_dir", "data_dir", "device", "compile", "max_iters", "eval_interval", "eval_iters", "log_interval")
 
 
 def results_recipe(args, recipe):
-    """The recipe of the results directory's models: recipe.json, written by the first run into it. A results
-    directory holds one recipe's results, never two mixed: a run with other settings stops with a one-line error;
-    --report (which may run on a checkout without the config that trained them) draws with the recorded one."""
+    """The recipe of the results directory's models: recipe.json, written by the first run into it (a directory from
+    before recipe.json was written: its summary's or tuning table's recipe). A results directory holds one recipe's
+    results, never two mixed: a run with other settings stops with a one-line error; --report (which may run on a
+    checkout without the config that trained them) draws with the recorded one."""
     path = Path(args.results) / "recipe.json"
     recorded = None
-    if path.exists():
-        try:
-            recorded = {k: v for k, v in json.loads(path.read_text(encoding="utf-8")).items() if k not in OUTPUT_MARK}
-        except (OSError, ValueError, AttributeError):
-            raise UserError(f"{path} is damaged (not a JSON object): write the settings its results were trained with "
-                            "into it, or give another --results") from None
+    for source in (path, Path(args.results) / "summary.json", Path(args.results) / "tuning.json"):
+        if source.exists():
+            recorded = recorded_recipe(source)
+            break
     if args.report:
         return recorded or recipe
     differ = sorted(k for k in set(recipe) | set(recorded or {}) if k not in NOT_RECIPE and recorded is not None
@@ -173,10 +184,28 @@ def results_recipe(args, recipe):
         now = ", ".join(f"{k}={recipe.get(k)}" for k in differ)
         raise UserError(f"--results {args.results} holds results trained with {was}, not this recipe's {now}: give "
                         "another --results")
-    if recorded is None and not args.plan:
+    if not path.exists() and not args.plan:
         writable_dir(path.parent, "--results")
         write_json(path, recipe, quiet=True)
     return recipe
+
+
+def recorded_recipe(path):
+    """The recipe recorded in a results directory's file (recipe.json itself, or a summary's "recipe"), checked: a
+    JSON object of plain values naming at least the settings the tables are drawn with."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+        found = found if path.name == "recipe.json" else found.get("recipe")
+        found = {k: v for k, v in found.items() if k not in OUTPUT_MARK}
+    except (OSError, ValueError, AttributeError):
+        found = None
+    if not found or any(k not in found for k in ("block_size", "n_layer", "n_head", "n_embd", "max_iters",
+                                                  "learning_rate")) or not all(
+            v is None or isinstance(v, (str, int, float, bool)) for v in found.values()):
+        raise UserError(f"{path} is damaged (no recipe with block_size, n_layer, n_head, n_embd, max_iters and "
+                        "learning_rate): write the settings its results were trained with into recipe.json, or give "
+                        "another --results")
+    return found
 
 
 def read_result(path):
@@ -195,10 +224,8 @@ def read_result(path):
 
 
 def read_recipe(path):
-    """The recipe file's settings (plain assignments, as train.py reads them)."""
-    recipe = {}
-    exec(compile(Path(path).read_text(), str(path), "exec"), {}, recipe)
-    return {k: v for k, v in recipe.items() if not k.startswith("_")}
+    """The recipe file's settings, as train.py's configurator reads them."""
+    return {k: v for k, v in run_config_file(path).items() if not k.startswith("_") and not isinstance(v, ModuleType)}
 
 
 def study_runs(budget):

@@ -388,6 +388,11 @@ def test_a_checkpoint_trained_with_another_recipe_is_neither_finished_nor_resume
 
     trained(2, out_dir="/elsewhere", device="cuda", data_dir="/moved")  # where and on what: not the recipe
     assert job.done(max_iters=2)
+    trained(1, max_iters=1, eval_interval=1)  # stopped early, as by --max_iters: it resumes, the same run
+    assert not job.done(max_iters=2)
+    trained(3, max_iters=3)  # trained past this job's end: other weights
+    with pytest.raises(reproduce.UserError, match=r"rope_s1337: .* was trained with max_iters=3, not this recipe's "):
+        job.done(max_iters=2)
     lr = job.settings["learning_rate"]
     for iters in (2, 1):  # finished, or stopped part way (resuming would mix two recipes in one run)
         trained(iters, learning_rate=2 * lr, seed=1)
@@ -404,7 +409,8 @@ def test_a_checkpoint_trained_with_another_recipe_is_neither_finished_nor_resume
 def test_a_results_directory_holds_one_recipe(tmp_path, capsys):
     argv = ["--suite", "retrieval", "--budget", "toy", "--results", str(tmp_path / "results"), "--runs",
             str(tmp_path / "runs"), "--data", str(tmp_path / "data")]
-    recipe = dict(reproduce.read_recipe(ROOT / reproduce.RETRIEVAL_CONFIG), **reproduce.RETRIEVAL_BUDGETS["toy"]["train"])
+    recipe = dict(reproduce.read_recipe(ROOT / reproduce.RETRIEVAL_CONFIG),
+                  **reproduce.RETRIEVAL_BUDGETS["toy"]["train"])
     reproduce.main(argv + ["--plan"])
     assert not (tmp_path / "results" / "recipe.json").exists()  # --plan writes nothing
     other = dict(recipe, learning_rate=2 * recipe["learning_rate"], device="cuda")  # the device does not count
@@ -417,7 +423,28 @@ def test_a_results_directory_holds_one_recipe(tmp_path, capsys):
                             f"learning_rate={recipe['learning_rate']}: give another --results")
     args = reproduce.parse_args(argv + ["--report"])
     assert reproduce.results_recipe(args, recipe) == other  # drawn with the recipe that trained them
-    (tmp_path / "results" / "recipe.json").write_text("[")
+    for damaged in ("[", "{}", json.dumps({"block_size": 16}), json.dumps(dict(other, n_layer=[2]))):
+        (tmp_path / "results" / "recipe.json").write_text(damaged)
+        with pytest.raises(SystemExit) as e:
+            reproduce.main(argv + ["--report"])
+        assert e.value.code.startswith("reproduce.py: error: ") and "recipe.json is damaged" in e.value.code
+    # a directory from before recipe.json: its summary's recipe is the recorded one, and a run writes it down
+    (tmp_path / "results" / "recipe.json").unlink()
+    (tmp_path / "results" / "summary.json").write_text(json.dumps({"recipe": other}))
     with pytest.raises(SystemExit) as e:
-        reproduce.main(argv + ["--plan"])
-    assert e.value.code.startswith("reproduce.py: error: ") and "recipe.json is damaged" in e.value.code
+        reproduce.main(argv)
+    assert "holds results trained with learning_rate=" in e.value.code
+    (tmp_path / "results" / "summary.json").write_text(json.dumps({"recipe": dict(recipe, device="cuda")}))
+    args = reproduce.parse_args(argv)
+    assert reproduce.results_recipe(args, recipe) == recipe
+    assert json.loads((tmp_path / "results" / "recipe.json").read_text())["learning_rate"] == recipe["learning_rate"]
+
+
+def test_a_result_whose_checkpoint_is_missing_is_measured_again(tmp_path):
+    ckpt, output = tmp_path / "ckpt.pt", tmp_path / "rope.tasks.json"
+    output.write_text(json.dumps({"rows": [{"ckpt": str(ckpt), "pos": "rope", "label": "rope"}]}))
+    job = reproduce.Job("tasks rope", "tasks", output, inputs=[ckpt])
+    assert not job.done()  # this run trains the checkpoint: the result it has is of another one
+    ckpt.write_bytes(b"")
+    os.utime(output)  # the result newer than its checkpoint
+    assert job.done()
