@@ -152,8 +152,7 @@ class Job:
         if self.settings and iter_num > max_iters:
             differ.append("max_iters")
         if differ:
-            was = ", ".join(f"{k}={trained.get(k)}" for k in differ)
-            now = ", ".join(f"{k}={self.settings[k]}" for k in differ)
+            was, now = settings_text(differ, trained), settings_text(differ, self.settings)
             raise UserError(f"{self.name}: {self.output} was trained with {was}, not this recipe's {now}; move "
                             f"{self.output.parent} aside (or give another --runs) to train it again")
 
@@ -162,6 +161,10 @@ class Job:
 # which records it holds is the prepare job's), the device, compilation, and how often it is evaluated and logged
 # (batches are drawn from (seed, iteration) alone).
 NOT_RECIPE = ("out_dir", "data_dir", "device", "compile", "max_iters", "eval_interval", "eval_iters", "log_interval")
+
+
+def settings_text(keys, settings):
+    return ", ".join(f"{k}={settings.get(k)}" for k in keys)
 
 
 def results_recipe(args, recipe):
@@ -180,8 +183,7 @@ def results_recipe(args, recipe):
     differ = sorted(k for k in set(recipe) | set(recorded or {}) if k not in NOT_RECIPE and recorded is not None
                     and recorded.get(k) != recipe.get(k))
     if differ:
-        was = ", ".join(f"{k}={recorded.get(k)}" for k in differ)
-        now = ", ".join(f"{k}={recipe.get(k)}" for k in differ)
+        was, now = settings_text(differ, recorded), settings_text(differ, recipe)
         raise UserError(f"--results {args.results} holds results trained with {was}, not this recipe's {now}: give "
                         "another --results")
     if not path.exists() and not args.plan:
