@@ -149,12 +149,14 @@ class Job:
         they are do not count; nor does max_iters, since a run stopped early and resumed trains as one that was not
         (the schedule is lr_decay_iters'), unless it went past this job's."""
         differ = [k for k, v in (self.settings or {}).items() if k not in NOT_RECIPE and trained.get(k) != v]
-        if self.settings and iter_num > max_iters:
-            differ.append("max_iters")
         if differ:
             was, now = settings_text(differ, trained), settings_text(differ, self.settings)
             raise UserError(f"{self.name}: {self.output} was trained with {was}, not this recipe's {now}; move "
                             f"{self.output.parent} aside (or give another --runs) to train it again")
+        if self.settings and iter_num > max_iters:
+            raise UserError(f"{self.name}: {self.output} was trained to iteration {iter_num}, past this recipe's "
+                            f"max_iters={max_iters}; move {self.output.parent} aside (or give another --runs) to "
+                            "train it again")
 
 
 # Settings that do not change the weights trained: where the run and its data lie (the data's folder is not compared:
@@ -164,7 +166,7 @@ NOT_RECIPE = ("out_dir", "data_dir", "device", "compile", "max_iters", "eval_int
 
 
 def settings_text(keys, settings):
-    return ", ".join(f"{k}={settings.get(k)}" for k in keys)
+    return ", ".join(f"{k}={settings[k]!r}" if k in settings else f"{k} not recorded" for k in keys)
 
 
 def results_recipe(args, recipe):
@@ -180,8 +182,9 @@ def results_recipe(args, recipe):
             break
     if args.report:
         return recorded or recipe
-    differ = sorted(k for k in set(recipe) | set(recorded or {}) if k not in NOT_RECIPE and recorded is not None
-                    and recorded.get(k) != recipe.get(k))
+    # max_iters counts here: a results directory holds finished models, all trained to the same end
+    differ = sorted(k for k in set(recipe) | set(recorded or {}) if (k not in NOT_RECIPE or k == "max_iters")
+                    and recorded is not None and recorded.get(k) != recipe.get(k))
     if differ:
         was, now = settings_text(differ, recorded), settings_text(differ, recipe)
         raise UserError(f"--results {args.results} holds results trained with {was}, not this recipe's {now}: give "
@@ -974,19 +977,29 @@ def parse_args(argv=None):
     return args
 
 
+def budget_for(args):
+    """The budget's settings, with the recipe its models train with: the config file and the budget's overrides."""
+    budget = dict(BUDGETS[args.budget], schemes=args.schemes.split(","))
+    unknown = set(budget["schemes"]) - {s for s, _, _ in SCHEMES}
+    if unknown:
+        raise UserError(f"--schemes {args.schemes}: unknown {', '.join(sorted(unknown))}; the study's schemes are "
+                        + ", ".join(s for s, _, _ in SCHEMES))
+    if args.suite == "retrieval":
+        budget = dict(RETRIEVAL_BUDGETS[args.budget], schemes=budget["schemes"])
+        budget["recipe"] = dict(read_recipe(HERE / RETRIEVAL_CONFIG), **budget["train"])
+    else:
+        budget["recipe"] = dict(read_recipe(HERE / VARIANTS[args.variant]["config"]), **budget["train"])
+    return budget
+
+
+def jobs_for(args, budget):
+    return (tune_plan if args.tune else retrieval_plan if args.suite == "retrieval" else plan)(args, budget)
+
+
 def main(argv=None):
     try:
         args = parse_args(argv)
-        budget = dict(BUDGETS[args.budget], schemes=args.schemes.split(","))
-        unknown = set(budget["schemes"]) - {s for s, _, _ in SCHEMES}
-        if unknown:
-            raise UserError(f"--schemes {args.schemes}: unknown {', '.join(sorted(unknown))}; the study's schemes are "
-                            + ", ".join(s for s, _, _ in SCHEMES))
-        if args.suite == "retrieval":
-            budget = dict(RETRIEVAL_BUDGETS[args.budget], schemes=budget["schemes"])
-            budget["recipe"] = dict(read_recipe(HERE / RETRIEVAL_CONFIG), **budget["train"])
-        else:
-            budget["recipe"] = dict(read_recipe(HERE / VARIANTS[args.variant]["config"]), **budget["train"])
+        budget = budget_for(args)
         budget["recipe"] = results_recipe(args, budget["recipe"])
         if args.report:
             if args.tune or args.plan:
@@ -995,8 +1008,7 @@ def main(argv=None):
                 raise UserError(f"--report: {Path(args.results, 'raw')} does not exist; nothing to draw from")
             return (retrieval_report if args.suite == "retrieval" else report)(args, budget, measured=False)
         writable_dir(Path(args.results, "raw"), "--results")
-        jobs = tune_plan if args.tune else retrieval_plan if args.suite == "retrieval" else plan
-        run_jobs(args, budget, jobs(args, budget))
+        run_jobs(args, budget, jobs_for(args, budget))
     except UserError as e:
         sys.exit(f"reproduce.py: error: {e}")
 

@@ -391,7 +391,8 @@ def test_a_checkpoint_trained_with_another_recipe_is_neither_finished_nor_resume
     trained(1, max_iters=1, eval_interval=1)  # stopped early, as by --max_iters: it resumes, the same run
     assert not job.done(max_iters=2)
     trained(3, max_iters=3)  # trained past this job's end: other weights
-    with pytest.raises(reproduce.UserError, match=r"rope_s1337: .* was trained with max_iters=3, not this recipe's "):
+    with pytest.raises(reproduce.UserError, match=r"rope_s1337: .* was trained to iteration 3, past this recipe's "
+                                                  r"max_iters=2; move "):
         job.done(max_iters=2)
     lr = job.settings["learning_rate"]
     for iters in (2, 1):  # finished, or stopped part way (resuming would mix two recipes in one run)
@@ -404,6 +405,24 @@ def test_a_checkpoint_trained_with_another_recipe_is_neither_finished_nor_resume
     with pytest.raises(SystemExit) as e:
         reproduce.main(argv + ["--plan"])
     assert e.value.code.startswith("reproduce.py: error: train rope_s1337: ") and "\n" not in e.value.code
+
+
+@pytest.mark.parametrize("suite, budget", [("study", "full"), ("study", "toy"), ("retrieval", "full"),
+                                           ("retrieval", "toy"), ("tune", "full")])
+def test_each_training_job_names_its_settings_as_train_py_reads_them(tmp_path, suite, budget):
+    """The settings the recipe guard compares with a checkpoint's config are what train.py makes of the job's own
+    command line (its config file and overrides) and stores in that config: else every finished run would be
+    refused, or a mixed one accepted."""
+    import train
+    argv = ["--budget", budget, "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
+    argv += {"study": [], "retrieval": ["--suite", "retrieval"], "tune": ["--tune"]}[suite]
+    args = reproduce.parse_args(argv)
+    jobs = [job for job in reproduce.jobs_for(args, reproduce.budget_for(args)) if job.kind == "train"]
+    assert len(jobs) >= 3
+    for job in jobs:
+        config = train.load_config(job.command[2:])
+        for key, value in job.settings.items():
+            assert config[key] == value and type(config[key]) is type(value), (job.name, key, config[key], value)
 
 
 def test_a_results_directory_holds_one_recipe(tmp_path, capsys):
@@ -421,6 +440,13 @@ def test_a_results_directory_holds_one_recipe(tmp_path, capsys):
     assert e.value.code == (f"reproduce.py: error: --results {tmp_path / 'results'} holds results trained with "
                             f"learning_rate={2 * recipe['learning_rate']}, not this recipe's "
                             f"learning_rate={recipe['learning_rate']}: give another --results")
+    longer = dict(recipe, max_iters=2 * recipe["max_iters"])  # the same models trained longer: other models
+    (tmp_path / "results" / "recipe.json").write_text(json.dumps(longer))
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(argv + ["--plan"])
+    assert f"holds results trained with max_iters={2 * recipe['max_iters']}, not this recipe's max_iters=" \
+           f"{recipe['max_iters']}" in e.value.code
+    (tmp_path / "results" / "recipe.json").write_text(json.dumps(other))
     args = reproduce.parse_args(argv + ["--report"])
     assert reproduce.results_recipe(args, recipe) == other  # drawn with the recipe that trained them
     for damaged in ("[", "{}", json.dumps({"block_size": 16}), json.dumps(dict(other, n_layer=[2]))):
