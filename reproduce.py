@@ -50,7 +50,7 @@ from types import ModuleType
 
 from configurator import run_config_file
 from common import OUTPUT_MARK, UserError, earlier_output, load_checkpoint, run_dir_owner, writable_dir, write_json
-from tasks import TASKS
+from tasks import TASKS, by_elimination
 
 PY = sys.executable
 HERE = Path(__file__).resolve().parent  # the scripts and config files; data, runs and results are under the cwd
@@ -429,13 +429,34 @@ def retrieval_report(args, budget, measured=True):
                     lambda r: r["accuracy"])
     summary = {"suite": "retrieval", "budget": args.budget, "recipe": budget["recipe"], "seeds": list(SEEDS),
                "wall_time": wall_time(args, budget, retrieval_plan), "machine": ran_on or machine(args.device),
-               "tasks": list(TASKS), "reach": reach, "accuracy": curves, "panels": panels}
+               "tasks": list(TASKS), "reach": reach, "accuracy": curves, "panels": panels,
+               "mqar_by_query": mqar_by_query(args, budget["recipe"]["block_size"])}
     write_json(results / "summary.json", summary)
     summary = json.loads((results / "summary.json").read_text())
     (results / "tables.md").write_text(retrieval_markdown(summary))
     for task in summary["tasks"]:
         plot_task(summary, task, results / f"{task}.png")
     print(f"wrote {results / 'tables.md'}")
+
+
+def mqar_by_query(args, l):
+    """{run: MQAR accuracy at each query, first to last}, at 1 x (the distances whose instance fits in l + 1 tokens,
+    weighted alike) under plain causal attention, per checkpoint: a model that recalls is right at every query, one
+    that picks among the values not yet asked for climbs as tasks.by_elimination does. Rows scored before by_query
+    existed, or damaged, are left out."""
+    found = {}
+    for scheme, _, _ in SCHEMES:
+        path = Path(args.results) / "raw" / f"{scheme}.tasks.json"
+        result = read_result(path) if path.exists() else None
+        for row in (result or {}).get("rows", []):
+            try:
+                if (row["task"], row["kind"], row_name(scheme, row)) == ("mqar", "distance", scheme) \
+                        and row["length"] <= l + 1 and "by_query" in row:
+                    found.setdefault(Path(row["ckpt"]).parent.name, []).append([float(a) for a in row["by_query"]])
+            except (KeyError, TypeError, ValueError):
+                continue
+    return {run: [sum(q) / len(q) for q in zip(*rows)] for run, rows in found.items()
+            if len({len(r) for r in rows}) == 1}
 
 
 def retrieval_markdown(summary):
@@ -455,6 +476,13 @@ def retrieval_markdown(summary):
                              "rule's reach bound", reach, [*names, "bound"], digits=0),
               markdown("Accuracy at 1 x (mean over the distances whose whole instance fits in a training record, "
                        "l + 1 tokens)", at_1x, names)]
+    by_query = summary.get("mqar_by_query") or {}
+    if by_query:
+        n = len(next(iter(by_query.values())))
+        rows = {"picking among the values not yet asked for": by_elimination(n), **by_query}
+        tables.append(markdown("mqar: accuracy by query, 1st to last, at 1 x under causal attention, per checkpoint",
+                               {name: {str(i + 1): spread([a]) for i, a in enumerate(row)}
+                                for name, row in rows.items()}, [str(i + 1) for i in range(n)], header="run"))
     for task in names:
         for kind in ("distance", "length"):
             table = {name: {int(k.split()[-1]): v for k, v in row.items() if k.startswith(f"{task} {kind} ")}

@@ -466,6 +466,30 @@ def test_a_results_directory_holds_one_recipe(tmp_path, capsys):
     assert json.loads((tmp_path / "results" / "recipe.json").read_text())["learning_rate"] == recipe["learning_rate"]
 
 
+def test_mqar_by_query_is_each_checkpoints_mean_at_1x_under_causal_attention(tmp_path):
+    (tmp_path / "raw").mkdir()
+
+    def row(run, label, d, length, by_query, task="mqar", kind="distance"):
+        return dict(ckpt=f"out/{run}/ckpt.pt", pos="xpos", label=label, task=task, kind=kind, d=d, length=length,
+                    by_query=by_query)
+
+    rows = [row("xpos_sb512_s1", "xpos", 32, 60, [0.2, 0.4]), row("xpos_sb512_s1", "xpos", 64, 129, [0.4, 0.8]),
+            row("xpos_sb512_s2", "xpos", 32, 60, [1.0, 1.0]),
+            row("xpos_sb512_s1", "xpos", 96, 130, [0.0, 0.0]),  # longer than a training record: past 1 x
+            row("xpos_sb512_s1", "xpos + BCA", 32, 60, [0.0, 0.0]),  # another rule
+            row("xpos_sb512_s1", "xpos", 32, 60, [0.0, 0.0], task="copy"),
+            row("xpos_sb512_s1", "xpos", 64, 128, [0.0, 0.0], kind="length")]
+    (tmp_path / "raw" / "xpos_sb512.tasks.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "raw" / "rope.tasks.json").write_text("{")  # damaged: left out
+    found = reproduce.mqar_by_query(reproduce.parse_args(["--results", str(tmp_path)]), 128)
+    assert found == {"xpos_sb512_s1": pytest.approx([0.3, 0.6]), "xpos_sb512_s2": [1.0, 1.0]}
+    tables = reproduce.retrieval_markdown({"recipe": {"block_size": 128}, "wall_time": {"seconds": 60, "measured": 1,
+                                           "jobs": 1}, "budget": "toy", "seeds": [1], "machine": "m", "tasks": [],
+                                           "reach": {}, "accuracy": {}, "mqar_by_query": found})
+    assert "| picking among the values not yet asked for | 0.50 | 1.00 |" in tables
+    assert "| xpos_sb512_s1 | 0.30 | 0.60 |" in tables
+
+
 def test_a_result_whose_checkpoint_is_missing_is_measured_again(tmp_path):
     ckpt, output = tmp_path / "ckpt.pt", tmp_path / "rope.tasks.json"
     output.write_text(json.dumps({"rows": [{"ckpt": str(ckpt), "pos": "rope", "label": "rope"}]}))

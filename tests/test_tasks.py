@@ -319,11 +319,14 @@ def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
                  and r["kind"] == "distance" and r["d"] == 1536]
     assert summary["accuracy"]["rope"]["copy distance 1536"]["mean"] == pytest.approx(np.mean(copy_2048))
     assert max(int(k.split()[-1]) for k in summary["accuracy"]["learned"] if "distance" in k) <= 96
+    within = [r["by_query"] for r in raw["rows"] if r["label"] == "rope" and r["task"] == "mqar"
+              and r["kind"] == "distance" and r["length"] <= 97 and r["ckpt"].endswith("rope_s1338/ckpt.pt")]
+    assert within and summary["mqar_by_query"]["rope_s1338"] == pytest.approx(np.mean(within, axis=0))
     for task in tasks.TASKS:
         assert (results / f"{task}.png").stat().st_size > 1000
     tables = (results / "tables.md").read_text()
     assert "### Retrieval reach" in tables and "| rope + yarn |" in tables
-    assert "### copy: accuracy by distance" in tables
+    assert "### copy: accuracy by distance" in tables and "### mqar: accuracy by query" in tables
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "7 of 8 jobs finished already; 1 to run" in again.stdout  # only the report
 
