@@ -175,11 +175,13 @@ def results_recipe(args, recipe):
     results, never two mixed: a run with other settings stops with a one-line error; --report (which may run on a
     checkout without the config that trained them) draws with the recorded one."""
     path = Path(args.results) / "recipe.json"
-    recorded = None
-    for source in (path, Path(args.results) / "summary.json", Path(args.results) / "tuning.json"):
-        if source.exists():
-            recorded = recorded_recipe(source)
-            break
+    recorded = recorded_recipe(path) if path.exists() else None
+    for source in (Path(args.results) / "summary.json", Path(args.results) / "tuning.json"):
+        if recorded is None and source.exists():
+            try:
+                recorded = recorded_recipe(source)
+            except UserError:  # a damaged summary is redrawn, as before recipe.json existed; only recipe.json binds
+                continue
     if args.report:
         return recorded or recipe
     # max_iters counts here: a results directory holds finished models, all trained to the same end

@@ -460,6 +460,8 @@ def test_a_results_directory_holds_one_recipe(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         reproduce.main(argv)
     assert "holds results trained with learning_rate=" in e.value.code
+    (tmp_path / "results" / "summary.json").write_text("{")  # damaged: redrawn, and binds nothing
+    assert reproduce.results_recipe(reproduce.parse_args(argv + ["--plan"]), recipe) == recipe
     (tmp_path / "results" / "summary.json").write_text(json.dumps({"recipe": dict(recipe, device="cuda")}))
     args = reproduce.parse_args(argv)
     assert reproduce.results_recipe(args, recipe) == recipe
