@@ -31,7 +31,6 @@ NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test
     "python reproduce.py$": "the whole study takes hours (tests/test_reproduce.py runs it on a toy budget)",
     "reproduce.py --suite retrieval$": "the whole task suite takes hours (tests/test_tasks.py runs it on a toy "
                                        "budget)",
-    "--results results/retrieval_lr1.5e-3$": "the whole task suite, into a folder of its own: hours",
     "--budget toy": "a minute or two (tests/test_reproduce.py runs it)",
     "reproduce.py --tune": "half an hour of training (tests/test_reproduce.py runs it on a toy budget)",
 }
