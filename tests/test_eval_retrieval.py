@@ -228,3 +228,30 @@ def test_the_learning_rate_trials_in_the_docs_match_their_json():
         assert f"{mine[0]['accuracy_1x']:.2f}" == at_1x and str(mine[0]["retrieval_reach"]) == reach
         assert [f"{at[d]:.2f}" for d in (256, 512, 768, 1024, 2048)] == by_d
         assert f"{next(r['accuracy'] for r in mine if r['kind'] == 'length' and r['length'] == 2048):.2f}" == at_2048
+
+
+def test_the_natural_text_tables_in_the_docs_match_their_json():
+    """docs/retrieval.md's repeat-probe and passkey tables for the code models trained on a GPU are their committed
+    JSON (results/code_gpt2), cell by cell: the gain ± its standard error, the passkey accuracy as the mean over the
+    depths of each length."""
+    root = Path(__file__).resolve().parent.parent
+    page = (root / "docs/retrieval.md").read_text().split("## Natural text on a GPU")[1].split("\n## ")[0]
+    table = [[cell.strip() for cell in line.strip("|").split("|")] for line in page.splitlines()
+             if line.startswith(("| xpos", "| rope"))]
+    repeat = [json.loads((root / f"results/code_gpt2/{m}.repeat.json").read_text())["rows"] for m in ("xpos", "rope")]
+    passkey = [json.loads((root / f"results/code_gpt2/{m}.passkey.json").read_text())["rows"] for m in ("xpos", "rope")]
+    labels = [r["label"] for rows in repeat for r in rows if r["d"] == 0]
+    assert labels == ["xpos", "xpos + BCA", "xpos + sliding W=256", "rope", "rope + BCA", "rope + sliding W=256"]
+    assert [row[0] for row in table] == labels * 2
+    for row, label in zip(table[:6], labels):
+        mine = sorted((r for rows in repeat for r in rows if r["label"] == label), key=lambda r: r["d"])
+        assert [r["d"] for r in mine] == [0, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+        assert row[1:] == [f"{r['gain']:.3f} ± {r['gain_stderr']:.3f}" for r in mine]
+    for row, label in zip(table[6:], labels):
+        mine = [r for rows in passkey for r in rows if r["label"] == label]
+        by_length = {}
+        for r in mine:
+            by_length.setdefault(r["length"], []).append(r["accuracy"])
+        assert sorted(by_length) == [256, 512, 1024, 2048, 4096] and all(len(v) == 5 for v in by_length.values())
+        assert row[1:] == [f"{sum(v) / len(v):.2f}" for _, v in sorted(by_length.items())]
+

@@ -19,7 +19,7 @@ SCRIPTS = ("prepare_data.py", "train.py", "eval_extrapolate.py", "eval_retrieval
            "reproduce.py")
 NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test does not run it
     "make ": "make test and make test-all run the suites; make demo and make passkey take minutes; make gpu-check "
-             "needs a GPU",
+             "and make gpu-retrieval need a GPU; make code-data tokenizes the whole virtualenv",
     "pip install": "installs packages",
     "--nproc_per_node=8": "needs 8 GPUs",
     "--nnodes=2": "needs two machines",
