@@ -260,4 +260,3 @@ def test_the_natural_text_tables_in_the_docs_match_their_json():
             by_length.setdefault(r["length"], []).append(r["accuracy"])
         assert sorted(by_length) == [256, 512, 1024, 2048, 4096] and all(len(v) == 5 for v in by_length.values())
         assert row[1:] == [f"{sum(v) / len(v):.2f}" for _, v in sorted(by_length.items())]
-
