@@ -36,6 +36,14 @@ instance fits in a training record, block_size + 1 tokens); none where that valu
 (no retrieval even within the training length). MQAR is also scored per query, first to last: accuracy that climbs
 across the queries as 1/(n - i) is elimination among the values not yet asked for, not recall.
 The reach bound of each rule is printed beside it and drawn on the plot (one per task: --plot F writes F_<task>).
+
+Up to T = block_size every window rule is causal attention, so the grids above test BCA only where it does not act.
+--sweep places each instance after 2 x block_size of noise, with the query of its first answer at a phase drawn
+uniformly in its half-block of H = block_size/2, at distances every H/8 up to (n_layer + 1.5) x H. Under BCA a query
+at t sees H + (t mod H) tokens back, and through n_layer layers n_layer x H + (t mod H): the reach bound is a range,
+n_layer x H .. (n_layer + 1) x H - 1 over the phases. Each answer is counted in its zone, by where its source lies
+for its own query: direct (one layer's window holds it), relay (only a path through the layers reaches it) or
+beyond; and by the phase of the first answer's query.
 """
 
 import argparse
@@ -122,12 +130,31 @@ def effective_context(rows):
 
 
 def reach_bound(config, rule):
-    """How far back information can travel through the layers under a window rule (None: unbounded)."""
+    """How far back information can travel through the layers under a window rule, at least (None: unbounded): for
+    BCA n_layer * H, reached by a query at the start of its half-block (see sight)."""
+    return sight(config, rule, 0)[1]
+
+
+def sight(config, rule, phase):
+    """(one layer, n_layer layers): how many tokens back a query at `phase` = t mod H sees under a window rule, past
+    the first blocks; (None, None) under causal attention, which sees everything. BCA: query t sees from
+    (t//H - 1) * H, H + phase back; a key there sees H further in the next layer down, so through n_layer layers
+    n_layer * H + phase, from n_layer * H to (n_layer + 1) * H - 1 over the phases. A window sees W - 1 back (W - S - 1
+    for the sinks' recent keys) at every phase, n_layer times that through the layers."""
     if rule.name == "bca":
-        return config.n_layer * config.block_size // 2
+        H = rule.window // 2
+        return H + phase, config.n_layer * H + phase
     if rule.name in ("sliding", "sinks"):
-        return config.n_layer * (rule.window - 1 if rule.name == "sliding" else rule.window - rule.sinks - 1)
-    return None
+        back = rule.window - 1 if rule.name == "sliding" else rule.window - rule.sinks - 1
+        return back, config.n_layer * back
+    return None, None
+
+
+def zone(config, rule, phase, back):
+    """Where a key `back` tokens before a query at `phase` lies: direct (one layer's window holds it), relay (only a
+    path through the layers reaches it) or beyond (no path does)."""
+    one, through = sight(config, rule, phase)
+    return "direct" if one is None or back <= one else "relay" if back <= through else "beyond"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -199,6 +226,10 @@ def plan(args, path, rules, scalings):
         if meta.get("chars") != tasks.CHARS:
             raise UserError(f"{path} was not trained on the task suite ({data_dir} is not a prepare_data.py --dataset "
                             "task dataset): --probe task scores task models only")
+    if args.probe == "task" and args.sweep:
+        sizes = args.task or meta.get("tasks") or list(tasks.TASKS)
+        longest = max(2 * l + sweep_distances(args, config, t)[-1] + tasks.layout(t)[1] + l // 2 - 1 for t in sizes)
+    elif args.probe == "task":
         sizes = task_sizes(args, l, args.task or meta.get("tasks") or list(tasks.TASKS),
                            l if config.pos == "learned" else None)
         ends = [tasks.PREFIX + distances[-1] + tasks.layout(task)[1] for task, (distances, _, _) in sizes.items()
@@ -318,6 +349,84 @@ def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
     return rows
 
 
+ZONES = ("direct", "relay", "beyond")
+PHASE_BINS = 8  # the sweep's accuracy by phase: the half-block in eighths
+
+
+def sweep_distances(args, config, task):
+    """The sweep's distances: every H/8 (at least 1) up to H/2 past (n_layer + 1) * H, the farthest BCA can relay,
+    raised to the task's shortest (and even for flip-flop)."""
+    H = config.block_size // 2
+    step = max(1, H // 8)
+    default = list(range(step, (config.n_layer + 1) * H + H // 2 + 1, step))
+    shortest = tasks.layout(task)[0]
+    even = (lambda d: d + d % 2) if task == "flipflop" else (lambda d: d)
+    return sorted({even(max(d, shortest)) for d in parse_list(args.distances, "--distances", int, default)})
+
+
+def sweep_probe(args, path, config, model, names, runs, device, ctx, notes):
+    """The sweep's rows for one checkpoint: per task, rule and distance, accuracy at instances placed where a window
+    rule acts (after 2 x block_size of noise) with the first answer's query at a phase drawn uniformly modulo H; split
+    by zone (direct, relay, beyond: each answer by where its source lies for its own query) and by the phase of the
+    first answer's query, in PHASE_BINS bins."""
+    l, H, rows = config.block_size, config.block_size // 2, []
+    for task in names:
+        for d in sweep_distances(args, config, task):
+            rng = np.random.default_rng([args.seed, tasks.TASKS.index(task), 2, d])
+            instances = [tasks.at_phase(task, rng, d, 2 * l, H, int(rng.integers(0, H))) for _ in range(args.sequences)]
+            n = len(instances[0][0])
+            for rule, scaling in runs:
+                per_batch = max(1, (args.batch_tokens or default_batch_tokens(config, scaling)) // n)
+                right = [r for i in range(0, len(instances), per_batch) for r in tasks.right_answers(
+                    model, task, instances[i : i + per_batch], rule, scaling, device, ctx)]
+                rows.append(sweep_row(config, rule.resolve(n, l), task, d, instances, right))
+                rows[-1].update(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, l, n), probe="task",
+                                label=rule_label(config.pos, rule, scaling, l))
+                if args.verbose:
+                    print(f"{rows[-1]['label']:>32} {task} sweep d={d}: {rows[-1]['accuracy']:.2f}", file=sys.stderr)
+    return rows
+
+
+def sweep_row(config, rule, task, d, instances, right):
+    """One sweep cell's row from each instance's right answers: accuracy, and [right, scored] by zone and by phase."""
+    H = config.block_size // 2
+    zones, phases = {z: [0, 0] for z in ZONES}, [[0, 0] for _ in range(PHASE_BINS)]
+    for (text, answers), marks in zip(instances, right):
+        found = tasks.sources(task, text, answers, d)
+        for p, s, ok in zip(answers, found, marks):  # the passkey scores one mark, at its first digit
+            count = zones[zone(config, rule, (p - 1) % H, p - 1 - s)]
+            count[0], count[1] = count[0] + ok, count[1] + 1
+        bin = phases[((answers[0] - 1) % H) * PHASE_BINS // H]
+        bin[0], bin[1] = bin[0] + sum(marks), bin[1] + len(marks)
+    scored = sum(len(m) for m in right)
+    return dict(task=task, kind="sweep", d=d, length=len(instances[0][0]), n=scored,
+                accuracy=sum(map(sum, right)) / scored, zones=zones, by_phase=phases,
+                reach_bound=sight(config, rule, 0)[1], reach_bound_max=sight(config, rule, H - 1)[1])
+
+
+def sweep_tables(rows):
+    """Per task: accuracy by zone, then by distance, a row per model and rule."""
+    out, name = [], model_name(rows)
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task]
+        distances = sorted({r["d"] for r in mine})
+        out += ["", f"{task}, where the rule acts (after 2 x block_size; phases drawn uniformly): accuracy by zone "
+                "[answers scored], then by distance",
+                "", "| model | direct | relay | beyond | bound |", "|---|---|---|---|---|"]
+        for label in dict.fromkeys(name(r) for r in mine):
+            cells = [r for r in mine if name(r) == label]
+            total = {z: [sum(r["zones"][z][i] for r in cells) for i in (0, 1)] for z in ZONES}
+            show = lambda z: f"{total[z][0] / total[z][1]:.2f} [{total[z][1]}]" if total[z][1] else "–"
+            bound = cells[0]["reach_bound"]
+            out.append(f"| {label} | " + " | ".join(show(z) for z in ZONES) + " | "
+                       + (f"{bound}–{cells[0]['reach_bound_max']}" if bound else "–") + " |")
+        out += ["", "| model | " + " | ".join(f"d={d}" for d in distances) + " |", "|---" * (len(distances) + 1) + "|"]
+        for label in dict.fromkeys(name(r) for r in mine):
+            cell = {r["d"]: r["accuracy"] for r in mine if name(r) == label}
+            out.append(f"| {label} | " + " | ".join(f"{cell[d]:.2f}" if d in cell else "–" for d in distances) + " |")
+    return "\n".join(out[1:])
+
+
 def model_name(rows):
     """A row's name in the task probe's tables and plots: its label, and its run's folder where several checkpoints
     were scored (their seeds would share a label), or the whole path where two share a folder name."""
@@ -372,6 +481,26 @@ def plot_tasks(rows, block_sizes, path):
         ax.set_ylabel(f"{task} accuracy")
         ax.set_title(task)
         finish_curves(fig, ax, len(labels), block_sizes, task_path(path, task, len(names)))
+
+
+def plot_sweep(rows, path):
+    """One figure per task: accuracy against distance where the rule acts, a curve per model and rule; each rule's
+    reach bound shaded over its range of phases."""
+    names, name = list(dict.fromkeys(r["task"] for r in rows)), model_name(rows)
+    for task in names:
+        mine = [r for r in rows if r["task"] == task]
+        labels = list(dict.fromkeys(name(r) for r in mine))
+        fig, ax = curves_figure(len(labels))
+        for label in labels:
+            curve = sorted((r for r in mine if name(r) == label), key=lambda r: r["d"])
+            line, = ax.plot([r["d"] for r in curve], [r["accuracy"] for r in curve], marker=".", label=label)
+            if curve[0]["reach_bound"]:
+                ax.axvspan(curve[0]["reach_bound"], curve[0]["reach_bound_max"] + 1, color=line.get_color(), alpha=0.1)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("distance from the answer to its source (tokens); shaded: each rule's reach bound")
+        ax.set_ylabel(f"{task} accuracy")
+        ax.set_title(f"{task}, after 2 x block_size, phases uniform")
+        finish_curves(fig, ax, len(labels), set(), task_path(path, task, len(names)))
 
 
 def task_path(path, task, n_tasks):
@@ -443,9 +572,11 @@ def plot_heatmaps(rows, lengths, depths, path):
 def evaluate(args):
     other = {"repeat": ("lengths", "depths", "task"), "passkey": ("distances", "span", "task"),
              "task": ("span", "depths")}[args.probe]
-    for flag in other:
+    for flag in other + (("lengths",) if args.sweep else ()):
         if getattr(args, flag) is not None:
-            raise UserError(f"--{flag} does not apply to --probe {args.probe}")
+            raise UserError(f"--{flag} does not apply to --probe {args.probe}" + (" --sweep" if args.sweep else ""))
+    if args.sweep and args.probe != "task":
+        raise UserError(f"--sweep applies to --probe task only, not --probe {args.probe}")
     if args.task is not None:
         try:
             args.task = tasks.parse_tasks(args.task)
@@ -473,6 +604,8 @@ def evaluate(args):
         stream = checked(np.asarray(tokens)[None], tokens, [0])[0]  # read whole, so checked whole
         if args.probe == "repeat":
             rows += repeat_probe(args, path, config, model, stream, sizes, runs, device, dtype, ctx, notes)
+        elif args.probe == "task" and args.sweep:
+            rows += sweep_probe(args, path, config, model, sizes, runs, device, ctx, notes)
         elif args.probe == "task":
             rows += task_probe(args, path, config, model, sizes, runs, device, ctx, notes)
         else:
@@ -494,7 +627,12 @@ def evaluate(args):
               "passkey": ("length", "depth", "accuracy", "n"),
               "task": ("task", "kind", "d", "length", "accuracy", "n", "accuracy_1x", "retrieval_reach",
                        "reach_bound")}[args.probe]
-    if args.probe == "task":
+    if args.sweep:
+        fields = ("task", "kind", "d", "length", "accuracy", "n", "zones", "by_phase", "reach_bound", "reach_bound_max")
+        print(f"task probe, where the rule acts: accuracy at the answers, teacher-forced ({args.sequences} instances "
+              f"a cell, seed {args.seed}, {dtype}; the passkey counts keys with every digit right)\n")
+        print(sweep_tables(rows))
+    elif args.probe == "task":
         print(f"task probe: accuracy at the answers, teacher-forced ({args.sequences} instances a cell, seed "
               f"{args.seed}, {dtype}; the passkey counts keys with every digit right)\n")
         print(task_tables(rows))
@@ -511,12 +649,15 @@ def evaluate(args):
         write_json(json_path, {"probe": args.probe, "sequences": args.sequences, "seed": args.seed,
                                **({"span": args.span} if args.probe == "repeat" else {"depths": depths}
                                   if args.probe == "passkey" else
-                                  {"tasks": list(dict.fromkeys(r["task"] for r in rows))}),
+                                  {"tasks": list(dict.fromkeys(r["task"] for r in rows)),
+                                   **({"phase_bins": PHASE_BINS} if args.sweep else {})}),
                                "rows": [{**{k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "probe", *fields, "label")},
                                          **({"by_query": r["by_query"]} if "by_query" in r else {})}  # MQAR's rows
                                         for r in rows], "skipped": [n for n in notes if ": skipped " in n]})
     if plot_path and args.probe == "repeat":
         plot_gain(rows, {p[1].block_size for p in plans}, plot_path)
+    elif plot_path and args.sweep:
+        plot_sweep(rows, plot_path)
     elif plot_path and args.probe == "task":
         plot_tasks(rows, {p[1].block_size for p in plans}, plot_path)
     elif plot_path:
@@ -568,6 +709,10 @@ def parse_args(argv=None):
                    "checkpoint's dataset holds)")
     p.add_argument("--distances", help="repeat: filler lengths d (default: 0 and block_size/8 .. 16 x block_size); "
                    "task: distances from answer to source (default: 1/4 .. 16 x block_size)")
+    p.add_argument("--sweep", action="store_true", help="task: instead of the distance and length grids, instances "
+                   "where a window rule acts (after 2 x block_size), the first answer's query at a phase drawn "
+                   "uniformly in its half-block, at distances every H/8 to (n_layer + 1.5) x H; accuracy by zone "
+                   "(direct, relay, beyond) and by phase")
     p.add_argument("--lengths", help="passkey, task: total lengths in tokens (default: 1 .. 16 x block_size)")
     p.add_argument("--depths", help="passkey: where the key sits in the filler, 0 .. 1 (default: 0,0.25,0.5,0.75,1)")
     p.add_argument("--sequences", type=int, default=64, help="sequences per distance (repeat) or per cell (passkey)")

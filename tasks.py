@@ -158,6 +158,10 @@ GENERATORS = dict(copy=copy, mqar=mqar, passkey=passkey,
                   flipflop=flipflop)
 
 
+ANSWER_FROM_END = dict(copy=SPAN, mqar=2 * PAIR_COUNT - 1, passkey=KEY_DIGITS, passkey_noise=KEY_DIGITS,
+                       flipflop=1)  # evaluation instances: characters from the first answer to the end
+
+
 def layout(task):
     """(the shortest distance an instance of the task can have, the characters it needs beyond its distance)."""
     if task == "copy":
@@ -186,6 +190,30 @@ def at_distance(task, rng, distance):
 def at_length(task, rng, length, distance):
     """An evaluation instance of `length` characters in all: the task at `distance`, after noise that fills it."""
     return GENERATORS[task](rng, length, distance)
+
+
+def at_phase(task, rng, distance, prefix, half, phase):
+    """An evaluation instance where a window rule acts: the task at `distance`, after at least `prefix` characters of
+    noise, its first answer predicted by a query (the token before it) at `phase` modulo `half` (BCA's half-block),
+    then digits up to a length that does not depend on the phase, so that instances of one distance batch together
+    (what follows the answers cannot change their causal predictions)."""
+    extra, to_end = layout(task)[1], ANSWER_FROM_END[task]
+    length = prefix + distance + extra
+    length += (phase - (length - to_end - 1)) % half
+    text, answers = GENERATORS[task](rng, length, distance)
+    return text + noise(rng, prefix + distance + extra + half - 1 - length), answers
+
+
+def sources(task, text, answers, distance):
+    """Where each answer's information sits in the text: copy's letter in the first span, MQAR's value in its pair,
+    the passkey's digit in the key sentence, flip-flop's bit at its last write. An answer at p is predicted by the
+    query at p - 1, which must see its source."""
+    if task == "mqar":  # keys are the only upper-case letters: a query's key first occurs in its pair
+        return [text.index(text[p - 1]) + 1 for p in answers]
+    if task.startswith("passkey"):  # digits occur only in the key sentence and the answer
+        key = text.index(text[answers[0] : answers[0] + KEY_DIGITS])
+        return [key + i for i in range(len(answers))]
+    return [p - distance for p in answers]  # copy and flip-flop: every answer `distance` after its source
 
 
 def ids(text):
@@ -241,18 +269,23 @@ def predictions(model, idx, first, attention, rope_scaling):
     return model.head(x).argmax(-1)
 
 
-def accuracy(model, task, instances, attention, rope_scaling, device, ctx):
-    """(accuracy, answers scored, by place) over instances [(text, answer positions)] of one length: the share of
-    answers predicted right, or for the passkey of keys with every digit right; by place, the answers right at each
-    place in an instance (for MQAR the i-th query's), as a list of (right, scored)."""
+def right_answers(model, task, instances, attention, rope_scaling, device, ctx):
+    """Per instance [(text, answer positions)] of one length, whether each answer is predicted right; for the
+    passkey one entry, whether every digit of the key is."""
     texts, positions = zip(*instances)
     first = min(min(p) for p in positions)
     idx = encode(texts)
     with ctx:
         predicted = predictions(model, idx.to(device), first, attention, rope_scaling).cpu()
     right = [[bool(predicted[b, p - first] == idx[b, p]) for p in ps] for b, ps in enumerate(positions)]
-    if task.startswith("passkey"):
-        right = [[all(r)] for r in right]
+    return [[all(r)] for r in right] if task.startswith("passkey") else right
+
+
+def accuracy(model, task, instances, attention, rope_scaling, device, ctx):
+    """(accuracy, answers scored, by place) over instances [(text, answer positions)] of one length: the share of
+    answers predicted right, or for the passkey of keys with every digit right; by place, the answers right at each
+    place in an instance (for MQAR the i-th query's), as a list of (right, scored)."""
+    right = right_answers(model, task, instances, attention, rope_scaling, device, ctx)
     flat = [r for rs in right for r in rs]
     places = [[rs[i] for rs in right if i < len(rs)] for i in range(max(map(len, right)))]
     return sum(flat) / len(flat), len(flat), [(sum(p), len(p)) for p in places]

@@ -18,7 +18,7 @@ import eval_retrieval
 import prepare_data
 import tasks
 from conftest import make_checkpoint
-from model import GPT, GPTConfig
+from model import GPT, AttentionRule, GPTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,6 +88,27 @@ def test_evaluation_instances_sit_at_the_distance_asked(task):
             assert text[0] == "." and text[1] != "." and text[-2] == "r"
         text, answers = tasks.at_length(task, rng, 2048, distance)
         assert len(text) == 2048 and source_distance(task, text, answers) == distance
+
+
+@pytest.mark.parametrize("task", tasks.TASKS)
+def test_instances_where_the_rule_acts_sit_at_the_phase_and_distance_asked(task):
+    rng = np.random.default_rng(2)
+    shortest, extra = tasks.layout(task)
+    for distance, phase in ((0, 0), (40, 63), (96, 17), (200, 32)):
+        distance = max(distance, shortest)
+        distance += distance % 2 if task == "flipflop" else 0
+        text, answers = tasks.at_phase(task, rng, distance, 256, 64, phase)
+        assert len(text) == 256 + distance + extra + 63  # one length for every phase
+        body = text[: max(answers) + 1]  # what follows the answers is digits, which no rule of the task reads
+        assert {p: text[p] for p in answers} == {p: brute_force_answers(task, body)[p] for p in answers}
+        assert source_distance(task, body, answers) == distance and min(answers) - distance >= 256
+        assert (min(answers) - 1) % 64 == phase  # the query of the first answer
+        found = tasks.sources(task, text, answers, distance)
+        assert len(found) == len(answers) and min(found) >= 256
+        for p, s in zip(answers, found):  # each source holds what its answer must say
+            assert text[s] == text[p] if task != "flipflop" else text[s] == text[p] and text[s - 1] == "w"
+        if task == "mqar":  # the first pair is the farthest source
+            assert min(answers) - min(found) <= distance
 
 
 def test_a_distance_that_does_not_fit_is_refused_and_a_bad_task_named():
@@ -359,3 +380,63 @@ def test_task_flags_elsewhere_and_a_damaged_record_length_are_one_line_errors(ta
         with pytest.raises(data.UserError, match="record=96 is not allowed" if record == 96 else
                            "the answers files .* do not match the token files"):
             data.load_meta(copy)
+
+
+@pytest.mark.parametrize("n_layer", [1, 2])
+def test_what_a_query_sees_is_what_a_token_can_change(n_layer):
+    """eval_retrieval.sight by brute force: under each window rule, a token `back` tokens before a query past the
+    first blocks changes that query's output iff one layer's window holds it (1 layer), or n_layer windows relay it."""
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=16, vocab_size=11, n_layer=n_layer, n_head=2, n_embd=16, pos="rope")
+    model = GPT(config).eval()
+    idx = torch.randint(0, 11, (1, 80))
+    for rule in (AttentionRule("bca"), AttentionRule("sliding", 10), AttentionRule("sinks", 10, 2)):
+        rule = rule.resolve(80, 16)
+        base = model.hidden_states(idx, rule)
+        cases = [(t, back) for t in range(72, 80) for back in range(1, t - 2)]  # every phase of H = 8; past the sinks
+        changed = idx.repeat(len(cases), 1)
+        for i, (t, back) in enumerate(cases):
+            changed[i, t - back] = (changed[i, t - back] + 1) % 11
+        moved = (model.hidden_states(changed, rule) - base).abs().amax(-1) > 1e-6
+        for i, (t, back) in enumerate(cases):
+            one, through = eval_retrieval.sight(config, rule, t % 8)
+            assert bool(moved[i, t]) == (back <= through), (rule, t, back)
+            assert eval_retrieval.zone(config, rule, t % 8, back) == (
+                "direct" if back <= one else "relay" if back <= through else "beyond")
+        assert eval_retrieval.reach_bound(config, rule) == eval_retrieval.sight(config, rule, 0)[1]
+
+
+def test_the_sweep_places_every_phase_and_counts_every_answer(task_data, tmp_path, capsys):
+    meta = data.load_meta(task_data)
+    make_checkpoint(tmp_path / "m.pt", task_data, pos="rope", block_size=96, vocab=meta["chars"])
+    out, png = tmp_path / "s.json", tmp_path / "s.png"
+    eval_retrieval.main([str(a) for a in ("--ckpt", tmp_path / "m.pt", "--probe", "task", "--sweep", "--task",
+                                          "copy,passkey", "--distances", "10,70,130", "--sequences", 6,
+                                          "--attention", "causal,bca,sliding", "--json", out, "--plot", png)])
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["phase_bins"] == eval_retrieval.PHASE_BINS and result["tasks"] == ["copy", "passkey"]
+    shortest = tasks.layout("passkey")[0]
+    assert sorted({(r["task"], r["d"]) for r in result["rows"]}) == [
+        ("copy", 10), ("copy", 70), ("copy", 130), ("passkey", max(10, shortest)), ("passkey", 70), ("passkey", 130)]
+    for r in result["rows"]:
+        assert r["kind"] == "sweep" and r["length"] == 2 * 96 + r["d"] + tasks.layout(r["task"])[1] + 47
+        assert r["n"] == 6 * (tasks.SPAN if r["task"] == "copy" else 1)
+        assert sum(n for _, n in r["zones"].values()) == r["n"] == sum(n for _, n in r["by_phase"])
+        assert sum(right for right, _ in r["zones"].values()) == pytest.approx(r["accuracy"] * r["n"])
+        zones = {z for z, (_, n) in r["zones"].items() if n}
+        if r["attention"] == "causal" or r["d"] <= 48:  # within every query's window
+            assert zones == {"direct"}
+        elif r["attention"] == "bca" and r["d"] == 130:  # 129 back: past H + phase <= 95, relayed from phase 33 on
+            assert zones <= {"relay", "beyond"} and (r["reach_bound"], r["reach_bound_max"]) == (96, 143)
+        elif r["attention"] == "sliding" and r["d"] == 130:  # W - 1 = 95 < 129 <= 2 x 95
+            assert zones == {"relay"} and r["reach_bound"] == r["reach_bound_max"] == 190
+    assert "copy, where the rule acts" in printed and "| rope + BCA | " in printed and "96–143" in printed
+    assert (tmp_path / "s_copy.png").stat().st_size > 1000
+    for argv, message in ((["--lengths", "200"], "--lengths does not apply to --probe task --sweep"),):
+        with pytest.raises(SystemExit) as e:
+            eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "task", "--sweep", *argv])
+        assert message in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "repeat", "--sweep"])
+    assert "--sweep applies to --probe task only" in str(e.value.code)
