@@ -40,7 +40,8 @@ from common import (UserError, all_reduce_sum, autocast, load_checkpoint, load_m
                     resolve_dtype, setup_distributed, teardown_distributed, write_json)
 from data import checked, checkpoint_dataset, documents, read_tokens
 from evaluation import (BCA_MODES, RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure,
-                        default_batch_tokens, finish_curves, learned_length_check, plan_runs, rule_fields, rule_label)
+                        default_batch_tokens, finish_curves, learned_length_check, lex_documents, plan_runs,
+                        rule_fields, rule_label)
 
 
 def parse_lengths(text):
@@ -51,28 +52,6 @@ def parse_lengths(text):
     if not lengths or min(lengths) < 1:
         raise UserError(f"--lengths {text!r} must be positive")
     return sorted(set(lengths))
-
-
-def lex_documents(offsets, max_len, spans="first"):
-    """The lex protocol's spans of max_len + 1 validation tokens, as {"start", "end"}, from the documents' (n, 2)
-    [start, end) offsets (data.documents): each long enough document's first (spans="first", the paper's), all its
-    whole spans ("all"), or K of all, evenly spread (an integer); and how many documents were too short."""
-    usable = [{"start": int(s), "end": int(e)} for s, e in offsets[offsets[:, 1] - offsets[:, 0] >= max_len + 1]]
-    if not usable:
-        longest = int((offsets[:, 1] - offsets[:, 0]).max())
-        raise UserError(f"no validation document has max_len+1 = {max_len + 1} tokens (the longest has {longest}): "
-                        "lower --max_len or --lengths")
-    if spans == "first":
-        found = [{"start": d["start"], "end": d["start"] + max_len + 1} for d in usable]
-    else:  # consecutive spans share one token: the last target of one is the first input of the next
-        found = [{"start": d["start"] + i, "end": d["start"] + i + max_len + 1} for d in usable
-                 for i in range(0, d["end"] - d["start"] - max_len, max_len)]
-    if spans not in ("first", "all"):
-        if int(spans) > len(found):
-            raise UserError(f"--spans {spans}: the validation text has only {len(found)} whole spans of "
-                            f"max_len+1 = {max_len + 1} tokens")
-        found = [found[i * len(found) // int(spans)] for i in range(int(spans))]
-    return found, len(offsets) - len(usable)
 
 
 def segments(protocol, length, n_tokens, docs, max_len, stride):

@@ -7,7 +7,9 @@ interpolation that eval_extrapolate.py has.
     python eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe passkey [--lengths 128,256,...] \
         [--depths 0,0.25,0.5,0.75,1] [--sequences 64] [--attention ...] [--rope_scaling ...] [--json F] [--plot F]
     python eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe task [--task copy,mqar,...] [--distances ...] \
-        [--lengths ...] [--sequences 64] [--attention ...] [--rope_scaling ...] [--json F] [--plot F]
+        [--lengths ...] [--sweep] [--sequences 64] [--attention ...] [--rope_scaling ...] [--json F] [--plot F]
+    python eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe context [--lengths 2048] [--sequences 64] \
+        [--stride 16] [--attention ...] [--json F] [--plot F]
 
 Repeat probe (no training change): each sequence is a span of r validation tokens, d tokens of filler from other
 validation text, then the same span again. Its control is the same sequence with the first copy replaced by other
@@ -44,6 +46,16 @@ at t sees H + (t mod H) tokens back, and through n_layer layers n_layer x H + (t
 n_layer x H .. (n_layer + 1) x H - 1 over the phases. Each answer is counted in its zone, by where its source lies
 for its own query: direct (one layer's window holds it), relay (only a path through the layers reaches it) or
 beyond; and by the phase of the first answer's query.
+
+Context probe (natural text, no training change): does the model use context beyond its training length l? For
+--sequences spans of T validation tokens (default 16 x block_size; K whole spans evenly spread, as
+eval_extrapolate.py --spans K), the gain at position p >= l is the NLL of its token given only the l tokens before
+it (that window alone, causal) minus its NLL given everything the rule shows (the span in one pass): positive means
+context beyond l is used. Every --stride-th position from l on is scored (default l/8), and the gain is reported in
+bins [l, 2l), [2l, 4l), ... with one standard error over spans. It also splits the lex protocol's fall from length l
+to T (chunks of l against the whole span, on the same spans) exactly into the context used, (T - l)/T x gain, and
+the rest, which only fewer tokens with little context explain (Press et al. 2021, the early-token curse; LongPPL,
+Fang et al. 2024, scores the tokens that need long context in the same spirit).
 """
 
 import argparse
@@ -56,12 +68,15 @@ import torch
 
 from common import (UserError, autocast, check_seed, load_checkpoint, load_model, model_config, output_path, pyplot,
                     resolve_device, resolve_dtype, write_json)
-from data import checked, checkpoint_dataset, passkey_document, passkey_parts, read_tokens, tokenizer_from_meta
+from data import (checked, checkpoint_dataset, documents, passkey_document, passkey_parts, read_tokens,
+                  tokenizer_from_meta)
 from evaluation import (RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure, default_batch_tokens,
-                        finish_curves, learned_length_check, plan_runs, rule_fields, rule_label, save_figure)
+                        finish_curves, learned_length_check, lex_documents, plan_runs, rule_fields, rule_label,
+                        save_figure)
+from model import RopeScaling
 import tasks
 
-PROBES = ("repeat", "passkey", "task")
+PROBES = ("repeat", "passkey", "task", "context")
 DIGITS = 5  # the passkey's digits, as prepare_data.py --passkey writes them by default
 DISTANCES = (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 12, 16)  # task probe: default distances, x block_size
 REACH_SHARE, RETRIEVES = 0.9, 0.5  # reach: accuracy >= 90% of that at 1 x, which must be half way from chance to 1
@@ -158,6 +173,127 @@ def zone(config, rule, phase, back):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The context probe: is context beyond the training length used?
+
+
+def last_l_nll(model, x, y, positions, l, batch_tokens, device, ctx):
+    """(B, len(positions)): the NLL of y[:, p] given only the l tokens x[:, p-l+1 .. p], each window a sequence of
+    its own (positions 0 .. l-1, causal attention: what the model was trained on)."""
+    windows = x.unfold(1, l, 1)[:, positions - l + 1].flatten(0, 1)  # (B * len(positions), l)
+    targets = torch.full_like(windows, -1)
+    targets[:, -1] = y[:, positions].flatten()
+    per_batch, out = max(1, batch_tokens // l), []
+    for i in range(0, len(windows), per_batch):
+        with torch.no_grad(), ctx:
+            nll = model.token_nll(windows[i : i + per_batch].to(device), targets[i : i + per_batch].to(device),
+                                  attention="causal", chunk_tokens=batch_tokens)
+        out.append(nll[:, -1].double().cpu())
+    return torch.cat(out).view(len(x), len(positions))
+
+
+def rule_nll(model, x, y, length, rule, scaling, batch_tokens, device, ctx):
+    """(B, T): the NLL at every position of x cut into segments of `length` (the lex protocol's), under the rule."""
+    per_batch, out = max(1, batch_tokens // length), []
+    for i in range(0, len(x), per_batch):
+        row = []
+        for j in range(0, x.size(1), length):
+            with torch.no_grad(), ctx:
+                nll = model.token_nll(x[i : i + per_batch, j : j + length].to(device),
+                                      y[i : i + per_batch, j : j + length].to(device), attention=rule,
+                                      rope_scaling=scaling, chunk_tokens=batch_tokens)
+            row.append(nll.double().cpu())
+        out.append(torch.cat(row, dim=1))
+    return torch.cat(out)
+
+
+def context_gain(ref, full, short, positions, l):
+    """Per span: the gain from context beyond l, mean over the scored positions p >= l of ref[p] - full[p] (the NLL
+    given only the last l tokens, minus that given everything the rule shows; positive: context beyond l is used);
+    the same by bin [l, 2l), [2l, 4l), ...; and the lex protocol's fall from length l to the span's length T,
+    mean(short) - mean(full), split exactly into the part that is context used, (T - l) / T x gain, and the rest:
+    fewer tokens with little context (Press et al. 2021's early-token curse), estimated on the scored positions."""
+    T = full.size(1)
+    gain = (ref - full[:, positions]).mean(1)
+    edges = [l * 2**k for k in range(int(math.log2(T // l)) + 1)] + [T]
+    edges = sorted(set(e for e in edges if e <= T))
+    bins = [(a, b) for a, b in zip(edges, edges[1:])]
+    by_bin = torch.stack([(ref - full[:, positions])[:, (positions >= a) & (positions < b)].mean(1)
+                          for a, b in bins], dim=1)
+    fall = short.mean(1) - full.mean(1)
+    used = (T - l) / T * gain
+    return dict(gain=gain, by_bin=by_bin, bins=bins, fall=fall, used=used, early=fall - used)
+
+
+def mean_and_stderr(values):
+    n = len(values)
+    return float(values.mean()), float(values.std(unbiased=True) / math.sqrt(n)) if n > 1 else math.nan
+
+
+def context_probe(args, path, config, model, stream, spans, length, runs, device, ctx, notes):
+    """The context probe's rows for one checkpoint: per rule, the gain from context beyond l per span, by bin, and
+    the lex fall's split, from every --stride-th position from l on."""
+    l, stride = config.block_size, args.stride or max(1, config.block_size // 8)
+    positions = torch.arange(l, length, stride)
+    xy = torch.from_numpy(np.stack([stream[s["start"] : s["end"]] for s in spans]).astype(np.int64))
+    x, y = xy[:, :-1], xy[:, 1:]
+    batch_tokens = args.batch_tokens or default_batch_tokens(config, RopeScaling())
+    ref = last_l_nll(model, x, y, positions, l, batch_tokens, device, ctx)
+    rows = []
+    for rule, scaling in runs:
+        label = rule_label(config.pos, rule, scaling, l)
+        full = rule_nll(model, x, y, length, rule, scaling, batch_tokens, device, ctx)
+        short = rule_nll(model, x, y, l, rule, scaling, batch_tokens, device, ctx)
+        if not (torch.isfinite(full).all() and torch.isfinite(ref).all()):
+            raise UserError(f"non-finite loss for {path} at length {length} ({label}): evaluate in float32 "
+                            "(--dtype float32)")
+        split = context_gain(ref, full, short, positions, l)
+        row = dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, l, length), probe="context",
+                   length=length, stride=stride, spans=len(spans), label=label)
+        for key in ("gain", "fall", "used", "early"):
+            row[key], row[f"{key}_stderr"] = mean_and_stderr(split[key])
+        row["by_bin"] = [dict(start=a, end=b, gain=mean_and_stderr(split["by_bin"][:, i])[0],
+                              gain_stderr=mean_and_stderr(split["by_bin"][:, i])[1])
+                         for i, (a, b) in enumerate(split["bins"])]
+        row["per_span"] = {k: split[k].tolist() for k in ("gain", "fall", "used", "early")}
+        row["per_span"]["by_bin"] = split["by_bin"].tolist()
+        rows.append(row)
+        if args.verbose:
+            print(f"{label:>32}: gain {row['gain']:.4f} ± {row['gain_stderr']:.4f}", file=sys.stderr)
+    notes.append(f"{path}: {len(spans)} spans of {length} validation tokens; the reference scores every {stride}th "
+                 f"position from {l} on given only the {l} tokens before it")
+    return rows
+
+
+def plot_context(rows, path):
+    """The gain from context beyond l by bin of position, a curve per model and rule, with one standard error."""
+    labels, name = [], model_name(rows)
+    fig, ax = curves_figure(len(rows))
+    for r in rows:
+        centres = [(b["start"] + b["end"]) / 2 for b in r["by_bin"]]
+        ax.errorbar(centres, [b["gain"] for b in r["by_bin"]], yerr=[b["gain_stderr"] for b in r["by_bin"]],
+                    marker="o", capsize=2, label=name(r))
+        labels.append(name(r))
+    ax.set_xscale("log", base=2)
+    ax.axhline(0, color="black", lw=0.5)
+    ax.set_xlabel("position (tokens)")
+    ax.set_ylabel("NLL given the last l tokens - NLL under the rule")
+    finish_curves(fig, ax, len(labels), set(), path)
+
+
+def context_table(rows):
+    bins = rows[0]["by_bin"] if rows else []
+    head = ["gain, l .. T"] + [f"{b['start']} .. {b['end']}" for b in bins] + ["lex fall l -> T", "context used",
+                                                                              "fewer early tokens"]
+    lines = ["| model | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+    name = model_name(rows)
+    for r in rows:
+        cells = [f"{r['gain']:.4f} ± {r['gain_stderr']:.4f}"] + [f"{b['gain']:.4f}" for b in r["by_bin"]]
+        cells += [f"{r[k]:.4f} ± {r[k + '_stderr']:.4f}" for k in ("fall", "used", "early")]
+        lines.append(f"| {name(r)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The passkey probe.
 
 
@@ -226,7 +362,13 @@ def plan(args, path, rules, scalings):
         if meta.get("chars") != tasks.CHARS:
             raise UserError(f"{path} was not trained on the task suite ({data_dir} is not a prepare_data.py --dataset "
                             "task dataset): --probe task scores task models only")
-    if args.probe == "task" and args.sweep:
+    if args.probe == "context":
+        lengths = parse_list(args.lengths, "--lengths", int, [16 * l])
+        if len(lengths) != 1 or lengths[0] <= l:
+            raise UserError(f"--lengths {args.lengths!r}: --probe context takes one length, above block_size {l}")
+        sizes = (lengths[0], lex_documents(documents(data_dir, "val", meta), lengths[0], str(args.sequences))[0])
+        longest = lengths[0]
+    elif args.probe == "task" and args.sweep:
         sizes = args.task or meta.get("tasks") or list(tasks.TASKS)
         longest = max(2 * l + sweep_distances(args, config, t)[-1] + tasks.layout(t)[1] + l // 2 - 1 for t in sizes)
     elif args.probe == "task":
@@ -237,7 +379,7 @@ def plan(args, path, rules, scalings):
         longest = max(ends + [lengths[-1] for _, lengths, _ in sizes.values() if lengths], default=0)
         if not longest:
             raise UserError(f"{path}: no distance or length of --probe task fits its {l} positions")
-    else:
+    elif args.probe == "passkey":
         sizes = parse_list(args.lengths, "--lengths", int, [l * k for k in (1, 2, 4, 8, 16)])
         fixed = sum(len(part) for part in passkey_parts(tokenizer_from_meta(meta), "9" * DIGITS))
         if sizes[0] <= fixed:
@@ -570,11 +712,13 @@ def plot_heatmaps(rows, lengths, depths, path):
 
 
 def evaluate(args):
-    other = {"repeat": ("lengths", "depths", "task"), "passkey": ("distances", "span", "task"),
-             "task": ("span", "depths")}[args.probe]
+    other = {"repeat": ("lengths", "depths", "task", "stride"), "passkey": ("distances", "span", "task", "stride"),
+             "task": ("span", "depths", "stride"), "context": ("distances", "span", "task", "depths")}[args.probe]
     for flag in other + (("lengths",) if args.sweep else ()):
         if getattr(args, flag) is not None:
             raise UserError(f"--{flag} does not apply to --probe {args.probe}" + (" --sweep" if args.sweep else ""))
+    if args.stride is not None and args.stride < 1:
+        raise UserError(f"--stride {args.stride} is not allowed: must be >= 1")
     if args.sweep and args.probe != "task":
         raise UserError(f"--sweep applies to --probe task only, not --probe {args.probe}")
     if args.task is not None:
@@ -604,6 +748,8 @@ def evaluate(args):
         stream = checked(np.asarray(tokens)[None], tokens, [0])[0]  # read whole, so checked whole
         if args.probe == "repeat":
             rows += repeat_probe(args, path, config, model, stream, sizes, runs, device, dtype, ctx, notes)
+        elif args.probe == "context":
+            rows += context_probe(args, path, config, model, stream, sizes[1], sizes[0], runs, device, ctx, notes)
         elif args.probe == "task" and args.sweep:
             rows += sweep_probe(args, path, config, model, sizes, runs, device, ctx, notes)
         elif args.probe == "task":
@@ -626,8 +772,14 @@ def evaluate(args):
     fields = {"repeat": ("d", "gain", "gain_stderr", "n", "loss", "control_loss", "effective_context", "reach_bound"),
               "passkey": ("length", "depth", "accuracy", "n"),
               "task": ("task", "kind", "d", "length", "accuracy", "n", "accuracy_1x", "retrieval_reach",
-                       "reach_bound")}[args.probe]
-    if args.sweep:
+                       "reach_bound"), "context": ()}[args.probe]
+    if args.probe == "context":
+        fields = ("length", "stride", "spans", "gain", "gain_stderr", "by_bin", "fall", "fall_stderr", "used",
+                  "used_stderr", "early", "early_stderr", "per_span")
+        print(f"context probe: the gain from context beyond the training length l, NLL given only the last l tokens "
+              f"minus NLL under the rule (nats per token; ± one standard error over spans; {dtype})\n")
+        print(context_table(rows))
+    elif args.sweep:
         fields = ("task", "kind", "d", "length", "accuracy", "n", "zones", "by_phase", "reach_bound", "reach_bound_max")
         print(f"task probe, where the rule acts: accuracy at the answers, teacher-forced ({args.sequences} instances "
               f"a cell, seed {args.seed}, {dtype}; the passkey counts keys with every digit right)\n")
@@ -648,7 +800,7 @@ def evaluate(args):
     if json_path:
         write_json(json_path, {"probe": args.probe, "sequences": args.sequences, "seed": args.seed,
                                **({"span": args.span} if args.probe == "repeat" else {"depths": depths}
-                                  if args.probe == "passkey" else
+                                  if args.probe == "passkey" else {} if args.probe == "context" else
                                   {"tasks": list(dict.fromkeys(r["task"] for r in rows)),
                                    **({"phase_bins": PHASE_BINS} if args.sweep else {})}),
                                "rows": [{**{k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "probe", *fields, "label")},
@@ -660,6 +812,8 @@ def evaluate(args):
         plot_sweep(rows, plot_path)
     elif plot_path and args.probe == "task":
         plot_tasks(rows, {p[1].block_size for p in plans}, plot_path)
+    elif plot_path and args.probe == "context":
+        plot_context(rows, plot_path)
     elif plot_path:
         plot_heatmaps(rows, sorted({r["length"] for r in rows}), depths, plot_path)
     return rows
@@ -717,6 +871,8 @@ def parse_args(argv=None):
     p.add_argument("--depths", help="passkey: where the key sits in the filler, 0 .. 1 (default: 0,0.25,0.5,0.75,1)")
     p.add_argument("--sequences", type=int, default=64, help="sequences per distance (repeat) or per cell (passkey)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stride", type=int, help="context: score every S-th position from block_size on against the "
+                   "last block_size tokens alone (default: block_size/8)")
     p.add_argument("--batch_tokens", type=int, help="repeat: tokens per forward pass (as in eval_extrapolate.py)")
     add_checkpoint_args(p, several=True)
     p.add_argument("--json")
