@@ -50,7 +50,7 @@ from types import ModuleType
 
 from configurator import run_config_file
 from common import OUTPUT_MARK, UserError, earlier_output, load_checkpoint, run_dir_owner, writable_dir, write_json
-from tasks import TASKS, by_elimination
+from tasks import PAIR_COUNT, SPAN, TASKS, by_elimination
 
 PY = sys.executable
 HERE = Path(__file__).resolve().parent  # the scripts and config files; data, runs and results are under the cwd
@@ -90,12 +90,12 @@ PASSKEY_MIX = ["--passkey", "0.5", "--passkey_tokens", "96"]
 # 2 CPU cores; its standard error (about 0.01) stays far below the gain of a model that copies (near 1).
 BUDGETS = {
     "full": dict(train={}, multiples=(0.25, 0.5, 1, 2, 4, 8, 16), spans="64", repeat_sequences=32, scaled_spans="16",
-                 scaled_sequences=8, passkey_sequences=20, texts=8),
+                 scaled_sequences=8, passkey_sequences=20, texts=8, context_spans=64),
     "toy": dict(train=dict(max_iters=2, lr_decay_iters=2, warmup_iters=1, n_layer=2, n_head=2, n_embd=16,
                            block_size=16, batch_size=2, gradient_accumulation_steps=1, eval_iters=1, eval_interval=2,
                            log_interval=1),
                 multiples=(0.25, 1, 2, 4), spans="2", repeat_sequences=2, scaled_spans="2", scaled_sequences=2,
-                passkey_sequences=1, texts=1),
+                passkey_sequences=1, texts=1, context_spans=1),
 }
 # Compact raw results: the fields dropped (per-position curves that no table or plot reads), and the significant
 # digits kept: 10 move a mean over seeds by about 1e-10 of itself, far below the 2-3 decimals the tables print, and
@@ -103,18 +103,19 @@ BUDGETS = {
 RAW_DROPPED = ("curves", "s_hat", "s_hat_heads", "pairs")
 RAW_DIGITS = 10
 GUESS_SECONDS = dict(prepare=10, train=300, extrapolate=240, scalings=240, resolution=20, theory=5, repeat=120,
-                     repeat_scaled=120, passkey=300, tasks=300, report=10)  # until a job of the kind has run here
+                     repeat_scaled=120, passkey=300, tasks=300, context=200, sweep=900, report=10)  # until a job of the kind has run here
 # --suite retrieval (tasks.py): every scheme trained on the long-range task suite with config/retrieval.py, the same
 # seeds as the study (three for the schemes the claims compare, one for learned, sinusoidal, none and xPos without
 # rotation: three each would take the suite past its 3-hour budget on 2 cores), then eval_retrieval.py --probe task
 # under every rule and, for the rotary schemes, every interpolation.
 SUITES = ("study", "retrieval")
+SWEEP_TASKS = "copy,mqar,passkey,flipflop"  # the sweep: passkey_noise, the passkey's second filler, left out for time
 RETRIEVAL_CONFIG = "config/retrieval.py"
 RETRIEVAL_BUDGETS = {
-    "full": dict(train={}, records=200000, sequences=32),
+    "full": dict(train={}, records=200000, sequences=32, sweep_sequences=128),
     "toy": dict(train=dict(max_iters=2, lr_decay_iters=2, warmup_iters=1, n_layer=1, n_head=2, n_embd=16,
                            block_size=96, batch_size=2, eval_iters=1, eval_interval=2, log_interval=1),
-                records=50, sequences=2),
+                records=50, sequences=2, sweep_sequences=2),
 }
 
 
@@ -317,6 +318,11 @@ def plan(args, budget):
                             [*probe, "--sequences", str(budget["scaled_sequences"]), "--attention", "causal",
                              "--rope_scaling", SCALINGS, *out("repeat_scaled")],
                             inputs=mine))
+        if not bounded:  # is context beyond l used? (learned positions have none)
+            jobs.append(Job(f"context {scheme}", "context", raw / f"{scheme}.context.json",
+                            [PY, "eval_retrieval.py", *seeded, *common, "--probe", "context", "--lengths",
+                             str(study_lengths(budget)[-1]), "--sequences", str(budget["context_spans"]),
+                             "--attention", WINDOW_RULES, *out("context")], inputs=mine))
         if scheme in PASSKEY_SCHEMES:
             passkey_jobs.append(Job(f"passkey {scheme}", "passkey", raw / f"{scheme}.passkey.json",
                                     [PY, "eval_retrieval.py", "--ckpt", str(ckpts[f"{scheme}_passkey"]), *common,
@@ -408,6 +414,12 @@ def retrieval_plan(args, budget):
                          str(data), "--device", args.device, "--probe", "task", "--sequences",
                          str(budget["sequences"]), "--attention", WINDOW_RULES, *scalings,
                          "--json", str(raw / f"{scheme}.tasks.json")], inputs=ckpts))
+        if scheme not in BOUNDED:  # BCA, the windows and sinks where they act, every phase (learned stops at l)
+            jobs.append(Job(f"sweep {scheme}", "sweep", raw / f"{scheme}.sweep.json",
+                            [PY, "eval_retrieval.py", *[a for c in ckpts for a in ("--ckpt", str(c))], "--data_dir",
+                             str(data), "--device", args.device, "--probe", "task", "--sweep", "--task",
+                             SWEEP_TASKS, "--sequences", str(budget["sweep_sequences"]), "--attention",
+                             WINDOW_RULES, "--json", str(raw / f"{scheme}.sweep.json")], inputs=ckpts))
     jobs.append(Job("tables and plots", "report", Path(args.results) / "summary.json",
                     action=lambda measured: retrieval_report(args, budget, measured)))
     return jobs
@@ -432,13 +444,120 @@ def retrieval_report(args, budget, measured=True):
     summary = {"suite": "retrieval", "budget": args.budget, "recipe": budget["recipe"], "seeds": list(SEEDS),
                "wall_time": wall_time(args, budget, retrieval_plan), "machine": ran_on or machine(args.device),
                "tasks": list(TASKS), "reach": reach, "accuracy": curves, "panels": panels,
-               "mqar_by_query": mqar_by_query(args, budget["recipe"]["block_size"])}
-    write_json(results / "summary.json", summary)
+               "mqar_by_query": mqar_by_query(args, budget["recipe"]["block_size"]),
+               "area": gather_area(args)}
+    sweep, sweep_curves = gather_sweep(args)
+    if sweep:  # (a suite scored before the sweep existed has none)
+        summary.update(sweep=sweep, sweep_accuracy=sweep_curves)
+    write_summary(results / "summary.json", summary)
     summary = json.loads((results / "summary.json").read_text())
     (results / "tables.md").write_text(retrieval_markdown(summary))
     for task in summary["tasks"]:
         plot_task(summary, task, results / f"{task}.png")
+        if any(k.startswith(f"{task} ") for row in summary.get("sweep_accuracy", {}).values() for k in row):
+            plot_task(summary, task, results / f"sweep_{task}.png", sweep=True)
     print(f"wrote {results / 'tables.md'}")
+
+
+def raw_rows(args, suffix):
+    """(scheme, row) for every row of raw/<scheme><suffix> that reads as a result (a damaged file is noted by
+    check_raw and left out)."""
+    for scheme, _, _ in SCHEMES:
+        path = Path(args.results) / "raw" / f"{scheme}{suffix}"
+        for row in ((read_result(path) if path.exists() else None) or {}).get("rows", []):
+            yield scheme, row
+
+
+def area(curve, rng=None, draws=1):
+    """The area under accuracy against log2 distance over the grid, divided by its width: the mean accuracy over
+    log distance, every cell counted (curve: sorted [(d, accuracy, instances)]). With a numpy Generator, `draws`
+    areas with each cell's accuracy drawn again as a binomial share of its instances (the bootstrap over instances;
+    taking an instance as all right or all wrong makes the interval wider than the truth, never narrower)."""
+    import numpy as np
+    d, acc, n = (np.array(x, dtype=float) for x in zip(*curve))
+    acc = acc[None] if rng is None else rng.binomial(n.astype(int), np.clip(acc, 0, 1), (draws, len(n))) / n
+    x = np.log2(d)
+    found = ((acc[:, 1:] + acc[:, :-1]) / 2 * np.diff(x)).sum(1) / (x[-1] - x[0])
+    return float(found[0]) if rng is None else found
+
+
+def t_interval(values):
+    """The 95% t interval of the mean of a few values (None for one): for paired differences over seeds, whose
+    spread already holds each seed's instance noise."""
+    import numpy as np
+    if len(values) < 2:
+        return None
+    t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}.get(len(values), 2.0)  # Student's t, 97.5%, n - 1 degrees
+    half = t * float(np.std(values, ddof=1)) / len(values) ** 0.5
+    return [float(np.mean(values)) - half, float(np.mean(values)) + half]
+
+
+def gather_area(args, draws=2000):
+    """{row name: {task: spread of area over seeds, "<task> interval": bootstrap over seeds and instances,
+    "<task> paired": spread of the row's area minus its scheme's plain causal row on the same checkpoints, and
+    "<task> paired interval": its t interval over seeds}} from the distance grid of raw/<scheme>.tasks.json."""
+    import numpy as np
+    curves = {}
+    for scheme, row in raw_rows(args, ".tasks.json"):
+        try:
+            if row["kind"] == "distance":
+                units = {"copy": SPAN, "mqar": PAIR_COUNT}.get(row["task"], 1)  # answers per instance
+                curves.setdefault((row_name(scheme, row), scheme, row["task"]), {}).setdefault(row["ckpt"], []).append(
+                    (int(row["d"]), float(row["accuracy"]), max(1, int(row["n"]) // units)))
+        except (KeyError, TypeError, ValueError):
+            continue
+    table, replicates = {}, {}
+    for (name, scheme, task), by_ckpt in curves.items():
+        by_ckpt = {c: sorted(v) for c, v in by_ckpt.items() if len(v) > 1}
+        if not by_ckpt:
+            continue
+        plain = curves.get((scheme, scheme, task), {}) if name != scheme else {}
+        paired = [area(by_ckpt[c]) - area(sorted(plain[c])) for c in by_ckpt if len(plain.get(c, ())) > 1]
+        rng = np.random.default_rng(0)
+        drawn = np.stack([area(v, rng, draws) for v in by_ckpt.values()])  # (checkpoints, draws)
+        picks = rng.integers(0, len(drawn), (len(drawn), draws))  # seeds drawn with replacement, per draw
+        total = replicates[name, task] = drawn[picks, np.arange(draws)].mean(0)
+        row = table.setdefault(name, {})
+        row[task] = spread([area(v) for v in by_ckpt.values()])
+        row[f"{task} interval"] = [float(np.quantile(total, 0.025)), float(np.quantile(total, 0.975))]
+        if paired:
+            row[f"{task} paired"], row[f"{task} paired interval"] = spread(paired), t_interval(paired)
+    for a, b in COMPARED:  # other models: the difference of the means, its interval from independent replicates
+        for task in TASKS:
+            if (a, task) in replicates and (b, task) in replicates:
+                diff = replicates[a, task] - replicates[b, task]
+                table.setdefault(f"{a} − {b}", {})[task] = {
+                    "mean": table[a][task]["mean"] - table[b][task]["mean"],
+                    "interval": [float(np.quantile(diff, 0.025)), float(np.quantile(diff, 0.975))]}
+    return table
+
+
+# Schemes compared by area (different models, the same data and seeds): xPos's decay against RoPE, and under YaRN
+COMPARED = (("xpos", "rope"), ("xpos_sb512", "rope"), ("alibi", "rope"), ("xpos + yarn", "rope + yarn"),
+            ("xpos_sb512 + yarn", "rope + yarn"), ("xpos_sb512 + yarn", "xpos + yarn"))
+
+
+def gather_sweep(args):
+    """From raw/<scheme>.sweep.json: ({row name: {"<task> <zone>": spread over seeds of the accuracy pooled over the
+    distances, "<task> <zone> answers": answers scored a checkpoint, "bound": [least, most]}}, {row name:
+    {"<task> <d>": spread of the accuracy}})."""
+    zones, curves, counts, bounds = {}, {}, {}, {}
+    for scheme, row in raw_rows(args, ".sweep.json"):
+        try:
+            name, task = row_name(scheme, row), row["task"]
+            for zone, (right, n) in row["zones"].items():
+                pooled = zones.setdefault(name, {}).setdefault(f"{task} {zone}", {}).setdefault(row["ckpt"], [0, 0])
+                pooled[0], pooled[1] = pooled[0] + right, pooled[1] + n
+            curves.setdefault(name, {}).setdefault(f"{task} {row['d']}", []).append(float(row["accuracy"]))
+            bounds[name] = [row["reach_bound"], row["reach_bound_max"]]
+        except (KeyError, TypeError, ValueError):
+            continue
+    table = {}
+    for name, by_key in zones.items():
+        table[name] = {key: spread([r / n if n else None for r, n in v.values()]) for key, v in by_key.items()}
+        table[name].update({f"{key} answers": next(iter(v.values()))[1] for key, v in by_key.items()})
+        table[name]["bound"] = bounds[name]
+    return table, {name: {k: spread(v) for k, v in row.items()} for name, row in curves.items()}
 
 
 def mqar_by_query(args, l):
@@ -485,6 +604,8 @@ def retrieval_markdown(summary):
         tables.append(markdown("mqar: accuracy by query, 1st to last, at 1 x under causal attention, per checkpoint",
                                {name: {str(i + 1): spread([a]) for i, a in enumerate(row)}
                                 for name, row in rows.items()}, [str(i + 1) for i in range(n)], header="run"))
+    tables += area_markdown(summary.get("area") or {}, names)
+    tables += sweep_markdown(summary.get("sweep") or {}, summary.get("sweep_accuracy") or {}, names, l)
     for task in names:
         for kind in ("distance", "length"):
             table = {name: {int(k.split()[-1]): v for k, v in row.items() if k.startswith(f"{task} {kind} ")}
@@ -498,14 +619,69 @@ def retrieval_markdown(summary):
     return "\n".join(tables)
 
 
-def plot_task(summary, task, path):
+def area_markdown(table, names):
+    """Per task: the area under accuracy against log distance, with its interval, and paired with the plain causal
+    row of the same checkpoints."""
+    out = []
+    differences = {name: row for name, row in table.items() if " − " in name}
+    if differences:
+        lines = ["### Area under accuracy against log2 distance: one scheme minus another (different models, the same "
+                 "data and seeds), with the 95% bootstrap interval over seeds and instances", "",
+                 "| difference | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        for name, row in differences.items():
+            lines.append(f"| {name} | " + " | ".join(f"{row[t]['mean']:.2f} {interval(row[t]['interval'], 2)}"
+                                                   if t in row else "–" for t in names) + " |")
+        out.append("\n".join(lines) + "\n")
+    for task in names:
+        rows = {name: row for name, row in table.items() if row.get(task) and " − " not in name}
+        if not rows:
+            continue
+        lines = [f"### {task}: area under accuracy against log2 distance (the mean accuracy over log distance, every "
+                 "cell of the grid counted), mean ± std over seeds [each seed], 95% bootstrap interval over seeds and "
+                 "instances; paired: minus the plain causal row of the same checkpoints, with its 95% t interval over seeds", "",
+                 "| model | area | 95% interval | paired difference | 95% interval |", "|---|---|---|---|---|"]
+        for name, row in rows.items():
+            lines.append(f"| {name} | {cell(row[task])} | {interval(row.get(f'{task} interval'), 2)} | "
+                         f"{cell(row.get(f'{task} paired'))} | {interval(row.get(f'{task} paired interval'), 2)} |")
+        out.append("\n".join(lines) + "\n")
+    return out
+
+
+def sweep_markdown(sweep, curves, names, l):
+    """Per task: accuracy where the rule acts by zone (direct, relay, beyond) with the reach bound's range, then by
+    distance on the sweep's grid."""
+    out = []
+    for task in names:
+        rows = {name: row for name, row in sweep.items() if any(k.startswith(f"{task} ") for k in row)}
+        if not rows:
+            continue
+        lines = [f"### {task} where the rule acts (after {2 * l} tokens, the answer's phase drawn uniformly in its "
+                 "half-block): accuracy by zone, pooled over the sweep's distances, mean ± std over seeds [each "
+                 "seed]; in brackets below each zone's name, the answers a checkpoint scores there", "",
+                 "| model | direct | relay | beyond | reach bound |", "|---|---|---|---|---|"]
+        for name, row in rows.items():
+            zone = lambda z: cell(row.get(f"{task} {z}")) + (f" ({row[f'{task} {z} answers']})"
+                                                             if row.get(f"{task} {z} answers") else "")
+            bound = row.get("bound") or [None, None]
+            lines.append(f"| {name} | " + " | ".join(zone(z) for z in ("direct", "relay", "beyond")) + " | "
+                         + (f"{bound[0]}–{bound[1]}" if bound[0] else "–") + " |")
+        out.append("\n".join(lines) + "\n")
+        table = {name: {k.split()[-1]: v for k, v in row.items() if k.startswith(f"{task} ")}
+                 for name, row in curves.items()}
+        table = {name: row for name, row in table.items() if row}
+        columns = sorted({c for row in table.values() for c in row}, key=int)
+        out.append(markdown(f"{task} where the rule acts: accuracy by distance", table, columns))
+    return out
+
+
+def plot_task(summary, task, path, sweep=False):
     """Accuracy against distance, a panel per rule (and one for the interpolations), a curve per scheme (mean over
     seeds); the training length and each rule's reach bound marked."""
     from common import pyplot
     plt = pyplot()
-    rows = {name: sorted((int(k.split()[-1]), v["mean"]) for k, v in row.items()
-                         if k.startswith(f"{task} distance ") and v)
-            for name, row in summary["accuracy"].items()}
+    prefix = f"{task} " if sweep else f"{task} distance "  # the sweep's curves, or the distance grid's
+    rows = {name: sorted((int(k.split()[-1]), v["mean"]) for k, v in row.items() if k.startswith(prefix) and v)
+            for name, row in summary["sweep_accuracy" if sweep else "accuracy"].items()}
     panels = [p for p in ("causal", "bca", "sliding", "sinks", "interpolation")
               if any(summary["panels"].get(n) == p and rows[n] for n in rows)]
     if not panels:
@@ -516,13 +692,18 @@ def plot_task(summary, task, path):
         shown = [(name, curve) for name, curve in rows.items() if summary["panels"].get(name) == panel and curve]
         for i, (name, curve) in enumerate(shown):  # past matplotlib's ten colours, a dashed line tells them apart
             line, = ax.plot(*zip(*curve), marker="o", ms=3, ls="-" if i < 10 else "--", label=name)
-            bound = summary["reach"].get(name, {}).get(f"{task} bound")
+            if sweep and (summary["sweep"].get(name, {}).get("bound") or [None])[0]:  # its range over the phases
+                least, most = summary["sweep"][name]["bound"]
+                ax.axvspan(least, most + 1, color=line.get_color(), alpha=0.1)
+            bound = None if sweep else summary["reach"].get(name, {}).get(f"{task} bound")
             if bound:
                 ax.axvline(bound["mean"], color=line.get_color(), ls=":", lw=1)
         ax.axvline(l, color="grey", ls="--", lw=1)
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"{task}: {panel}", fontsize=9)
-        ax.set_xlabel("distance (tokens); grey dashed: l, dotted: reach bound", fontsize=8)
+        if not sweep:
+            ax.set_xscale("log", base=2)
+        ax.set_title(f"{task}: {panel}" + (f", after {2 * l} tokens, every phase" if sweep else ""), fontsize=9)
+        ax.set_xlabel("distance (tokens); grey dashed: l, " + ("shaded: reach bound" if sweep else
+                                                               "dotted: reach bound"), fontsize=8)
         ax.legend(fontsize=6)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("accuracy")
@@ -645,6 +826,14 @@ def compact_raw(path):
         partial.replace(path)
 
 
+def write_summary(path, summary):
+    """summary.json as common.write_json writes it (marked, one atomic rename), one row per line (compact_json)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(compact_json({**OUTPUT_MARK, **summary}) + "\n")
+    partial.replace(path)
+    print(f"wrote {path}")
+
+
 def compacted(value):
     """The value without RAW_DROPPED's fields, its floats rounded to RAW_DIGITS significant digits. Applied twice,
     it changes nothing more."""
@@ -667,7 +856,7 @@ def compact_json(value, indent=0):
         return json.dumps(value)
     pad = " " * (indent + 1)
     if isinstance(value, dict):
-        items = [f"{pad}{json.dumps(k)}: {compact_json(v, indent + 1)}" for k, v in value.items()]
+        items = [f"{pad}{json.dumps(str(k))}: {compact_json(v, indent + 1)}" for k, v in value.items()]
         return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
     return "[\n" + ",\n".join(pad + compact_json(v, indent + 1) for v in value) + "\n" + " " * indent + "]"
 
@@ -735,6 +924,24 @@ def paper_tables(summary):
     return out
 
 
+def bootstrap(per_seed, draws=2000, seed=0):
+    """A 95% percentile interval for the mean over seeds of each seed's mean over its units (spans, instances): seeds
+    drawn with replacement, then each drawn seed's units with replacement; seeded, so a redraw gives the same.
+    per_seed: one list of unit values a seed (one seed alone: its units only)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    arrays = [np.asarray(v, dtype=float) for v in per_seed if len(v)]
+    if not arrays:
+        return None
+    means = [np.mean([arrays[k][rng.integers(0, len(arrays[k]), len(arrays[k]))].mean()
+                      for k in rng.integers(0, len(arrays), len(arrays))]) for _ in range(draws)]
+    return [float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]
+
+
+def interval(bounds, digits):
+    return "–" if not bounds else f"[{bounds[0]:.{digits}f}, {bounds[1]:.{digits}f}]"
+
+
 def spread(values):
     """Mean, sample standard deviation (None for one value) and count n of the values that are not None, out of
     `of` (a repeat probe's effective context is None where the model gains nothing even at the shortest distance)."""
@@ -744,14 +951,16 @@ def spread(values):
     n = len(present)
     mean = sum(present) / n
     std = (sum((v - mean) ** 2 for v in present) / (n - 1)) ** 0.5 if n > 1 else None
-    return {"mean": mean, "std": std, "n": n, "of": len(values)}
+    return {"mean": mean, "std": std, "n": n, "of": len(values), "values": present}
 
 
 def cell(stat, digits=2):
-    """mean ± std, and "(n of N)" where only some of the checkpoints have a value."""
+    """mean ± std [each checkpoint's value, in seed order], and "(n of N)" where only some checkpoints have one."""
     if stat is None:
         return "–"
     text = f"{stat['mean']:.{digits}f}" + (f" ± {stat['std']:.{digits}f}" if stat["std"] is not None else "")
+    if stat["n"] > 1 and stat.get("values"):  # each seed's value beside the mean (a summary from before had none)
+        text += " [" + " / ".join(f"{v:.{digits}f}" for v in stat["values"]) + "]"
     return text + partial(stat)
 
 
@@ -875,7 +1084,10 @@ def report(args, budget, measured=True):
                "machine": ran_on or machine(args.device),
                "perplexity": ppl, "panels": panels, "resolution": resolution, "effective_context": repeat,
                "passkey_accuracy": passkey}
-    write_json(results / "summary.json", summary)
+    context = gather_context(args)
+    if context:  # (a summary drawn before the context probe existed has none)
+        summary["context"] = context
+    write_summary(results / "summary.json", summary)
     summary = json.loads((results / "summary.json").read_text())  # what the tables show is what the file holds
     (results / "tables.md").write_text(tables_markdown(summary))
     if ppl:
@@ -883,6 +1095,49 @@ def report(args, budget, measured=True):
     if repeat:
         plot_effective_context(summary, results / "effective_context.png")
     print(f"wrote {results / 'tables.md'}")
+
+
+CONTEXT_FIELDS = ("gain", "fall", "used", "early")
+
+
+def gather_context(args):
+    """{row name: {column: spread over seeds}} from raw/<scheme>.context.json: each checkpoint's gain from context
+    beyond l (its mean over spans, over l .. T and by bin), the lex fall from l to T and its two parts; and
+    "gain interval", a bootstrap over seeds and spans. A damaged row is left out."""
+    values, spans = {}, {}
+    for scheme, _, _ in SCHEMES:
+        path = Path(args.results) / "raw" / f"{scheme}.context.json"
+        for row in ((read_result(path) if path.exists() else None) or {}).get("rows", []):
+            try:
+                found = {f: float(row[f]) for f in CONTEXT_FIELDS}
+                found.update({f"gain {b['start']}..{b['end']}": float(b["gain"]) for b in row["by_bin"]})
+                per_span = [float(v) for v in row["per_span"]["gain"]]
+            except (KeyError, TypeError, ValueError):
+                continue
+            for key, value in found.items():
+                values.setdefault(row_name(scheme, row), {}).setdefault(key, []).append(value)
+            spans.setdefault(row_name(scheme, row), []).append(per_span)
+    table = {name: {key: spread(v) for key, v in by_key.items()} for name, by_key in values.items()}
+    for name, per_seed in spans.items():
+        table[name]["gain interval"] = bootstrap(per_seed)
+    return table
+
+
+def context_markdown(context):
+    """The context probe's table: gain from context beyond l with its interval and by bin, and the lex fall split."""
+    bins = sorted({k for row in context.values() for k in row if k.startswith("gain ") and ".." in k},
+                  key=lambda k: int(k.split()[1].split("..")[0]))
+    columns = ["gain", "gain interval", *bins, "fall", "used", "early"]
+    titles = {"gain": "gain, l .. T", "gain interval": "95% interval (seeds, spans)", "fall": "lex fall l -> T",
+              "used": "of it: context used", "early": "of it: fewer early tokens"}
+    lines = ["### Context beyond l: NLL given the last l tokens minus NLL under the rule (nats per token; mean ± std "
+             "over seeds [each seed]); the lex protocol's fall from l to T split into context used and fewer early "
+             "tokens", "", "| model | " + " | ".join(titles.get(c, c) for c in columns) + " |",
+             "|---" * (len(columns) + 1) + "|"]
+    for name, row in context.items():
+        cells = [interval(row.get(c), 4) if c == "gain interval" else cell(row.get(c), 4) for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def check_raw(results):
@@ -917,6 +1172,8 @@ def tables_markdown(summary):
                        digits={"gain at d=0": 3, "effective context": 0, "reach bound": 0}),
               markdown("Passkey accuracy against document length, mean ± std over the depths (one model)", passkey,
                        sorted({n for row in passkey.values() for n in row}, key=int)) if passkey else ""]
+    if summary.get("context"):
+        tables.append(context_markdown(summary["context"]))
     return "\n".join(tables)
 
 

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -60,7 +61,18 @@ def test_toy_study_end_to_end(toy_study):
     lines = tables.splitlines()
     ours = lines.index(next(line for line in lines if line.startswith("| rope + BCA (ours, l = 16) |")))
     assert lines[ours + 1] == "| RoPE + BCA (paper, l = 1024) | 25.57 | 25.65 | – | – |"
-    assert cell_of(lines[ours], 1) == f"{ppl['rope + BCA']['32']['mean']:.2f} ± {ppl['rope + BCA']['32']['std']:.2f}"
+    at = ppl["rope + BCA"]["32"]
+    assert cell_of(lines[ours], 1) == f"{at['mean']:.2f} ± {at['std']:.2f} [" + " / ".join(
+        f"{v:.2f}" for v in at["values"]) + "]"
+    # is context beyond l used? every rule of rope (learned stops at l), three seeds, each span's gain kept
+    context = summary["context"]
+    assert set(context) == {"rope", "rope + BCA", "rope + sliding W=16", "rope + sinks S=4 W=16"}
+    rows = json.loads((results / "raw" / "rope.context.json").read_text())["rows"]
+    bca = [r for r in rows if r["attention"] == "bca"]
+    assert len(bca) == 3 and context["rope + BCA"]["gain"]["values"] == pytest.approx([r["gain"] for r in bca])
+    low, high = context["rope + BCA"]["gain interval"]
+    assert min(r["gain"] for r in bca) - 1e-9 <= high and low <= max(r["gain"] for r in bca) + 1e-9
+    assert "### Context beyond l" in tables and "| rope + BCA | " in tables.split("### Context beyond l")[1]
     wall = summary["wall_time"]
     assert wall["measured"] == wall["jobs"] and wall["seconds"] > 0  # every job of this run timed
     assert "about" in stdout and "left)" in stdout  # progress with the time left
@@ -81,6 +93,7 @@ def test_spread_against_the_seeds_rows(toy_study):
     std = (sum((v - mean) ** 2 for v in values) / 2) ** 0.5
     cell = json.loads((tmp / "results" / "summary.json").read_text())["perplexity"]["rope + sinks S=4 W=16"]["32"]
     assert cell["mean"] == pytest.approx(mean) and cell["std"] == pytest.approx(std)
+    assert cell["values"] == pytest.approx(values)  # each seed's own, in the order of its checkpoints
 
 
 @pytest.mark.slow
@@ -175,16 +188,16 @@ def test_committed_raw_results_reproduce_the_committed_tables(tmp_path, suite):
 
 def test_spread():
     assert reproduce.spread([1.0, 2.0, 4.0]) == {"mean": pytest.approx(7 / 3), "std": pytest.approx(1.5275252),
-                                                 "n": 3, "of": 3}
-    assert reproduce.spread([2.0]) == {"mean": 2.0, "std": None, "n": 1, "of": 1}
-    assert reproduce.spread([None, 3.0]) == {"mean": 3.0, "std": None, "n": 1, "of": 2}
+                                                 "n": 3, "of": 3, "values": [1.0, 2.0, 4.0]}
+    assert reproduce.spread([2.0]) == {"mean": 2.0, "std": None, "n": 1, "of": 1, "values": [2.0]}
+    assert reproduce.spread([None, 3.0]) == {"mean": 3.0, "std": None, "n": 1, "of": 2, "values": [3.0]}
     assert reproduce.spread([None]) is None
 
 
 def test_cell_says_how_many_checkpoints_a_partial_value_rests_on():
-    assert reproduce.cell(reproduce.spread([1.0, 2.0, 4.0])) == "2.33 ± 1.53"
+    assert reproduce.cell(reproduce.spread([1.0, 2.0, 4.0])) == "2.33 ± 1.53 [1.00 / 2.00 / 4.00]"
     assert reproduce.cell(reproduce.spread([None, 64.0, None]), 0) == "64 (1 of 3)"
-    assert reproduce.cell(reproduce.spread([None, 16.0, 48.0]), 0) == "32 ± 23 (2 of 3)"
+    assert reproduce.cell(reproduce.spread([None, 16.0, 48.0]), 0) == "32 ± 23 [16 / 48] (2 of 3)"
     assert reproduce.cell(None) == "–"
 
 
@@ -500,3 +513,21 @@ def test_a_result_whose_checkpoint_is_missing_is_measured_again(tmp_path):
     ckpt.write_bytes(b"")
     os.utime(output)  # the result newer than its checkpoint
     assert job.done()
+
+
+def test_area_bootstrap_and_t_interval_by_hand():
+    # the trapezoids over log2 distance, divided by the width: x = 1, 2, 4 -> (1 + 1)/2 * 1 + (1 + 0)/2 * 2 = 2 of 3
+    assert reproduce.area([(2, 1.0, 8), (4, 1.0, 8), (16, 0.0, 8)]) == pytest.approx(2 / 3)
+    assert reproduce.area([(1, 0.25, 8), (4, 0.75, 8)]) == pytest.approx(0.5)
+    # a cell at 0 or 1 stays there in every bootstrap draw; one at 1/2 spreads as a binomial of its instances
+    rng = np.random.default_rng(0)
+    assert set(reproduce.area([(2, 1.0, 8), (4, 0.0, 8)], rng, 50)) == {0.5}
+    drawn = reproduce.area([(2, 0.5, 400), (4, 0.5, 400)], rng, 4000)
+    assert drawn.mean() == pytest.approx(0.5, abs=0.01) and drawn.std() == pytest.approx((0.25 / 400 / 2) ** 0.5, rel=0.1)
+    # seeds and units drawn again: identical values give a point; the interval of two seeds lies between them
+    assert reproduce.bootstrap([[0.3, 0.3], [0.3]]) == pytest.approx([0.3, 0.3])
+    low, high = reproduce.bootstrap([[0.1, 0.2, 0.3], [0.5, 0.6, 0.7]])
+    assert 0.1 <= low < 0.4 < high <= 0.7
+    # Student's t at 2 degrees of freedom: 2 ± 4.303 / sqrt(3)
+    assert reproduce.t_interval([1.0, 2.0, 3.0]) == pytest.approx([2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5])
+    assert reproduce.t_interval([1.0]) is None

@@ -335,7 +335,8 @@ def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
     # every rule for both; the interpolations for rope only; learned within its training length (96 at toy size)
     assert {"rope", "rope + BCA", "rope + sliding W=96", "rope + sinks S=4 W=96", "rope + pi", "rope + ntk",
             "rope + dynamic_ntk", "rope + yarn", "learned", "learned + BCA"} <= set(summary["reach"])
-    assert summary["reach"]["rope + BCA"]["copy bound"] == {"mean": 1 * 96 / 2, "std": 0.0, "n": 3, "of": 3}
+    assert summary["reach"]["rope + BCA"]["copy bound"] == {"mean": 1 * 96 / 2, "std": 0.0, "n": 3, "of": 3,
+                                                             "values": [48, 48, 48]}
     copy_2048 = [r["accuracy"] for r in raw["rows"] if r["label"] == "rope" and r["task"] == "copy"
                  and r["kind"] == "distance" and r["d"] == 1536]
     assert summary["accuracy"]["rope"]["copy distance 1536"]["mean"] == pytest.approx(np.mean(copy_2048))
@@ -348,8 +349,26 @@ def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
     tables = (results / "tables.md").read_text()
     assert "### Retrieval reach" in tables and "| rope + yarn |" in tables
     assert "### copy: accuracy by distance" in tables and "### mqar: accuracy by query" in tables
+    # where the rule acts: rope's three seeds under every rule, each zone's accuracy the pooled share of its seed's
+    sweep = json.loads((results / "raw" / "rope.sweep.json").read_text())["rows"]
+    assert {r["task"] for r in sweep} == {"copy", "mqar", "passkey", "flipflop"} and "learned" not in summary["sweep"]
+    for name, rule in (("rope + BCA", "bca"), ("rope", "causal")):
+        mine = [r for r in sweep if r["attention"] == rule and r["task"] == "copy"]
+        shares = []
+        for seed in (1337, 1338, 1339):
+            rows = [r for r in mine if r["ckpt"].endswith(f"rope_s{seed}/ckpt.pt")]
+            right, n = (sum(r["zones"]["direct"][i] for r in rows) for i in (0, 1))
+            shares.append(right / n)
+        assert summary["sweep"][name]["copy direct"]["values"] == pytest.approx(shares)
+    assert summary["sweep"]["rope + BCA"]["bound"] == [48, 95] and summary["sweep"]["rope"]["copy relay answers"] == 0
+    assert "### copy where the rule acts" in tables and (results / "sweep_copy.png").stat().st_size > 1000
+    # the headline: area under accuracy against log distance, its interval, paired with causal on the same models
+    area = summary["area"]
+    assert area["rope"]["copy"]["n"] == 3 and area["rope + BCA"]["copy paired"]["n"] == 3
+    assert area["rope + BCA"]["copy paired"]["mean"] == pytest.approx(
+        area["rope + BCA"]["copy"]["mean"] - area["rope"]["copy"]["mean"])
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert again.returncode == 0 and "7 of 8 jobs finished already; 1 to run" in again.stdout  # only the report
+    assert again.returncode == 0 and "8 of 9 jobs finished already; 1 to run" in again.stdout  # only the report
 
 
 def test_several_checkpoints_keep_their_own_rows(task_data, tmp_path, capsys):
