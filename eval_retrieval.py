@@ -108,6 +108,85 @@ def repeat_sequences(stream, span, distance, n, seed):
     return torch.from_numpy(np.stack(probe).astype(np.int64)), torch.from_numpy(np.stack(control).astype(np.int64))
 
 
+def repeat_sweep_sequences(stream, span, distance, n, seed, l):
+    """(probe, control, start): as repeat_sequences, each after a prefix of validation text at least 2l long and as
+    much longer (< H = l/2) as puts the query of the second copy's first scored token at a phase drawn uniformly in
+    its half-block, then that text continued to one length for all (what follows cannot change what comes before);
+    start: where each second copy begins."""
+    H, rng = l // 2, np.random.default_rng([seed, distance, 1])
+    around = 2 * l + H - 1  # the prefix and what follows the second copy, together
+    probe, control, starts = [], [], []
+    for _ in range(n):
+        a, b, c, e = disjoint_starts(rng, len(stream), (span, distance, span, around))
+        first, filler, other, text = (stream[x : x + k] for x, k in ((a, span), (b, distance), (c, span), (e, around)))
+        prefix = 2 * l + (int(rng.integers(0, H)) - (2 * l + span + distance)) % H
+        starts.append(prefix + span + distance)
+        probe.append(np.concatenate((text[:prefix], first, filler, first, text[prefix:])))
+        control.append(np.concatenate((text[:prefix], other, filler, first, text[prefix:])))
+    as_tensor = lambda x: torch.from_numpy(np.stack(x).astype(np.int64))
+    return as_tensor(probe), as_tensor(control), starts
+
+
+def second_copy_token_nll(model, seqs, starts, span, rule, scaling, batch_tokens, device, ctx):
+    """(n, span - 1): the NLL of each token of the second copy after its first, the copy starting at `starts`."""
+    T = seqs.size(1) - 1
+    per_batch, out = max(1, batch_tokens // T), []
+    for i in range(0, len(seqs), per_batch):
+        batch = seqs[i : i + per_batch].to(device)
+        with torch.no_grad(), ctx:
+            nll = model.token_nll(batch[:, :-1], batch[:, 1:], attention=rule, rope_scaling=scaling,
+                                  chunk_tokens=batch_tokens).double().cpu()
+        out += [nll[j, start : start + span - 1] for j, start in enumerate(starts[i : i + per_batch])]
+    return torch.stack(out)
+
+
+def repeat_sweep(args, path, config, model, stream, distances, runs, device, dtype, ctx, notes):
+    """The repeat probe where the rule acts: per rule and distance, the gain over every scored token and by zone (the
+    first copy's token direct, relayed or beyond for the query that predicts the second copy's)."""
+    l, H, rows = config.block_size, config.block_size // 2, []
+    for d in distances:
+        probe, control, starts = repeat_sweep_sequences(stream, args.span, d, args.sequences, args.seed, l)
+        for rule, scaling in runs:
+            label = rule_label(config.pos, rule, scaling, l)
+            batch_tokens = args.batch_tokens or default_batch_tokens(config, scaling)
+            loss, ctrl = (second_copy_token_nll(model, x, starts, args.span, rule, scaling, batch_tokens, device, ctx)
+                          for x in (probe, control))
+            gain, stderr = retrieval_gain(loss.mean(1), ctrl.mean(1))
+            if not math.isfinite(gain):
+                raise UserError(f"non-finite loss for {path} at d = {d} in {dtype} ({label}): evaluate in float32 "
+                                "(--dtype float32)")
+            resolved, zones = rule.resolve(probe.size(1) - 1, l), {z: [0.0, 0.0, 0] for z in ZONES}
+            for j, start in enumerate(starts):
+                for i in range(args.span - 1):  # the token at start + i + 1, predicted by the query before it
+                    count = zones[zone(config, resolved, (start + i) % H, args.span + d - 1)]
+                    count[0], count[1], count[2] = count[0] + float(loss[j, i]), count[1] + float(ctrl[j, i]), \
+                        count[2] + 1
+            rows.append(dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, l, probe.size(1) - 1),
+                             probe="repeat", kind="sweep", d=d, gain=gain, gain_stderr=stderr, n=len(loss),
+                             loss=float(loss.mean()), control_loss=float(ctrl.mean()), zones=zones,
+                             reach_bound=sight(config, resolved, 0)[1], reach_bound_max=sight(config, resolved, H - 1)[1],
+                             label=label))
+            if args.verbose:
+                print(f"{label:>32} sweep d={d:>6}: gain {gain:.3f} ± {stderr:.3f}", file=sys.stderr)
+    return rows
+
+
+def repeat_sweep_table(rows):
+    """The gain by zone (pooled over distances) and by distance, a row per model and rule."""
+    distances, name = sorted({r["d"] for r in rows}), model_name(rows)
+    lines = ["| model | direct | relay | beyond | bound | " + " | ".join(f"d={d}" for d in distances) + " |",
+             "|---" * (len(distances) + 5) + "|"]
+    for label in dict.fromkeys(name(r) for r in rows):
+        mine = {r["d"]: r for r in rows if name(r) == label}
+        pooled = {z: [sum(r["zones"][z][i] for r in mine.values()) for i in range(3)] for z in ZONES}
+        show = lambda z: f"{1 - pooled[z][0] / pooled[z][1]:.3f} [{pooled[z][2]}]" if pooled[z][2] else "–"
+        first = next(iter(mine.values()))
+        bound = f"{first['reach_bound']}–{first['reach_bound_max']}" if first["reach_bound"] else "–"
+        lines.append(f"| {label} | " + " | ".join(show(z) for z in ZONES) + f" | {bound} | "
+                     + " | ".join(f"{mine[d]['gain']:.3f}" if d in mine else "–" for d in distances) + " |")
+    return "\n".join(lines)
+
+
 def second_copy_nll(model, seqs, span, rule, scaling, batch_tokens, device, ctx):
     """Per sequence, the mean NLL of the second copy's tokens after its first (predicted from inside the copy)."""
     T = seqs.size(1) - 1
@@ -349,14 +428,16 @@ def plan(args, path, rules, scalings):
     n_tokens = meta["files"]["val"]["tokens"]
     l = config.block_size
     if args.probe == "repeat":
-        sizes = parse_list(args.distances, "--distances", int, [0] + [l * k // 8 for k in (1, 2, 4, 8, 16, 32, 64,
-                                                                                              128)])
+        H = l // 2
+        grid = list(range(0, (config.n_layer + 1) * H + H // 2 + 1, max(1, H // 8))) if args.sweep else \
+            [0] + [l * k // 8 for k in (1, 2, 4, 8, 16, 32, 64, 128)]
+        sizes = parse_list(args.distances, "--distances", int, grid)
         if sizes[0] < 0:
             raise UserError(f"--distances {args.distances!r} must be >= 0")
-        longest = 2 * args.span + sizes[-1]
+        longest = 2 * args.span + sizes[-1] + (2 * l + H - 1 if args.sweep else 0)
         if 2 * longest > n_tokens:
-            raise UserError(f"distance {sizes[-1]} needs 2 x (2 x {args.span} + {sizes[-1]}) = {2 * longest} "
-                            f"validation tokens to draw span, filler and control apart, but {data_dir} has "
+            raise UserError(f"distance {sizes[-1]} needs 2 x {longest} = {2 * longest} validation tokens to draw "
+                            f"span, filler, control{' and prefix' if args.sweep else ''} apart, but {data_dir} has "
                             f"{n_tokens}: lower --distances or --span")
     elif args.probe == "task":
         if meta.get("chars") != tasks.CHARS:
@@ -719,8 +800,8 @@ def evaluate(args):
             raise UserError(f"--{flag} does not apply to --probe {args.probe}" + (" --sweep" if args.sweep else ""))
     if args.stride is not None and args.stride < 1:
         raise UserError(f"--stride {args.stride} is not allowed: must be >= 1")
-    if args.sweep and args.probe != "task":
-        raise UserError(f"--sweep applies to --probe task only, not --probe {args.probe}")
+    if args.sweep and args.probe not in ("task", "repeat"):
+        raise UserError(f"--sweep applies to --probe task and repeat only, not --probe {args.probe}")
     if args.task is not None:
         try:
             args.task = tasks.parse_tasks(args.task)
@@ -746,7 +827,9 @@ def evaluate(args):
         model, _ = load_model(path, device)
         tokens = read_tokens(data_dir, "val", meta)
         stream = checked(np.asarray(tokens)[None], tokens, [0])[0]  # read whole, so checked whole
-        if args.probe == "repeat":
+        if args.probe == "repeat" and args.sweep:
+            rows += repeat_sweep(args, path, config, model, stream, sizes, runs, device, dtype, ctx, notes)
+        elif args.probe == "repeat":
             rows += repeat_probe(args, path, config, model, stream, sizes, runs, device, dtype, ctx, notes)
         elif args.probe == "context":
             rows += context_probe(args, path, config, model, stream, sizes[1], sizes[0], runs, device, ctx, notes)
@@ -773,7 +856,14 @@ def evaluate(args):
               "passkey": ("length", "depth", "accuracy", "n"),
               "task": ("task", "kind", "d", "length", "accuracy", "n", "accuracy_1x", "retrieval_reach",
                        "reach_bound"), "context": ()}[args.probe]
-    if args.probe == "context":
+    if args.probe == "repeat" and args.sweep:
+        fields = ("kind", "d", "gain", "gain_stderr", "n", "loss", "control_loss", "zones", "reach_bound",
+                  "reach_bound_max")
+        print(f"repeat probe, where the rule acts (after 2 x block_size, phases uniform): retrieval gain "
+              f"1 - loss/control on the second copy by zone [tokens] and by distance ({args.span}-token spans, "
+              f"{args.sequences} sequences per distance, seed {args.seed}, {dtype})\n")
+        print(repeat_sweep_table(rows))
+    elif args.probe == "context":
         fields = ("length", "stride", "spans", "gain", "gain_stderr", "by_bin", "fall", "fall_stderr", "used",
                   "used_stderr", "early", "early_stderr", "per_span")
         print(f"context probe: the gain from context beyond the training length l, NLL given only the last l tokens "
@@ -806,7 +896,9 @@ def evaluate(args):
                                "rows": [{**{k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "probe", *fields, "label")},
                                          **({"by_query": r["by_query"]} if "by_query" in r else {})}  # MQAR's rows
                                         for r in rows], "skipped": [n for n in notes if ": skipped " in n]})
-    if plot_path and args.probe == "repeat":
+    if plot_path and args.probe == "repeat" and args.sweep:
+        plot_gain(rows, set(), plot_path)
+    elif plot_path and args.probe == "repeat":
         plot_gain(rows, {p[1].block_size for p in plans}, plot_path)
     elif plot_path and args.sweep:
         plot_sweep(rows, plot_path)
@@ -863,10 +955,10 @@ def parse_args(argv=None):
                    "checkpoint's dataset holds)")
     p.add_argument("--distances", help="repeat: filler lengths d (default: 0 and block_size/8 .. 16 x block_size); "
                    "task: distances from answer to source (default: 1/4 .. 16 x block_size)")
-    p.add_argument("--sweep", action="store_true", help="task: instead of the distance and length grids, instances "
-                   "where a window rule acts (after 2 x block_size), the first answer's query at a phase drawn "
-                   "uniformly in its half-block, at distances every H/8 to (n_layer + 1.5) x H; accuracy by zone "
-                   "(direct, relay, beyond) and by phase")
+    p.add_argument("--sweep", action="store_true", help="task, repeat: where a window rule acts, after 2 x "
+                   "block_size, the first scored token's query at a phase drawn uniformly in its half-block, at "
+                   "distances every H/8 to (n_layer + 1.5) x H; accuracy (task) or gain (repeat) by zone (direct, "
+                   "relay, beyond); task: instead of the distance and length grids")
     p.add_argument("--lengths", help="passkey, task: total lengths in tokens (default: 1 .. 16 x block_size)")
     p.add_argument("--depths", help="passkey: where the key sits in the filler, 0 .. 1 (default: 0,0.25,0.5,0.75,1)")
     p.add_argument("--sequences", type=int, default=64, help="sequences per distance (repeat) or per cell (passkey)")

@@ -311,3 +311,47 @@ def test_context_probe_flags_are_one_line_errors(tiny_data, tmp_path):
     with pytest.raises(SystemExit) as e:
         eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "repeat", "--stride", "2"])
     assert "--stride does not apply to --probe repeat" in str(e.value.code)
+
+
+def test_repeat_sequences_where_the_rule_acts_sit_at_every_phase():
+    stream = np.arange(5000)  # every token unique: where each piece came from is readable off its values
+    probe, control, starts = eval_retrieval.repeat_sweep_sequences(stream, 6, 20, 40, seed=1, l=16)
+    assert probe.shape == control.shape == (40, 2 * 16 + 7 + 2 * 6 + 20)  # one length at every phase
+    assert {(s - 1 + 1) % 8 for s in starts} == set(range(8))  # the first scored token's query, s, at every phase
+    for p, c, s in zip(probe, control, starts):
+        assert s - 26 >= 32  # the first copy after 2l of prefix
+        assert torch.equal(p[s : s + 6], p[s - 26 : s - 20]) and torch.equal(c[s : s + 6], p[s : s + 6])
+        assert not set(c[s - 26 : s - 20].tolist()) & set(p[s : s + 6].tolist())  # the control's other text
+        assert torch.equal(p[: s - 26], c[: s - 26]) and torch.equal(p[s - 20 :], c[s - 20 :])
+        assert len(set(p.tolist())) == len(p) - 6  # nothing else repeats
+
+
+def test_the_repeat_sweep_counts_each_token_in_its_zone():
+    """A stub that copies within `reach` tokens: each second-copy token scores 0.5 against the control's 2 exactly when
+    its first copy is within reach; the zones follow the rule's sight for the span + d - 1 tokens back."""
+    import contextlib
+    from types import SimpleNamespace
+    from model import AttentionRule, GPTConfig, RopeScaling
+    config = GPTConfig(block_size=16, vocab_size=5000, n_layer=2, n_head=2, n_embd=16)
+    args = SimpleNamespace(span=6, sequences=16, seed=0, batch_tokens=None, verbose=False)
+    rows = eval_retrieval.repeat_sweep(args, "m.pt", config, Copier(reach=30), np.arange(5000), [2, 40],
+                                       [(AttentionRule("bca"), RopeScaling())], "cpu", "float32",
+                                       contextlib.nullcontext(), [])
+    near, far = rows
+    assert near["gain"] == pytest.approx(1 - 0.5 / 2) and far["gain"] == pytest.approx(0)
+    assert near["zones"]["direct"] == [pytest.approx(16 * 5 * 0.5), pytest.approx(16 * 5 * 2.0), 16 * 5]
+    assert far["zones"]["beyond"][2] == 16 * 5  # 45 back: past n_layer x H + phase <= 23
+    assert (near["reach_bound"], near["reach_bound_max"]) == (16, 23) and near["kind"] == "sweep"
+
+
+def test_repeat_sweep_json_table_and_plot(tiny_data, tmp_path, capsys):
+    make_checkpoint(tmp_path / "m.pt", tiny_data, block_size=8)
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    eval_retrieval.main([str(a) for a in ("--ckpt", tmp_path / "m.pt", "--probe", "repeat", "--sweep", "--span", 2,
+                                          "--distances", "0,4", "--sequences", 3, "--attention", "causal,bca",
+                                          "--json", out, "--plot", png)])
+    printed = capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["label"], r["d"]) for r in rows] == [("xpos", 0), ("xpos + BCA", 0), ("xpos", 4), ("xpos + BCA", 4)]
+    assert all(sum(n for _, _, n in r["zones"].values()) == 3 * 1 for r in rows)
+    assert "where the rule acts" in printed and "| xpos + BCA | " in printed and png.stat().st_size > 1000

@@ -457,5 +457,5 @@ def test_the_sweep_places_every_phase_and_counts_every_answer(task_data, tmp_pat
             eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "task", "--sweep", *argv])
         assert message in str(e.value.code)
     with pytest.raises(SystemExit) as e:
-        eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "repeat", "--sweep"])
-    assert "--sweep applies to --probe task only" in str(e.value.code)
+        eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "passkey", "--sweep"])
+    assert "--sweep applies to --probe task and repeat only" in str(e.value.code)
