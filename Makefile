@@ -1,9 +1,11 @@
 # `make test`: create/update the local virtualenv and run the fast test suite; `make test-all`: everything, as CI does.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c  # a command piped into tee still fails the target
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test test-all demo passkey bench gpu-check gpu-bench code-data gpu-retrieval stress clean
+.PHONY: test test-all demo passkey bench gpu-check gpu-bench code-data gpu-retrieval gpu-study stress clean
 
 $(VENV)/installed: requirements.txt requirements-data.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +85,32 @@ gpu-retrieval:
 		--attention causal,bca,sliding --dtype bfloat16 --json $(CODE_OUT)/repeat.json
 	$(PY) eval_retrieval.py --ckpt $(CODE_OUT)/ckpt.pt --data_dir $(CODE_DATA) --probe passkey --sequences 20 \
 		--attention causal,bca,sliding --dtype bfloat16 --json $(CODE_OUT)/passkey.json
+
+# The paper's Tables 2 and 5 on natural text, and whether its context past l is used, on one GPU in about 10 minutes
+# (docs/gpu.md): xPos, RoPE and ALiBi trained on the code corpus (make code-data; config/study_gpt2.py: 6 x 384,
+# l = 256; 3,000 iterations of 128 x 256 tokens, 98M tokens, each), then perplexity from 256 to 4,096 tokens under
+# causal attention, BCA, a sliding window, sinks and YaRN (eval_extrapolate.py), the gain from context beyond l
+# (eval_retrieval.py --probe context) and the repeat probe where the rules act (--probe repeat --sweep). Writes
+# out/gpu_study/: the checkpoints, perplexity.json, context.json, repeat_sweep.json and log.txt. The STUDY_ settings
+# are for the CPU test at a toy size (tests/test_gpu_study.py); with a CUDA build of torch, or PY=python3.
+STUDY_OUT ?= out/gpu_study
+STUDY_TRAIN ?= --dtype=bfloat16 --compile=True --batch_size=128 --max_iters=3000 --lr_decay_iters=3000 --eval_iters=20
+STUDY_EVAL ?= --dtype bfloat16
+STUDY_LENGTHS ?= 256,512,1024,2048,4096
+STUDY_SPANS ?= 32
+STUDY_CKPTS = $(foreach pos,xpos rope alibi,--ckpt $(STUDY_OUT)/$(pos)/ckpt.pt)
+STUDY_RULES := --attention causal,bca,sliding,sinks
+gpu-study:
+	test -f $(CODE_DATA)/meta.json || { echo "gpu-study: no $(CODE_DATA); run make code-data first"; exit 1; }
+	mkdir -p $(STUDY_OUT)
+	for pos in xpos rope alibi; do $(PY) train.py config/study_gpt2.py --data_dir=$(CODE_DATA) --pos=$$pos \
+		$(STUDY_TRAIN) --out_dir=$(STUDY_OUT)/$$pos --overwrite=True || exit 1; done 2>&1 | tee $(STUDY_OUT)/log.txt
+	$(PY) eval_extrapolate.py $(STUDY_CKPTS) --lengths $(STUDY_LENGTHS) --spans $(STUDY_SPANS) $(STUDY_RULES) \
+		--rope_scaling none,yarn $(STUDY_EVAL) --json $(STUDY_OUT)/perplexity.json 2>&1 | tee -a $(STUDY_OUT)/log.txt
+	$(PY) eval_retrieval.py $(STUDY_CKPTS) --probe context --sequences $(STUDY_SPANS) $(STUDY_RULES) $(STUDY_EVAL) \
+		--json $(STUDY_OUT)/context.json 2>&1 | tee -a $(STUDY_OUT)/log.txt
+	$(PY) eval_retrieval.py $(STUDY_CKPTS) --probe repeat --sweep --sequences 32 $(STUDY_RULES) $(STUDY_EVAL) \
+		--json $(STUDY_OUT)/repeat_sweep.json 2>&1 | tee -a $(STUDY_OUT)/log.txt
 
 # The main job, on CPU: prepare the offline Shakespeare corpus (characters), train tiny xPos and RoPE models
 # (block_size 128), then measure perplexity against length up to 8x the training length with plain causal
