@@ -351,8 +351,9 @@ def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
     assert "### copy: accuracy by distance" in tables and "### mqar: accuracy by query" in tables
     # where the rule acts: rope's three seeds under every rule, each zone's accuracy the pooled share of its seed's
     sweep = json.loads((results / "raw" / "rope.sweep.json").read_text())["rows"]
-    assert {r["task"] for r in sweep} == {"copy", "mqar", "passkey", "flipflop"} and "learned" not in summary["sweep"]
-    for name, rule in (("rope + BCA", "bca"), ("rope", "causal")):
+    assert {r["task"] for r in sweep} == {"copy", "mqar", "passkey"} and "learned" not in summary["sweep"]
+    assert {r["attention"] for r in sweep} == {"bca", "sliding", "sinks"}
+    for name, rule in (("rope + BCA", "bca"), ("rope + sliding W=96", "sliding")):
         mine = [r for r in sweep if r["attention"] == rule and r["task"] == "copy"]
         shares = []
         for seed in (1337, 1338, 1339):
@@ -360,7 +361,7 @@ def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
             right, n = (sum(r["zones"]["direct"][i] for r in rows) for i in (0, 1))
             shares.append(right / n)
         assert summary["sweep"][name]["copy direct"]["values"] == pytest.approx(shares)
-    assert summary["sweep"]["rope + BCA"]["bound"] == [48, 95] and summary["sweep"]["rope"]["copy relay answers"] == 0
+    assert summary["sweep"]["rope + BCA"]["bound"] == [48, 95] and summary["sweep"]["rope + sliding W=96"]["bound"] == [95, 95]
     assert "### copy where the rule acts" in tables and (results / "sweep_copy.png").stat().st_size > 1000
     # the headline: area under accuracy against log distance, its interval, paired with causal on the same models
     area = summary["area"]
