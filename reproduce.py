@@ -301,7 +301,7 @@ def plan(args, budget):
         if scheme in INTERPOLATED:
             jobs.append(Job(f"interpolation {scheme}", "scalings", raw / f"{scheme}.scaled.json",
                             [PY, "eval_extrapolate.py", *seeded, *common, "--lengths", lengths, "--spans",
-                             budget["scaled_spans"], "--attention", "causal", "--rope_scaling", SCALINGS,
+                             budget["scaled_spans"], "--attention", "causal", "--rope_scaling", "none," + SCALINGS,
                              *out("scaled")],
                             inputs=mine))
         for run, _, passkey, _ in runs:
@@ -318,7 +318,7 @@ def plan(args, budget):
             jobs.append(Job(f"repeat probe {scheme}, interpolated", "repeat_scaled",
                             raw / f"{scheme}.repeat_scaled.json",
                             [*probe, "--sequences", str(budget["scaled_sequences"]), "--attention", "causal",
-                             "--rope_scaling", SCALINGS, *out("repeat_scaled")],
+                             "--rope_scaling", "none," + SCALINGS, *out("repeat_scaled")],
                             inputs=mine))
         if not bounded:  # is context beyond l used? (learned positions have none)
             jobs.append(Job(f"context {scheme}", "context", raw / f"{scheme}.context.json",
@@ -976,18 +976,20 @@ def row_name(scheme, row):
     return scheme + row["label"][len(row["pos"]):]
 
 
-def gather(args, suffix, key_of, value_of, panels=None):
+def gather(args, suffix, key_of, value_of, panels=None, plain=""):
     """{row name: {key: spread over seeds}} from each scheme's raw/<scheme><suffix>, one value per checkpoint and key
     (key_of None skips a row); `panels`, if given, gets each row name's panel: its attention rule, or
-    "interpolation" for a RoPE interpolation."""
+    "interpolation" for a RoPE interpolation. plain: what sets a row without interpolation in an interpolation file
+    apart from the same row measured on more text, e.g. " (16 spans)"; it shares the interpolations' panel."""
     values = {}
     for scheme, _, _ in SCHEMES:
         path = Path(args.results) / "raw" / f"{scheme}{suffix}"
         if not path.exists():
             continue
         try:
-            found = [(row_name(scheme, row), key_of(row), row["ckpt"], row.get("depth"), value_of(row),
-                      row["attention"] if row["rope_scaling"] == "none" else "interpolation")
+            found = [(row_name(scheme, row) + (plain if row["rope_scaling"] == "none" else ""), key_of(row),
+                      row["ckpt"], row.get("depth"), value_of(row),
+                      row["attention"] if row["rope_scaling"] == "none" and not plain else "interpolation")
                      for row in read_result(path)["rows"]]
         except (KeyError, TypeError, AttributeError):  # damaged (read_result gives None), noted by report
             continue
@@ -1069,16 +1071,18 @@ def report(args, budget, measured=True):
     ran_on = None if measured else previous_machine(results / "summary.json")
     panels = {}
     ppl = gather(args, ".ppl.json", lambda r: r["length"], lambda r: r["ppl"], panels)
-    ppl.update(gather(args, ".scaled.json", lambda r: r["length"], lambda r: r["ppl"], panels))
+    ppl.update(gather(args, ".scaled.json", lambda r: r["length"], lambda r: r["ppl"], panels,
+                      plain=f" ({budget['scaled_spans']} spans)"))
     resolution = {}
     for m in (1, 2):
         for name, by_key in gather_resolution(args, budget, m).items():
             resolution.setdefault(name, {}).update(by_key)
     repeat = {}
-    for suffix in (".repeat.json", ".repeat_scaled.json"):
-        repeat.update(gather(args, suffix, lambda r: "gain at d=0" if r["d"] == 0 else None, lambda r: r["gain"]))
+    for suffix, plain in ((".repeat.json", ""), (".repeat_scaled.json", f" ({budget['scaled_sequences']} sequences)")):
+        repeat.update(gather(args, suffix, lambda r: "gain at d=0" if r["d"] == 0 else None, lambda r: r["gain"],
+                             plain=plain))
         for column, field in (("effective context", "effective_context"), ("reach bound", "reach_bound")):
-            for name, by_key in gather(args, suffix, lambda r: column, lambda r: r[field]).items():
+            for name, by_key in gather(args, suffix, lambda r: column, lambda r: r[field], plain=plain).items():
                 repeat.setdefault(name, {}).update(by_key)
     passkey = gather(args, ".passkey.json", lambda r: r["length"], lambda r: r["accuracy"])  # spread over depths
     summary = {"variant": args.variant, "budget": args.budget, "recipe": budget["recipe"], "seeds": list(SEEDS),

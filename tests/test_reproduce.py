@@ -45,6 +45,9 @@ def test_toy_study_end_to_end(toy_study):
     for name in ("rope", "rope + BCA", "rope + sliding W=16", "rope + sinks S=4 W=16", "rope + pi", "rope + yarn",
                  "rope + dynamic_ntk", "rope + ntk"):
         assert sorted(ppl[name]) == ["16", "32", "4", "64"] and all(c["n"] == 3 for c in ppl[name].values())
+    # each interpolation beside the plain model on the same spans and checkpoints (fewer spans than the ppl rows)
+    assert ppl["rope (2 spans)"]["64"]["n"] == 3 and summary["panels"]["rope (2 spans)"] == "interpolation"
+    assert summary["effective_context"]["rope (2 sequences)"]["gain at d=0"]["n"] == 3
     # learned positions stop at block_size: measured up to l only, with one seed
     assert sorted(ppl["learned"]) == ["16", "4"] and ppl["learned"]["16"]["n"] == 1
     assert summary["resolution"]["rope + BCA"]["R at 2l"]["n"] == 3
