@@ -69,6 +69,15 @@ SCHEMES = (
     ("none", dict(pos="none"), 1),
     ("xpos_sb512", dict(pos="xpos", xpos_scale_base=512.0), 3),
 )
+# The task suite's schemes: the study's, and one deeper model, to see whether BCA's relay through the layers appears
+# with depth (4 layers: a reach bound of 256 to 319 at l = 128, against 128 to 191 with the recipe's 2).
+SUITE_SCHEMES = SCHEMES + (("xpos_4layer", dict(pos="xpos", xpos_scale_base="half", n_layer=4), 1),)
+
+
+def schemes_of(suite):
+    return SUITE_SCHEMES if suite == "retrieval" else SCHEMES
+
+
 # --tune: the recipe's learning rate, chosen on the first three (the schemes most apart) and checked on the two that
 # train worst under it, to see whether another rate would serve them better
 TUNE_SCHEMES = ("learned", "rope", "xpos", "sinusoidal", "none")
@@ -242,7 +251,7 @@ def study_runs(budget):
     """{scheme: [(run name, seed, passkey?, train.py overrides)]} for every model the study trains."""
     recipe = budget["recipe"]
     runs = {}
-    for name, overrides, n_seeds in SCHEMES:
+    for name, overrides, n_seeds in schemes_of(budget.get("suite")):
         if name not in budget["schemes"]:
             continue
         overrides = scheme_settings(overrides, recipe)
@@ -464,7 +473,7 @@ def retrieval_report(args, budget, measured=True):
 def raw_rows(args, suffix):
     """(scheme, row) for every row of raw/<scheme><suffix> that reads as a result (a damaged file is noted by
     check_raw and left out)."""
-    for scheme, _, _ in SCHEMES:
+    for scheme, _, _ in SUITE_SCHEMES:  # (the study's are among them)
         path = Path(args.results) / "raw" / f"{scheme}{suffix}"
         for row in ((read_result(path) if path.exists() else None) or {}).get("rows", []):
             yield scheme, row
@@ -568,7 +577,7 @@ def mqar_by_query(args, l):
     that picks among the values not yet asked for climbs as tasks.by_elimination does. Rows scored before by_query
     existed, or damaged, are left out."""
     found = {}
-    for scheme, _, _ in SCHEMES:
+    for scheme, _, _ in SUITE_SCHEMES:  # (the study's are among them)
         path = Path(args.results) / "raw" / f"{scheme}.tasks.json"
         result = read_result(path) if path.exists() else None
         for row in (result or {}).get("rows", []):
@@ -982,7 +991,7 @@ def gather(args, suffix, key_of, value_of, panels=None, plain=""):
     "interpolation" for a RoPE interpolation. plain: what sets a row without interpolation in an interpolation file
     apart from the same row measured on more text, e.g. " (16 spans)"; it shares the interpolations' panel."""
     values = {}
-    for scheme, _, _ in SCHEMES:
+    for scheme, _, _ in SUITE_SCHEMES:  # (the study's are among them)
         path = Path(args.results) / "raw" / f"{scheme}{suffix}"
         if not path.exists():
             continue
@@ -1111,7 +1120,7 @@ def gather_context(args):
     beyond l (its mean over spans, over l .. T and by bin), the lex fall from l to T and its two parts; and
     "gain interval", a bootstrap over seeds and spans. A damaged row is left out."""
     values, spans = {}, {}
-    for scheme, _, _ in SCHEMES:
+    for scheme, _, _ in SUITE_SCHEMES:  # (the study's are among them)
         path = Path(args.results) / "raw" / f"{scheme}.context.json"
         for row in ((read_result(path) if path.exists() else None) or {}).get("rows", []):
             try:
@@ -1245,8 +1254,8 @@ def parse_args(argv=None):
                    "results)")
     p.add_argument("--runs", help="checkpoints (default: out/study_VARIANT[_toy])")
     p.add_argument("--data", help="prepared data (default: data/study_VARIANT; the passkey mix goes to ..._passkey)")
-    p.add_argument("--schemes", default=",".join(s for s, _, _ in SCHEMES), help="comma-separated: a part of the "
-                   "study (default: all of it)")
+    p.add_argument("--schemes", help="comma-separated: a part of the study (default: all of it; the suite also has "
+                   "xpos_4layer)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--plan", action="store_true", help="list the jobs and which are finished; run nothing")
     p.add_argument("--tune", action="store_true", help="instead of the study: the learning-rate check behind the "
@@ -1272,13 +1281,14 @@ def parse_args(argv=None):
 
 def budget_for(args):
     """The budget's settings, with the recipe its models train with: the config file and the budget's overrides."""
-    budget = dict(BUDGETS[args.budget], schemes=args.schemes.split(","))
-    unknown = set(budget["schemes"]) - {s for s, _, _ in SCHEMES}
+    known = [s for s, _, _ in schemes_of(args.suite)]
+    budget = dict(BUDGETS[args.budget], schemes=args.schemes.split(",") if args.schemes else known, suite=args.suite)
+    unknown = set(budget["schemes"]) - set(known)
     if unknown:
-        raise UserError(f"--schemes {args.schemes}: unknown {', '.join(sorted(unknown))}; the study's schemes are "
-                        + ", ".join(s for s, _, _ in SCHEMES))
+        raise UserError(f"--schemes {args.schemes}: unknown {', '.join(sorted(unknown))}; the {args.suite}'s schemes "
+                        "are " + ", ".join(known))
     if args.suite == "retrieval":
-        budget = dict(RETRIEVAL_BUDGETS[args.budget], schemes=budget["schemes"])
+        budget = dict(RETRIEVAL_BUDGETS[args.budget], schemes=budget["schemes"], suite=args.suite)
         budget["recipe"] = dict(read_recipe(HERE / RETRIEVAL_CONFIG), **budget["train"])
     else:
         budget["recipe"] = dict(read_recipe(HERE / VARIANTS[args.variant]["config"]), **budget["train"])
