@@ -193,7 +193,18 @@ def check_run(c, ddp, rank, world, device):
     if c["init_from"] == "scratch" and run.ckpt_path.exists() and not c["overwrite"]:
         raise UserError(f"{run.ckpt_path} exists and init_from=scratch would replace it: continue it with "
                         "--init_from=resume, or start over with --overwrite=True")
+    kept = kept_checkpoints(run.ckpt_path)
+    if c["init_from"] == "scratch" and kept and not c["overwrite"]:
+        raise UserError(f"{c['out_dir']} holds an earlier run's {', '.join(p.name for p in kept)}, which "
+                        "init_from=scratch would remove: start over with --overwrite=True, or give another out_dir")
     return run
+
+
+def kept_checkpoints(ckpt_path):
+    """The checkpoints keep_checkpoints writes beside ckpt.pt (ckpt_<iter>.pt, ckpt_best.pt); any other file in
+    out_dir, a ckpt_backup.pt included, is the user's and never removed."""
+    return sorted(p for p in ckpt_path.parent.glob("ckpt_*.pt") if p.stem[5:] == "best" or
+                  (len(p.stem) == 12 and p.stem[5:].isdigit()))
 
 
 def build(run, c, ckpt):
@@ -242,7 +253,7 @@ def start_logging(run, c):
         return
     run.ckpt_path.with_name("ckpt.pt.tmp").unlink(missing_ok=True)
     if c["init_from"] == "scratch":
-        for old in [run.ckpt_path, *run.ckpt_path.parent.glob("ckpt_*.pt")]:  # the latest, the kept ones, the best
+        for old in [run.ckpt_path, *kept_checkpoints(run.ckpt_path)]:  # the latest, the kept ones, the best
             old.unlink(missing_ok=True)
     run.log = open_log(run.ckpt_path.with_name("log.jsonl"), run.start_iter if c["init_from"] == "resume" else 0)
     if run.wandb:

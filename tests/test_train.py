@@ -482,6 +482,23 @@ def test_keep_checkpoints_keeps_the_latest_k_and_the_best(data_dir, tmp_path):
     assert sorted(p.name for p in out.glob("ckpt*.pt")) == ["ckpt.pt"]
 
 
+def test_a_fresh_run_removes_only_its_own_checkpoints(data_dir, tmp_path):
+    """A user's file named like a checkpoint survives a fresh run; an earlier run's kept checkpoints without its
+    ckpt.pt are refused with one line, and removed only with overwrite=True."""
+    out = tmp_path / "run"
+    train.main(tiny_args(data_dir, out, max_iters=2))
+    (out / "ckpt.pt").rename(out / "ckpt_backup.pt")
+    train.main(tiny_args(data_dir, out, max_iters=2))
+    assert sorted(p.name for p in out.glob("ckpt*.pt")) == ["ckpt.pt", "ckpt_backup.pt"]
+    (out / "ckpt.pt").rename(out / "ckpt_best.pt")
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(data_dir, out, max_iters=2))
+    assert f"{out} holds an earlier run's ckpt_best.pt, which init_from=scratch would remove" in str(e.value.code)
+    assert sorted(p.name for p in out.glob("ckpt*.pt")) == ["ckpt_backup.pt", "ckpt_best.pt"]
+    train.main(tiny_args(data_dir, out, max_iters=2, overwrite=True))
+    assert sorted(p.name for p in out.glob("ckpt*.pt")) == ["ckpt.pt", "ckpt_backup.pt"]
+
+
 def test_checkpoint_minutes_writes_at_log_steps(data_dir, tmp_path, monkeypatch):
     written = []
     real = train.save_checkpoint
