@@ -165,8 +165,13 @@ def check_args(args):
     if args.stride is not None and args.stride > lengths[0]:
         raise UserError(f"--stride {args.stride} is longer than length {lengths[0]}")
     rules, scalings = attention_options(args, several=True)
-    return (lengths, max_len, rules, scalings, output_path(args.json, "--json"), output_path(args.plot, "--plot",
-            plot=True), output_path(args.plot_positions, "--plot_positions", plot=True))
+    outputs = (output_path(args.json, "--json"), output_path(args.plot, "--plot", plot=True),
+               output_path(args.plot_positions, "--plot_positions", plot=True))
+    named = [o.resolve() for o in outputs if o is not None]
+    if len(set(named)) < len(named):
+        raise UserError(f"--json, --plot and --plot_positions name the same file ({', '.join(map(str, named))}): "
+                        "each needs its own, or the last would replace the others")
+    return (lengths, max_len, rules, scalings, *outputs)
 
 
 def plan(args, ckpt_path, lengths, max_len, rules, scalings):

@@ -815,9 +815,16 @@ def evaluate(args):
     depths = parse_list(args.depths, "--depths", float, [0.0, 0.25, 0.5, 0.75, 1.0])
     if not all(0 <= d <= 1 for d in depths):  # (NaN fails both comparisons)
         raise UserError(f"--depths {args.depths!r} must lie in [0, 1] (0: the key first, 1: just before the question)")
-    json_path, plot_path = output_path(args.json, "--json"), output_path(args.plot, "--plot", plot=True)
+    per_task = args.probe == "task" and args.plot is not None  # a plot per task: F_<task> when there are several
+    json_path, plot_path = output_path(args.json, "--json"), output_path(None if per_task else args.plot, "--plot",
+                                                                          plot=True)
     rules, scalings = attention_options(args, several=True)
     plans = [(path, *plan(args, path, rules, scalings)) for path in args.ckpt]
+    if per_task:  # each file that will be written is checked, not F itself
+        names = list(dict.fromkeys(t for p in plans for t in p[4]))
+        plot_path = Path(args.plot) if Path(args.plot).suffix else Path(args.plot + ".png")
+        for task in names:
+            output_path(task_path(plot_path, task, len(names)), "--plot", plot=True)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     ctx = autocast(device, dtype)

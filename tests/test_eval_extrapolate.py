@@ -90,6 +90,15 @@ def test_spans_errors(tiny_data, tmp_path, capsys, argv, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_one_file_named_by_two_output_flags_is_refused(tiny_data, tmp_path):
+    make_checkpoint(tmp_path / "m.pt", tiny_data)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--lengths", "4,8", "--plot", tmp_path / "x.png", "--plot_positions",
+            tmp_path / "x.png")
+    assert "--json, --plot and --plot_positions name the same file" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "x.png").exists()
+
+
 def test_chunks_by_hand(tiny_data, tmp_path):
     model = make_checkpoint(tmp_path / "m.pt", tiny_data)
     s = stream(tiny_data)

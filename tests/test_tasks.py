@@ -460,3 +460,21 @@ def test_the_sweep_places_every_phase_and_counts_every_answer(task_data, tmp_pat
     with pytest.raises(SystemExit) as e:
         eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "passkey", "--sweep"])
     assert "--sweep applies to --probe task and repeat only" in str(e.value.code)
+
+
+def test_a_plot_per_task_checks_the_files_it_writes(task_data, tmp_path):
+    """--plot F with several tasks writes F_<task>: a foreign F_<task> is refused before any scoring and kept, and a
+    foreign F, never written, does not stand in the way."""
+    meta = data.load_meta(task_data)
+    make_checkpoint(tmp_path / "m.pt", task_data, pos="rope", block_size=96, vocab=meta["chars"])
+    (tmp_path / "r_copy.png").write_text("precious")
+    argv = ["--ckpt", str(tmp_path / "m.pt"), "--probe", "task", "--task", "copy,mqar", "--lengths", "96",
+            "--distances", "20", "--sequences", "1", "--plot", str(tmp_path / "r.png")]
+    with pytest.raises(SystemExit) as e:
+        eval_retrieval.main(argv)
+    assert f"--plot {tmp_path / 'r_copy.png'} exists and is not an earlier plot" in str(e.value.code)
+    assert (tmp_path / "r_copy.png").read_text() == "precious"
+    (tmp_path / "r_copy.png").unlink()
+    (tmp_path / "r.png").write_text("mine")
+    eval_retrieval.main(argv)
+    assert (tmp_path / "r.png").read_text() == "mine" and (tmp_path / "r_mqar.png").stat().st_size > 1000
