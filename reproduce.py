@@ -436,9 +436,32 @@ def retrieval_plan(args, budget):
     return jobs
 
 
+def check_outputs(results, suite):
+    """Before a report writes anything: the results directory holds this suite's raw results, not the other's, and
+    every file the report writes that is already there is one a report wrote (summary.json marked, tables.md with its
+    heading, plots by their signature); anything else is refused with one line and kept."""
+    other = {"study": ("tasks", "the task suite's (raw/*.tasks.json): give --suite retrieval"),
+             "retrieval": ("ppl", "the study's (raw/*.ppl.json): drop --suite retrieval")}[suite]
+    if any((results / "raw").glob(f"*.{other[0]}.json")):
+        raise UserError(f"--results {results} holds {other[1]}")
+    names = ["summary.json", "tables.md", "perplexity.png", "effective_context.png"] if suite == "study" else \
+        ["summary.json", "tables.md", *(f"{p}{t}.png" for t in TASKS for p in ("", "sweep_"))]
+    for name in names:
+        path = results / name
+        if not (path.exists() or path.is_symlink()):
+            continue
+        ours = earlier_output(path, plot=name.endswith(".png")) if not name.endswith(".md") else \
+            not path.is_symlink() and path.is_file() and path.read_bytes()[:40].startswith(
+                (b"Study: ", b"Long-range task suite: "))
+        if not ours:
+            raise UserError(f"{path} exists and is not one a report of reproduce.py wrote: refusing to replace it; "
+                            "move it aside, or give another --results")
+
+
 def retrieval_report(args, budget, measured=True):
     """The suite's summary.json, then tables.md and one plot per task drawn from it alone."""
     results = Path(args.results)
+    check_outputs(results, "retrieval")
     check_raw(results)
     ran_on = None if measured else previous_machine(results / "summary.json")
     panels = {}
@@ -1076,6 +1099,7 @@ def report(args, budget, measured=True):
     """results/summary.json, then tables.md and the plots drawn from it alone, from whatever has finished. Its
     machine is this one where this run measured something, else the one the summary already names (a redraw)."""
     results = Path(args.results)
+    check_outputs(results, "study")
     check_raw(results)
     ran_on = None if measured else previous_machine(results / "summary.json")
     panels = {}

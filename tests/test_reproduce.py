@@ -534,3 +534,35 @@ def test_area_bootstrap_and_t_interval_by_hand():
     # Student's t at 2 degrees of freedom: 2 ± 4.303 / sqrt(3)
     assert reproduce.t_interval([1.0, 2.0, 3.0]) == pytest.approx([2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5])
     assert reproduce.t_interval([1.0]) is None
+
+
+def test_a_report_writes_over_nothing_it_did_not_write(tmp_path):
+    """--report refuses, with one line and before writing anything: the other suite's results directory, a tables.md
+    or plot it did not write, a summary.json that is a directory."""
+    shutil.copytree(ROOT / "results" / "char", tmp_path / "c")
+    before = (tmp_path / "c" / "summary.json").read_bytes()
+    for argv, message in ((["--suite", "retrieval"], "holds the study's (raw/*.ppl.json): drop --suite retrieval"),
+                          ([], None)):
+        if message is None:  # a foreign tables.md, then a plot
+            (tmp_path / "c" / "tables.md").write_text("my notes\n")
+            message = "tables.md exists and is not one a report of reproduce.py wrote"
+        with pytest.raises(SystemExit) as e:
+            reproduce.main(["--report", "--results", str(tmp_path / "c"), *argv])
+        assert message in str(e.value.code) and "\n" not in str(e.value.code)
+        assert (tmp_path / "c" / "summary.json").read_bytes() == before
+    assert (tmp_path / "c" / "tables.md").read_text() == "my notes\n"
+    shutil.copytree(ROOT / "results" / "retrieval", tmp_path / "r", ignore=shutil.ignore_patterns("*.png"))
+    (tmp_path / "r" / "copy.png").write_text("not a plot")
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--report", "--results", str(tmp_path / "r")])
+    assert "holds the task suite's (raw/*.tasks.json): give --suite retrieval" in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--report", "--suite", "retrieval", "--results", str(tmp_path / "r")])
+    assert "copy.png exists and is not one a report of reproduce.py wrote" in str(e.value.code)
+    (tmp_path / "r" / "copy.png").unlink()
+    (tmp_path / "r" / "summary.json").unlink()
+    (tmp_path / "r" / "summary.json").mkdir()
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--report", "--suite", "retrieval", "--results", str(tmp_path / "r")])
+    assert "summary.json exists and is not one a report of reproduce.py wrote" in str(e.value.code)
+    assert not (tmp_path / "r" / "summary.json.partial").exists()
