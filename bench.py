@@ -46,8 +46,8 @@ from pathlib import Path
 
 import torch
 
-from common import (DTYPES, UserError, autocast, cpu_matmul_flops, output_path, peak_flops, resolve_device,
-                    resolve_dtype, train_flops_per_token, write_json)
+from common import (ArgumentParser, DTYPES, UserError, autocast, cpu_matmul_flops, output_path, peak_flops,
+                    resolve_device, resolve_dtype, train_flops_per_token, write_json)
 from model import GPT, POSITION_SCHEMES, GPTConfig
 
 SECTIONS = ("train", "length", "decode", "dtype", "data", "gpu")
@@ -506,7 +506,7 @@ def run(args):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="for the train, length and decode sections")

@@ -4,6 +4,7 @@ tracebacks, checkpoints, devices and precision, torchrun, output files written a
 utilization (MFU).
 """
 
+import argparse
 import datetime
 import errno
 import fcntl
@@ -323,6 +324,14 @@ def rank_error(message, quiet=False):
     error = UserError(str(message))
     error.quiet = quiet
     return error
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's errors as the project's: one line and status 1 (each script's main prints it), not the usage and
+    status 2."""
+
+    def error(self, message):
+        raise UserError(message)
 
 
 def error_exit(script, error):

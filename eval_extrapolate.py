@@ -35,7 +35,7 @@ import sys
 import numpy as np
 import torch
 
-from common import error_exit, exit_interrupted  # one-line exits, printed once under torchrun
+from common import ArgumentParser, error_exit, exit_interrupted  # one-line exits, printed once under torchrun
 from common import (UserError, all_reduce_sum, autocast, load_checkpoint, load_model, model_config, output_path,
                     resolve_dtype, setup_distributed, teardown_distributed, write_json)
 from data import checked, checkpoint_dataset, documents, read_tokens
@@ -266,7 +266,7 @@ def non_finite_cause(model, dtype):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", action="append", required=True, help="a checkpoint; repeat to compare several")
     p.add_argument("--lengths", default="256,512,1024,2048,4096")
     p.add_argument("--protocol", default="lex", choices=("lex", "chunks", "sliding"))

@@ -66,8 +66,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import (UserError, autocast, check_seed, load_checkpoint, load_model, model_config, output_path, pyplot,
-                    resolve_device, resolve_dtype, write_json)
+from common import (ArgumentParser, UserError, autocast, check_seed, exit_interrupted, load_checkpoint, load_model,
+                    model_config, output_path, pyplot, resolve_device, resolve_dtype, write_json)
 from data import (checked, checkpoint_dataset, documents, passkey_document, passkey_parts, read_tokens,
                   tokenizer_from_meta)
 from evaluation import (RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure, default_batch_tokens,
@@ -954,7 +954,7 @@ def repeat_probe(args, path, config, model, stream, distances, runs, device, dty
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", action="append", required=True, help="a checkpoint; repeat to compare several")
     p.add_argument("--probe", default="repeat", choices=PROBES)
     p.add_argument("--span", type=int, help="repeat: tokens in each copy (default: 32)")
@@ -986,6 +986,8 @@ def main(argv=None):
         return evaluate(parse_args(argv))
     except UserError as e:
         sys.exit(f"eval_retrieval.py: error: {e}")
+    except KeyboardInterrupt:
+        exit_interrupted("eval_retrieval.py", lambda: "nothing was written (the tables, --json and the plots come once every row is measured); run the command again")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import UserError, writable_dir
+from common import ArgumentParser, UserError, exit_interrupted, writable_dir
 from data import (PASSKEY_CHARS, SPLITS, Tokenizer, ends_sha256, load_meta, meta_problem, passkey_document,
                   passkey_fixed_tokens)
 import tasks
@@ -238,6 +238,7 @@ def init_worker(kind, chars):
     """A worker's tokenizer. On Linux the worker also dies with the main process: forked, it holds the write end of its
     own task pipe, so a killed main process would otherwise leave it waiting on that pipe forever."""
     global _worker_tokenizer
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to report, in one line
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() == 1:  # the main process died before prctl
@@ -871,15 +872,8 @@ def verify(data_dir):
           f"every token id is below vocab_size {meta['vocab_size']}")
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse's errors as the project's: one line and status 1 (main prints it), not the usage and status 2."""
-
-    def error(self, message):
-        raise UserError(message)
-
-
 def parse_args(argv=None):
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--verify", metavar="DIR", help="check the dataset in DIR against the full checksums meta.json "
                    "records (and every token id against vocab_size); writes nothing")
     p.add_argument("--dataset", default="shakespeare", choices=DATASETS)
@@ -966,6 +960,9 @@ def main(argv=None):
         verify(args.verify) if args.verify else prepare(args)
     except UserError as e:
         sys.exit(f"prepare_data.py: error: {e}")
+    except KeyboardInterrupt:
+        exit_interrupted("prepare_data.py", lambda: "the dataset is written to a temporary folder and moved into "
+                         "place at the end, so nothing partial is left as a dataset; run the command again")
 
 
 if __name__ == "__main__":

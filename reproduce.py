@@ -49,7 +49,8 @@ from pathlib import Path
 from types import ModuleType
 
 from configurator import run_config_file
-from common import OUTPUT_MARK, UserError, earlier_output, load_checkpoint, run_dir_owner, writable_dir, write_json
+from common import (ArgumentParser, OUTPUT_MARK, UserError, earlier_output, load_checkpoint, run_dir_owner,
+                    writable_dir, write_json)
 from tasks import PAIR_COUNT, SPAN, TASKS, by_elimination
 
 PY = sys.executable
@@ -1267,7 +1268,7 @@ def gather_resolution(args, budget, m):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", default="study", choices=SUITES, help="study: the paper's claims (the default); "
                    "retrieval: the long-range task suite (tasks.py), results/retrieval")
     p.add_argument("--variant", default="char", choices=tuple(VARIANTS), help="char: Shakespeare characters on CPU; "

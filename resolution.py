@@ -25,7 +25,8 @@ import sys
 
 import torch
 
-from common import UserError, load_model, output_path, pyplot, resolve_device, write_json
+from common import (ArgumentParser, UserError, exit_interrupted, load_model, output_path, pyplot, resolve_device,
+                    write_json)
 from data import checked, checkpoint_dataset, documents, read_tokens
 from evaluation import (add_checkpoint_args, attention_options, check_rule, learned_length_check, pointless,
                         rule_fields, rule_label, save_figure)
@@ -288,7 +289,7 @@ def run(args):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--theory", action="store_true", help="Figure 2: g and R(g) for RoPE and xPos")
     p.add_argument("--head_dim", type=int, default=64)
     p.add_argument("--gamma", type=float, default=0.4)
@@ -308,6 +309,8 @@ def main(argv=None):
         return run(parse_args(argv))
     except UserError as e:
         sys.exit(f"resolution.py: error: {e}")
+    except KeyboardInterrupt:
+        exit_interrupted("resolution.py", lambda: "nothing was written (--json and --plot come at the end); run the command again")
 
 
 if __name__ == "__main__":

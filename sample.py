@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from common import error_exit  # the one-line exit, printed once under torchrun
+from common import ArgumentParser, error_exit, exit_interrupted  # one-line exits, printed once under torchrun
 from common import UserError, autocast, check_seed, load_model, resolve_device, resolve_dtype
 from data import checkpoint_dataset, tokenizer_from_meta
 from evaluation import add_checkpoint_args, attention_options, check_rule, learned_length_check, pointless
@@ -85,7 +85,7 @@ def sample(args):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True)
     p.add_argument("--start", default="\n", help="the prompt, or FILE:path to read it from a file")
     p.add_argument("--max_new_tokens", type=int, default=500)
@@ -102,6 +102,8 @@ def main(argv=None):
         sample(parse_args(argv))
     except UserError as e:
         error_exit("sample.py", e)  # once under torchrun, from rank 0
+    except KeyboardInterrupt:
+        exit_interrupted("sample.py", lambda: "nothing was written; run the command again")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ each checked for what must hold after it. Part of `make test-all`.
 - sigint: Ctrl-C (SIGINT) at random moments of a run that writes a checkpoint every iteration: one line and status
   130 each time, the checkpoint it names loads, and the run resumes to its end.
 - sigint_eval: Ctrl-C in the middle of eval_extrapolate.py: one line, status 130, no --json written.
+- sigint_scripts: the same in eval_retrieval.py, sample.py, resolution.py and prepare_data.py (with two workers busy,
+  the signal to the whole process group).
 - sigint_torchrun: Ctrl-C to torchrun's process group (as a terminal sends it) mid-run: the line once, from rank 0.
 - full: a write the kernel refuses half-way, as on a full disk: a file-size limit (ulimit -f, with SIGXFSZ ignored,
   so that the write fails with EFBIG as it would with ENOSPC) below a checkpoint's size while train.py resumes, and
@@ -191,6 +193,38 @@ def sigint_eval(tmp, data):
           "sigint_eval: one line, status 130, no --json", f"exit {proc.returncode}: {err}")
 
 
+def sigint_scripts(tmp, data):
+    """Ctrl-C in eval_retrieval.py, sample.py, resolution.py and prepare_data.py (its workers busy): each held in its
+    work until the signal comes, then one line and status 130."""
+    ckpt = tmp / "base" / "ckpt.pt"
+    if not ckpt.exists():
+        subprocess.run([sys.executable, "train.py", *tiny_args(data, tmp / "base", max_iters=4)], cwd=ROOT, env=ENV,
+                       check=True, capture_output=True)
+    (tmp / "big").mkdir(exist_ok=True)
+    (tmp / "big" / "a.txt").write_text("pack my box with five dozen liquor jugs\n\n" * 2000)
+    cases = (("eval_retrieval", "second_copy_nll", ["--ckpt", str(ckpt), "--probe", "repeat", "--span", "4",
+                                                    "--distances", "0", "--sequences", "2"]),
+             ("sample", "sample", ["--ckpt", str(ckpt), "--max_new_tokens", "4"]),
+             ("resolution", "theory", ["--theory", "--json", str(tmp / "theory.json")]),
+             ("prepare_data", "encode_batch", ["--dataset", "text", "--path", str(tmp / "big" / "a.txt"), "--workers",
+                                               "2", "--out_dir", str(tmp / "interrupted")]))
+    for script, held, argv in cases:
+        ready = tmp / f"{script}.ready"
+        code = (f"import sys, time, pathlib; sys.path.insert(0, {str(ROOT)!r}); import {script} as m; f = m.{held}\n"
+                f"def slow(*a, **k):\n    pathlib.Path({str(ready)!r}).touch(); time.sleep(3 if {script == 'prepare_data'}"
+                f" else 60); return f(*a, **k)\n"
+                f"m.{held} = slow; m.main({argv!r})")
+        proc = start([sys.executable, "-c", code], start_new_session=True)
+        wait_for(ready.exists, proc)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal sends it: to the whole group, workers included
+        err = proc.communicate(timeout=120)[1].strip()
+        check(proc.returncode == 130 and err.startswith(f"{script}.py: interrupted (Ctrl-C):")
+              and len(err.splitlines()) == 1, f"sigint_scripts: {script}.py, one line and status 130",
+              f"exit {proc.returncode}: {err}")
+    check(not (tmp / "interrupted").exists() and not (tmp / "theory.json").exists(),
+          "sigint_scripts: nothing left as a result")
+
+
 def sigint_torchrun(tmp, data):
     import torch
     out = tmp / "sigint_torchrun"
@@ -247,8 +281,9 @@ def full(tmp, data):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", help="comma-separated: race, orphan, sigint, sigint_eval, sigint_torchrun, full")
-    attacks = ("race", "orphan", "sigint", "sigint_eval", "sigint_torchrun", "full")
+    p.add_argument("--only", help="comma-separated: race, orphan, sigint, sigint_eval, sigint_scripts, sigint_torchrun, "
+                   "full")
+    attacks = ("race", "orphan", "sigint", "sigint_eval", "sigint_scripts", "sigint_torchrun", "full")
     only = (p.parse_args().only or ",".join(attacks)).split(",")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -276,3 +276,21 @@ def test_rendezvous_meets_and_catches_a_disagreement_on_world_size():
     assert all(isinstance(r, common.dist.TCPStore) for r in meet((2, 2)))
     rank0, _ = meet((2, 3))
     assert str(rank0) == "the processes disagree on WORLD_SIZE (rank 0: 2, rank 1: 3): give every one the same"
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("eval_retrieval", ["--ckpt", "x", "--sequences", "abc"]),
+    ("sample", ["--ckpt", "x", "--max_new_tokens", "abc"]),
+    ("eval_extrapolate", ["--ckpt", "x", "--batch_tokens", "abc"]),
+    ("resolution", ["--length", "abc"]),
+    ("reproduce", ["--budget", "huge"]),
+    ("bench", ["--nope"]),
+])
+def test_a_bad_flag_is_one_line_with_status_1(script, argv, capsys):
+    """argparse's errors as every other error of the scripts: one line naming the flag, not the usage and status 2."""
+    module = __import__(script)
+    with pytest.raises(SystemExit) as e:
+        module.main(argv)
+    assert isinstance(e.value.code, str) and e.value.code.startswith(f"{script}.py: error: ")
+    assert "\n" not in e.value.code and ("abc" in e.value.code or "huge" in e.value.code or "--nope" in e.value.code)
+    assert "usage:" not in capsys.readouterr().err
