@@ -798,8 +798,13 @@ def evaluate(args):
     for flag in other + (("lengths",) if args.sweep else ()):
         if getattr(args, flag) is not None:
             raise UserError(f"--{flag} does not apply to --probe {args.probe}" + (" --sweep" if args.sweep else ""))
-    if args.stride is not None and args.stride < 1:
-        raise UserError(f"--stride {args.stride} is not allowed: must be >= 1")
+    for flag in ("stride", "batch_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise UserError(f"--{flag} {getattr(args, flag)} is not allowed: must be >= 1")
+    if args.probe == "task" and args.distances is not None and min(parse_list(args.distances, "--distances", int,
+                                                                              [])) < 1:
+        raise UserError(f"--distances {args.distances!r} is not allowed: distances from an answer to its source "
+                        "are >= 1")
     if args.sweep and args.probe not in ("task", "repeat"):
         raise UserError(f"--sweep applies to --probe task and repeat only, not --probe {args.probe}")
     if args.task is not None:

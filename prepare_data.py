@@ -938,6 +938,19 @@ def parse_args(argv=None):
             p.error(f"--{flag} {getattr(args, flag)} is not allowed: must be >= 1")
     if args.retries < 1:
         p.error(f"--retries {args.retries} is not allowed: must be >= 1")
+    if not 0 <= args.seed < 2**63:  # numpy's SeedSequence refuses negatives
+        p.error(f"--seed {args.seed} is not allowed: must be an integer from 0 to 2**63 - 1")
+    if not 0 <= args.backoff <= 3600 or not 0 < args.timeout <= 3600:  # NaN fails both comparisons
+        p.error(f"--backoff {args.backoff} and --timeout {args.timeout}: must be seconds in [0, 3600] and (0, 3600]")
+    if args.workers > 4 * len(os.sched_getaffinity(0)):  # each a process with its own tokenizer
+        p.error(f"--workers {args.workers} is not allowed: at most 4 x the {len(os.sched_getaffinity(0))} CPUs this "
+                "process may use")
+    for flag in ("verify", "out_dir", "path"):  # an unset shell variable must not fall back to the default
+        if getattr(args, flag) is not None and not getattr(args, flag).strip():
+            p.error(f"--{flag} is empty: give a path")
+    if args.dataset == "task" and args.block_size % 2:
+        p.error(f"--block_size {args.block_size} is not allowed: train.py trains at an even block_size only (BCA works "
+                "in half-blocks)")
     for url in args.url:
         try:
             parts = urllib.parse.urlsplit(url)

@@ -705,3 +705,22 @@ def test_named_documents_are_held_out_as_every_earlier_version_did(tmp_path, see
     meta = data.load_meta(one)
     total = meta["files"]["train"]["tokens"] + meta["files"]["val"]["tokens"]
     assert meta["files"]["train"]["tokens"] == round(total * (1 - fraction))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seed", "-1"], "--seed -1 is not allowed: must be an integer from 0 to 2**63 - 1"),
+    (["--backoff", "nan"], "--backoff nan and --timeout 30.0: must be seconds"),
+    (["--backoff", "1e308"], "--backoff 1e+308 and --timeout 30.0: must be seconds"),
+    (["--timeout", "0"], "--backoff 1.0 and --timeout 0.0: must be seconds"),
+    (["--timeout", "inf"], "--backoff 1.0 and --timeout inf: must be seconds"),
+    (["--workers", "100000"], "--workers 100000 is not allowed: at most 4 x the"),
+    (["--verify", ""], "--verify is empty: give a path"),
+    (["--out_dir", " "], "--out_dir is empty: give a path"),
+    (["--dataset", "task", "--block_size", "33"], "--block_size 33 is not allowed: train.py trains at an even"),
+])
+def test_options_checked_before_any_work(tmp_path, argv, message):
+    """Bad numbers and empty paths (an unset shell variable) are one-line errors; nothing is written."""
+    with pytest.raises(SystemExit) as e:
+        run(*argv, *([] if "--out_dir" in argv or "--verify" in argv else ["--out_dir", tmp_path / "o"]))
+    assert message in str(e.value.code) and "\n" not in str(e.value.code)
+    assert not (tmp_path / "o").exists()

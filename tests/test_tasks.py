@@ -478,3 +478,14 @@ def test_a_plot_per_task_checks_the_files_it_writes(task_data, tmp_path):
     (tmp_path / "r.png").write_text("mine")
     eval_retrieval.main(argv)
     assert (tmp_path / "r.png").read_text() == "mine" and (tmp_path / "r_mqar.png").stat().st_size > 1000
+
+
+def test_distances_and_batch_sizes_that_cannot_be_are_one_line_errors(task_data, tmp_path):
+    meta = data.load_meta(task_data)
+    make_checkpoint(tmp_path / "m.pt", task_data, pos="rope", block_size=96, vocab=meta["chars"])
+    for argv, message in ((["--distances", "-4"], "--distances '-4' is not allowed: distances from an answer"),
+                          (["--distances", "0,20"], "--distances '0,20' is not allowed"),
+                          (["--batch_tokens", "-5"], "--batch_tokens -5 is not allowed: must be >= 1")):
+        with pytest.raises(SystemExit) as e:
+            eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "task", *argv])
+        assert message in str(e.value.code)
