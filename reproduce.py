@@ -219,12 +219,21 @@ def recorded_recipe(path):
         found = {k: v for k, v in found.items() if k not in OUTPUT_MARK}
     except (OSError, ValueError, AttributeError):
         found = None
+    whole = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1
     if not found or any(k not in found for k in ("block_size", "n_layer", "n_head", "n_embd", "max_iters",
                                                   "learning_rate")) or not all(
             v is None or isinstance(v, (str, int, float, bool)) for v in found.values()):
         raise UserError(f"{path} is damaged (no recipe with block_size, n_layer, n_head, n_embd, max_iters and "
                         "learning_rate): write the settings its results were trained with into recipe.json, or give "
                         "another --results")
+    bad = [k for k in ("block_size", "n_layer", "n_head", "n_embd", "max_iters") if not whole(found[k])]
+    bad += [] if isinstance(found["learning_rate"], (int, float)) and not isinstance(found["learning_rate"], bool) \
+        and found["learning_rate"] > 0 else ["learning_rate"]
+    if bad or found["block_size"] % 2 or found["n_embd"] % found["n_head"]:
+        raise UserError(f"{path} is damaged: {', '.join(f'{k}={found[k]!r}' for k in bad) or 'its shape'} is not a "
+                        "recipe a model trains with (whole numbers >= 1, an even block_size, n_embd divisible by "
+                        "n_head, a positive learning_rate): write the settings its results were trained with, or "
+                        "give another --results")
     return found
 
 
@@ -1027,6 +1036,9 @@ def gather(args, suffix, key_of, value_of, panels=None, plain=""):
         except (KeyError, TypeError, AttributeError):  # damaged (read_result gives None), noted by report
             continue
         for name, key, ckpt, depth, value, panel in found:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                print(f"note: {path}: {name}'s {key} is {value!r}, not a number: left out of the tables")
+                continue
             if key is not None:
                 # one value per checkpoint (and passkey depth): a repeat row per distance repeats its effective context
                 values.setdefault(name, {}).setdefault(key, {})[ckpt, depth] = value

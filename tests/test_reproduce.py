@@ -308,6 +308,16 @@ def test_report_leaves_a_damaged_result_out_and_a_damaged_timings_file_is_a_note
     summary = json.loads((tmp_path / "char" / "summary.json").read_text())
     assert "rope" not in summary["perplexity"] and "alibi" in summary["perplexity"]
     assert reproduce.read_timings(tmp_path / "char" / "timings.json") == {}
+    # the right keys with a value that is no number: that row left out with a note, the rest of its file kept
+    raw = tmp_path / "char" / "raw" / "alibi.ppl.json"
+    result = json.loads(raw.read_text())
+    result["rows"][0]["ppl"] = "x"
+    raw.write_text(json.dumps(result))
+    reproduce.main(["--report", "--results", str(tmp_path / "char")])
+    assert "is 'x', not a number: left out of the tables" in capsys.readouterr().out
+    kept = json.loads((tmp_path / "char" / "summary.json").read_text())["perplexity"]["alibi"]
+    row = result["rows"][0]
+    assert kept[str(row["length"])]["n"] == 2 and kept[str(result["rows"][1]["length"])]["n"] == 3
 
 
 @pytest.mark.slow
@@ -465,7 +475,10 @@ def test_a_results_directory_holds_one_recipe(tmp_path, capsys):
     (tmp_path / "results" / "recipe.json").write_text(json.dumps(other))
     args = reproduce.parse_args(argv + ["--report"])
     assert reproduce.results_recipe(args, recipe) == other  # drawn with the recipe that trained them
-    for damaged in ("[", "{}", json.dumps({"block_size": 16}), json.dumps(dict(other, n_layer=[2]))):
+    for damaged in ("[", "{}", json.dumps({"block_size": 16}), json.dumps(dict(other, n_layer=[2])),
+                    json.dumps(dict(other, block_size=0)), json.dumps(dict(other, block_size="96")),
+                    json.dumps(dict(other, n_head=0)), json.dumps(dict(other, block_size=17)),
+                    json.dumps(dict(other, learning_rate=-1))):
         (tmp_path / "results" / "recipe.json").write_text(damaged)
         with pytest.raises(SystemExit) as e:
             reproduce.main(argv + ["--report"])
