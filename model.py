@@ -187,12 +187,12 @@ def attend(q, k, v, table, queries, keys, sink_kv=None, dropout_p=0.0):
     """Causal attention of raw q at frame positions `queries` to raw k, v at `keys` (ranges that end together): q and
     k are rotated here for rope and xpos, and masked by the rule. Relative schemes use only differences, so the frame
     is the caller's: absolute positions, or a window's 0 .. 2b-1."""
-    if sink_kv is not None and queries.start >= table.b:  # alternatives: StreamingLLM's sinks join each window
-        return alternatives.attention_with_sinks(q, k, v, table, queries, keys, sink_kv)
     if len(queries) > table.chunk:  # xPos far past the training length: queries in chunks, each with the keys to it
         pieces = [(s - queries.start, range(s, min(s + table.chunk, queries.stop))) for s in queries[:: table.chunk]]
         return torch.cat([attend(q[:, :, i : i + len(r)], *(x[:, :, : r.stop - keys.start] for x in (k, v)), table, r,
-                                 range(keys.start, r.stop), dropout_p=dropout_p) for i, r in pieces], dim=2)
+                                 range(keys.start, r.stop), sink_kv, dropout_p) for i, r in pieces], dim=2)
+    if sink_kv is not None and queries.start >= table.b:  # alternatives: StreamingLLM's sinks join each window
+        return alternatives.attention_with_sinks(q, k, v, table, queries, keys, sink_kv)
     if table.rotation is not None:  # Algorithm 1: each pair as a complex number, times the factor of its position
         def rotate(x, f):  # compiled, in real arithmetic: Inductor fuses that, but leaves complex products to eager
             x = x.float().unflatten(-1, (-1, 2))

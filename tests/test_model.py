@@ -576,6 +576,26 @@ def test_xpos_model_without_bca_finite_at_80_blocks(dtype, scale_base):
         assert torch.isfinite(m(idx[:, :1], cache=cache)[0]).all()
 
 
+def test_sinks_attend_in_chunks_like_the_other_rules(monkeypatch):
+    """Under the sinks rule a window's W queries go through xPos's chunks too: finite where one call would overflow
+    (W = 128 at scale_base 0.5: factors up to 3.5^128), and the same as one call where that stays finite."""
+    idx = tokens(300, batch=1, vocab=50)
+    m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=0.5)
+    with torch.no_grad():
+        assert torch.isfinite(m.hidden_states(idx, "sinks")).all()
+        m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=4.0)
+        chunked = m.hidden_states(idx, "sinks")
+        assert PositionTable(m.config, 300, "sinks").chunk < 128  # the window's queries do go in chunks
+        monkeypatch.setattr(model, "PositionTable", unchunked)
+        torch.testing.assert_close(chunked, m.hidden_states(idx, "sinks"), rtol=1e-4, atol=1e-5)
+        m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=0.5)
+        assert not torch.isfinite(m.hidden_states(idx, "sinks")).all()  # the overflow the chunks avoid
+        monkeypatch.undo()
+        for scale_base in (0.5, 1e-30):  # and streamed through the KV cache, a few tokens at a time
+            m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=scale_base)
+            assert torch.isfinite(m.token_nll(idx[:, :-1], idx[:, 1:], attention="sinks", chunk_tokens=64)).all()
+
+
 def test_output_layer_in_float32_outside_training():
     m = tiny("xpos", vocab_size=101)
     idx = tokens(16, vocab=101)
