@@ -406,6 +406,11 @@ def passkey_plan(lengths, tokenizer, fraction, n_tokens, digits, seed):
                         f"{n_tokens - filler_size} tokens")
     train_tokens = int(lengths.sum())
     count = round(fraction / (1 - fraction) * train_tokens / n_tokens)
+    if count < 1 or filler_size >= train_tokens:  # asked for passkeys, none would be written
+        raise UserError(f"--passkey {fraction:g} with --passkey_tokens {n_tokens} makes no passkey document: "
+                        f"{train_tokens:,} training tokens hold {fraction / (1 - fraction) * train_tokens / n_tokens:.2g}"
+                        " of them (and each takes its filler from the training text): raise --passkey or lower "
+                        "--passkey_tokens")
     rng = np.random.default_rng(seed)
     plan = []
     for _ in range(count):

@@ -110,10 +110,13 @@ def test_passkey_documents_go_into_train_only(tmp_path, tokenizer):
 def test_passkey_errors(tmp_path, capsys):
     corpus = write_corpus(tmp_path / "corpus")
     for argv, message in ((["--passkey", 1.0], "--passkey 1.0 is not allowed: must be a fraction in [0, 1)"),
-                          (["--passkey", 0.1, "--passkey_tokens", 40], "--passkey_tokens 40 is too short")):
+                          (["--passkey", 0.1, "--passkey_tokens", 40], "--passkey_tokens 40 is too short"),
+                          (["--passkey", 0.5, "--passkey_tokens", 100000000], "makes no passkey document"),
+                          (["--passkey", 1e-9], "--passkey 1e-09 with --passkey_tokens 128 makes no passkey document")):
         with pytest.raises(SystemExit) as e:
             run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "o", *argv)
         assert message in str(e.value.code) + capsys.readouterr().err
+        assert not (tmp_path / "o" / "meta.json").exists()
 
 
 def test_gpt2_tokenizer_offline_and_separators(tmp_path, monkeypatch):
