@@ -123,6 +123,19 @@ def file_documents(files, errors):
         yield str(f), decode(data, f, errors)
 
 
+def whole_characters(text, name, errors):
+    """A JSON string as text a tokenizer takes: JSON may escape half of a surrogate pair alone ("\\ud800", common in
+    web dumps), which no encoding holds; strict: a one-line error, replace: U+FFFD for it (whole pairs are kept)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError as e:
+        if errors == "replace":
+            return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        raise UserError(f"{name} holds a lone surrogate escape (character {e.start}), which no UTF-8 text can: pass "
+                        "--errors replace to substitute U+FFFD") from None
+
+
 def jsonl_documents(files, errors, field):
     """One document per line of each file: the line's JSON object's `field` (a string). Blank lines are skipped."""
     for f in files:
@@ -137,7 +150,7 @@ def jsonl_documents(files, errors, field):
                         raise UserError(f"{f} line {number} is not a JSON object") from None
                     if not isinstance(text, str):
                         raise UserError(f"{f} line {number} has no string field {field!r} (--text_field)")
-                    yield None, text
+                    yield None, text if text.isascii() else whole_characters(text, f"{f} line {number}", errors)
         except OSError as e:
             raise read_error(f, e) from None
 

@@ -727,3 +727,21 @@ def test_options_checked_before_any_work(tmp_path, argv, message):
         run(*argv, *([] if "--out_dir" in argv or "--verify" in argv else ["--out_dir", tmp_path / "o"]))
     assert message in str(e.value.code) and "\n" not in str(e.value.code)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+def test_a_lone_surrogate_in_json_is_one_line_or_replaced(tmp_path, tokenizer):
+    """JSON may escape half a surrogate pair alone ("\\ud800", common in web dumps): one line naming the line under
+    strict errors, U+FFFD under --errors replace; a whole pair ("\\ud83d\\ude00") is one character, kept."""
+    lines = ['{"text": "abc \\ud800 def"}'] + ['{"text": "pair \\ud83d\\ude00 ok"}'] * 29
+    (tmp_path / "s.jsonl").write_text("\n".join(lines) + "\n")
+    argv = ["--dataset", "jsonl", "--path", tmp_path / "s.jsonl", "--tokenizer", tokenizer, "--out_dir", tmp_path / "o"]
+    with pytest.raises(SystemExit) as e:
+        run(*argv)
+    assert f"{tmp_path / 's.jsonl'} line 1 holds a lone surrogate escape (character 4)" in str(e.value.code)
+    run(*argv, "--errors", "replace")
+    meta, train, val = load(tmp_path / "o")
+    decode = Tokenizer(tokenizer, meta.get("chars")).decode
+    text = decode([int(i) for i in train if i != meta["eot_token"]]) + decode([int(i) for i in val
+                                                                              if i != meta["eot_token"]])
+    assert "abc \ufffd def" in text and "pair \U0001F600 ok" in text
