@@ -1347,7 +1347,8 @@ def main(argv=None):
             if not Path(args.results, "raw").is_dir():
                 raise UserError(f"--report: {Path(args.results, 'raw')} does not exist; nothing to draw from")
             return (retrieval_report if args.suite == "retrieval" else report)(args, budget, measured=False)
-        writable_dir(Path(args.results, "raw"), "--results")
+        if not args.plan:  # --plan only looks: it creates nothing
+            writable_dir(Path(args.results, "raw"), "--results")
         run_jobs(args, budget, jobs_for(args, budget))
     except UserError as e:
         sys.exit(f"reproduce.py: error: {e}")

@@ -579,3 +579,9 @@ def test_a_report_writes_over_nothing_it_did_not_write(tmp_path):
         reproduce.main(["--report", "--suite", "retrieval", "--results", str(tmp_path / "r")])
     assert "summary.json exists and is not one a report of reproduce.py wrote" in str(e.value.code)
     assert not (tmp_path / "r" / "summary.json.partial").exists()
+
+
+def test_plan_creates_nothing(tmp_path, capsys):
+    reproduce.main(["--plan", "--budget", "toy", "--results", str(tmp_path / "r"), "--runs", str(tmp_path / "o"),
+                    "--data", str(tmp_path / "d")])
+    assert "jobs finished already" in capsys.readouterr().out and not any(tmp_path.iterdir())
