@@ -813,9 +813,11 @@ def evaluate(args):
         except ValueError as e:
             raise UserError(str(e)) from None
     args.span = 32 if args.span is None else args.span
-    if args.span < 2 or args.sequences < 1:
-        raise UserError(f"--span {args.span} and --sequences {args.sequences}: span must be >= 2 (the second copy's "
-                        "tokens after its first are scored), sequences >= 1")
+    if args.sequences < 1:
+        raise UserError(f"--sequences {args.sequences} is not allowed: must be >= 1")
+    if args.span < 2:
+        raise UserError(f"--span {args.span} is not allowed: must be >= 2 (the second copy's tokens after its first "
+                        "are scored)")
     check_seed(args.seed)
     depths = parse_list(args.depths, "--depths", float, [0.0, 0.25, 0.5, 0.75, 1.0])
     if not all(0 <= d <= 1 for d in depths):  # (NaN fails both comparisons)

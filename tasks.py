@@ -228,8 +228,8 @@ def parse_tasks(text):
     names = list(TASKS) if text == "all" else text.split(",")
     unknown = [n for n in names if n not in TASKS]
     if unknown or not names:
-        raise ValueError(f"--tasks {text!r}: {', '.join(unknown) or 'none'} not allowed: the tasks are "
-                         f"{', '.join(TASKS)} (or all)")
+        named = ", ".join(n or "an empty name" for n in unknown)
+        raise ValueError(f"--tasks {text!r}: {named} not allowed: the tasks are {', '.join(TASKS)} (or all)")
     return list(dict.fromkeys(names))
 
 

@@ -102,10 +102,11 @@ def test_repeat_probe_json_table_and_plot(tiny_data, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--distances", "0,50"], "distance 50 needs 2 x (2 x 32 + 50) = 228 validation tokens"),
+    (["--distances", "0,50"], "distance 50 needs 2 x 114 = 228 validation tokens"),
     (["--distances", "0,x"], "--distances '0,x' must be comma-separated integers"),
     (["--distances", "-1"], "--distances '-1' must be >= 0"),
-    (["--span", 1], "span must be >= 2"),
+    (["--span", 1], "--span 1 is not allowed: must be >= 2"),
+    (["--probe", "task", "--sequences", 0], "--sequences 0 is not allowed: must be >= 1"),
     (["--attention", "window"], "--attention 'window' is not allowed"),
     (["--depths", "0.5"], "--depths does not apply to --probe repeat"),
     (["--probe", "passkey", "--distances", "0,8"], "--distances does not apply to --probe passkey"),

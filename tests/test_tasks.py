@@ -158,6 +158,7 @@ def test_records_are_whole_instances_with_their_answers_marked(task_data):
     (["--tasks", "copy,bogus"], "--tasks 'copy,bogus': bogus not allowed"),
     (["--block_size", "40", "--tasks", "passkey"], "--block_size 40 is too short for passkey"),
     (["--records", "0"], "--records 0 is not allowed: must be >= 1"),
+    (["--tasks", "copy,,mqar"], "--tasks 'copy,,mqar': an empty name not allowed"),
     (["--val_tokens", "100"], "--dataset task: --val_tokens and --passkey do not apply"),
 ])
 def test_bad_task_options_are_one_line_errors(tmp_path, argv, message):
