@@ -1347,8 +1347,11 @@ def main(argv=None):
             if not Path(args.results, "raw").is_dir():
                 raise UserError(f"--report: {Path(args.results, 'raw')} does not exist; nothing to draw from")
             return (retrieval_report if args.suite == "retrieval" else report)(args, budget, measured=False)
-        if not args.plan:  # --plan only looks: it creates nothing
-            writable_dir(Path(args.results, "raw"), "--results")
+        raw = Path(args.results, "raw")
+        made = [p for p in (raw, *raw.parents) if not (p.exists() or p.is_symlink())]  # deepest first
+        writable_dir(raw, "--results")
+        for folder in made if args.plan else ():  # --plan only looks: what the check made goes again
+            folder.rmdir()
         run_jobs(args, budget, jobs_for(args, budget))
     except UserError as e:
         sys.exit(f"reproduce.py: error: {e}")
