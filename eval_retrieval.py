@@ -257,7 +257,7 @@ def zone(config, rule, phase, back):
 
 def last_l_nll(model, x, y, positions, l, batch_tokens, device, ctx):
     """(B, len(positions)): the NLL of y[:, p] given only the l tokens x[:, p-l+1 .. p], each window a sequence of
-    its own (positions 0 .. l-1, causal attention: what the model was trained on)."""
+    its own (positions 0 .. l-1, causal attention, no RoPE scaling: what the model was trained on)."""
     windows = x.unfold(1, l, 1)[:, positions - l + 1].flatten(0, 1)  # (B * len(positions), l)
     targets = torch.full_like(windows, -1)
     targets[:, -1] = y[:, positions].flatten()
@@ -295,7 +295,7 @@ def context_gain(ref, full, short, positions, l):
     gain = (ref - full[:, positions]).mean(1)
     edges = [l * 2**k for k in range(int(math.log2(T // l)) + 1)] + [T]
     edges = sorted(set(e for e in edges if e <= T))
-    bins = [(a, b) for a, b in zip(edges, edges[1:])]
+    bins = [(a, b) for a, b in zip(edges, edges[1:]) if ((positions >= a) & (positions < b)).any()]  # scored ones
     by_bin = torch.stack([(ref - full[:, positions])[:, (positions >= a) & (positions < b)].mean(1)
                           for a, b in bins], dim=1)
     fall = short.mean(1) - full.mean(1)
@@ -322,7 +322,7 @@ def context_probe(args, path, config, model, stream, spans, length, runs, device
         label = rule_label(config.pos, rule, scaling, l)
         full = rule_nll(model, x, y, length, rule, scaling, batch_tokens, device, ctx)
         short = rule_nll(model, x, y, l, rule, scaling, batch_tokens, device, ctx)
-        if not (torch.isfinite(full).all() and torch.isfinite(ref).all()):
+        if not all(torch.isfinite(x).all() for x in (full, short, ref)):
             raise UserError(f"non-finite loss for {path} at length {length} ({label}): evaluate in float32 "
                             "(--dtype float32)")
         split = context_gain(ref, full, short, positions, l)
@@ -616,8 +616,11 @@ def sweep_row(config, rule, task, d, instances, right):
     zones, phases = {z: [0, 0] for z in ZONES}, [[0, 0] for _ in range(PHASE_BINS)]
     for (text, answers), marks in zip(instances, right):
         found = tasks.sources(task, text, answers, d)
-        for p, s, ok in zip(answers, found, marks):  # the passkey scores one mark, at its first digit
-            count = zones[zone(config, rule, (p - 1) % H, p - 1 - s)]
+        places = [zone(config, rule, (p - 1) % H, p - 1 - s) for p, s in zip(answers, found)]
+        if len(marks) < len(places):  # the passkey's one mark needs every digit: it counts where its worst one lies
+            places = [max(places, key=ZONES.index)]
+        for place, ok in zip(places, marks):
+            count = zones[place]
             count[0], count[1] = count[0] + ok, count[1] + 1
         bin = phases[((answers[0] - 1) % H) * PHASE_BINS // H]
         bin[0], bin[1] = bin[0] + sum(marks), bin[1] + len(marks)
