@@ -120,7 +120,7 @@ def test_resumes_only_what_is_missing(toy_study):
     assert [r.split("] ")[1].split(" (")[0] for r in ran] == [
         "repeat probe learned", "train rope_s1338", "perplexity rope", "interpolation rope",
         "resolution rope_s1338 at 1l", "resolution rope_s1338 at 2l", "repeat probe rope",
-        "repeat probe rope, interpolated", "tables and plots"]
+        "repeat probe rope, interpolated", "context rope", "tables and plots"]
     # resumed (train.py refuses to start afresh over a checkpoint), to the end; the log is the uninterrupted run's
     assert "--seed=1338" in again.stdout and "--init_from=resume" in again.stdout
     assert load_checkpoint(job.output)["iter_num"] == 2
