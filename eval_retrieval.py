@@ -164,8 +164,8 @@ def repeat_sweep(args, path, config, model, stream, distances, runs, device, dty
             rows.append(dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, l, probe.size(1) - 1),
                              probe="repeat", kind="sweep", d=d, gain=gain, gain_stderr=stderr, n=len(loss),
                              loss=float(loss.mean()), control_loss=float(ctrl.mean()), zones=zones,
-                             reach_bound=sight(config, resolved, 0)[1], reach_bound_max=sight(config, resolved, H - 1)[1],
-                             label=label))
+                             reach_bound=sight(config, resolved, 0)[1],
+                             reach_bound_max=sight(config, resolved, H - 1)[1], label=label))
             if args.verbose:
                 print(f"{label:>32} sweep d={d:>6}: gain {gain:.3f} ± {stderr:.3f}", file=sys.stderr)
     return rows
@@ -997,7 +997,8 @@ def main(argv=None):
     except UserError as e:
         sys.exit(f"eval_retrieval.py: error: {e}")
     except KeyboardInterrupt:
-        exit_interrupted("eval_retrieval.py", lambda: "nothing was written (the tables, --json and the plots come once every row is measured); run the command again")
+        exit_interrupted("eval_retrieval.py", lambda: "nothing was written (the tables, --json and the plots come "
+                         "once every row is measured); run the command again")
 
 
 if __name__ == "__main__":

@@ -113,7 +113,8 @@ BUDGETS = {
 RAW_DROPPED = ("curves", "s_hat", "s_hat_heads", "pairs")
 RAW_DIGITS = 10
 GUESS_SECONDS = dict(prepare=10, train=300, extrapolate=240, scalings=240, resolution=20, theory=5, repeat=120,
-                     repeat_scaled=120, passkey=300, tasks=300, context=200, sweep=900, report=10)  # until a job of the kind has run here
+                     repeat_scaled=120, passkey=300, tasks=300, context=200, sweep=900,
+                     report=10)  # until a job of the kind has run here
 # --suite retrieval (tasks.py): every scheme trained on the long-range task suite with config/retrieval.py, the same
 # seeds as the study (three for the schemes the claims compare, one for learned, sinusoidal, none and xPos without
 # rotation: three each would take the suite past its 3-hour budget on 2 cores), then eval_retrieval.py --probe task
@@ -683,7 +684,8 @@ def area_markdown(table, names):
             continue
         lines = [f"### {task}: area under accuracy against log2 distance (the mean accuracy over log distance, every "
                  "cell of the grid counted), mean ± std over seeds [each seed], 95% bootstrap interval over seeds and "
-                 "instances; paired: minus the plain causal row of the same checkpoints, with its 95% t interval over seeds", "",
+                 "instances; paired: minus the plain causal row of the same checkpoints, with its 95% t interval "
+                 "over seeds", "",
                  "| model | area | 95% interval | paired difference | 95% interval |", "|---|---|---|---|---|"]
         for name, row in rows.items():
             lines.append(f"| {name} | {cell(row[task])} | {interval(row.get(f'{task} interval'), 2)} | "
@@ -702,7 +704,7 @@ def sweep_markdown(sweep, curves, names, l):
             continue
         lines = [f"### {task} where the rule acts (after {2 * l} tokens, the answer's phase drawn uniformly in its "
                  "half-block): accuracy by zone, pooled over the sweep's distances, mean ± std over seeds [each "
-                 "seed]; in brackets below each zone's name, the answers a checkpoint scores there", "",
+                 "seed], and in parentheses the answers a checkpoint scores in that zone", "",
                  "| model | direct | relay | beyond | reach bound |", "|---|---|---|---|---|"]
         for name, row in rows.items():
             zone = lambda z: cell(row.get(f"{task} {z}")) + (f" ({row[f'{task} {z} answers']})"

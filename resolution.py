@@ -310,7 +310,8 @@ def main(argv=None):
     except UserError as e:
         sys.exit(f"resolution.py: error: {e}")
     except KeyboardInterrupt:
-        exit_interrupted("resolution.py", lambda: "nothing was written (--json and --plot come at the end); run the command again")
+        exit_interrupted("resolution.py", lambda: "nothing was written (--json and --plot come at the end); run the "
+                         "command again")
 
 
 if __name__ == "__main__":
