@@ -95,8 +95,9 @@ def decode(data, name, errors):
                         "U+FFFD for undecodable bytes") from None
 
 
-def input_files(pattern):
-    """A directory (every file below it), a glob, or one file."""
+def input_files(pattern, out_dir, quiet=False):
+    """A directory (every file below it), a glob, or one file; never a file under out_dir (this run's own output, or
+    an earlier run's, would otherwise be read as text)."""
     path = Path(pattern)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
@@ -104,8 +105,13 @@ def input_files(pattern):
         files = [path]
     else:
         files = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+    out_dir = Path(out_dir).resolve()
+    mine = [f for f in files if out_dir in f.resolve().parents]
+    files = [f for f in files if f not in mine]
+    if mine and not quiet:
+        print(f"note: {len(mine)} file(s) under --out_dir {out_dir} left out of --path (the dataset's own output)")
     if not files:
-        raise UserError(f"--path {pattern!r} matches no readable file")
+        raise UserError(f"--path {pattern!r} matches no readable file" + (" outside --out_dir" if mine else ""))
     return files
 
 
@@ -674,7 +680,7 @@ def source_documents(args):
     if args.dataset in ("files", "jsonl", "text"):
         if not args.path:
             raise UserError(f"--dataset {args.dataset} needs --path DIR_OR_GLOB")
-        files = input_files(args.path)
+        files = input_files(args.path, args.out_dir)
         read = {"files": lambda: file_documents(files, args.errors),
                 "jsonl": lambda: jsonl_documents(files, args.errors, args.text_field),
                 "text": lambda: text_documents(files, args.errors, args.separator)}[args.dataset]
@@ -844,7 +850,7 @@ def prepare(args):
     if args.dataset in ("files", "jsonl", "text"):
         if not args.path:
             raise UserError(f"--dataset {args.dataset} needs --path DIR_OR_GLOB")
-        input_files(args.path)  # a path that matches nothing: before out_dir is made
+        input_files(args.path, out_dir, quiet=True)  # a path that matches nothing: before out_dir is made
     created = not out_dir.exists()
     registry = []  # this run's temporaries: removed if it fails, so a failed run leaves what was there before
     lock = None

@@ -745,3 +745,24 @@ def test_a_lone_surrogate_in_json_is_one_line_or_replaced(tmp_path, tokenizer):
     text = decode([int(i) for i in train if i != meta["eot_token"]]) + decode([int(i) for i in val
                                                                               if i != meta["eot_token"]])
     assert "abc \ufffd def" in text and "pair \U0001F600 ok" in text
+
+
+@pytest.mark.parametrize("pattern", ["dir", "glob"])
+def test_an_out_dir_inside_path_is_not_read_as_text(tmp_path, capsys, pattern):
+    """--path a folder (or a glob) that holds --out_dir: a second run reads the same documents as the first, not the
+    first run's meta.json, token files and names (issue 33, finding 5)."""
+    corpus = write_corpus(tmp_path / "g")
+    path = corpus if pattern == "dir" else f"{corpus}/**/*"
+    argv = ["--dataset", "files", "--path", path, "--out_dir", corpus / "out", "--errors", "replace"]
+    run(*argv)
+    first = load(corpus / "out")
+    run(*argv)
+    second = load(corpus / "out")
+    assert [d["name"] for d in second[0]["train_documents"] + second[0]["val_documents"]] == \
+        [d["name"] for d in first[0]["train_documents"] + first[0]["val_documents"]]
+    assert all(str(corpus / "out") not in d["name"] for d in second[0]["train_documents"])
+    assert np.array_equal(first[1], second[1]) and np.array_equal(first[2], second[2])
+    assert "left out of --path" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:  # only the output matches: nothing to read
+        run("--dataset", "files", "--path", corpus / "out", "--out_dir", corpus / "out")
+    assert "matches no readable file outside --out_dir" in str(e.value.code)
