@@ -506,11 +506,40 @@ def retrieval_report(args, budget, measured=True):
 
 def raw_rows(args, suffix):
     """(scheme, row) for every row of raw/<scheme><suffix> that reads as a result (a damaged file is noted by
-    check_raw and left out)."""
+    check_raw and left out) and was measured on this study's own checkpoints (scheme_rows)."""
     for scheme, _, _ in SUITE_SCHEMES:  # (the study's are among them)
-        path = Path(args.results) / "raw" / f"{scheme}{suffix}"
-        for row in ((read_result(path) if path.exists() else None) or {}).get("rows", []):
+        for row in scheme_rows(args, scheme, suffix):
             yield scheme, row
+
+
+NOTED = set()  # the notes scheme_rows has printed: each once, however many tables read the file
+
+
+def scheme_rows(args, scheme, suffix):
+    """The rows of raw/<scheme><suffix> (none where it is missing or damaged) measured on the scheme's checkpoints
+    under --runs, at the results' block_size where the checkpoint is there to say: rows of another results directory's
+    models (a file copied in) would otherwise be averaged in as more seeds. The rows left out are noted."""
+    path = Path(args.results) / "raw" / f"{scheme}{suffix}"
+    rows = ((read_result(path) if path.exists() else None) or {}).get("rows", [])
+    runs = [f"{scheme}_s{seed}" for seed in SEEDS] + [f"{scheme}_passkey"]
+    own = {os.path.normpath(Path(args.runs) / run / "ckpt.pt") for run in runs}
+    l, foreign = getattr(args, "block_size", None), {}
+    for ckpt in {row["ckpt"] for row in rows if isinstance(row["ckpt"], str)}:
+        if os.path.normpath(ckpt) not in own:
+            foreign[ckpt] = f"not one of {args.runs}/{scheme}_s<seed>/ckpt.pt (give the --runs it was measured with)"
+        elif l is not None and Path(ckpt).is_file():
+            try:
+                trained = load_checkpoint(ckpt, mmap=True, verify=())["config"].get("block_size", l)
+            except UserError:  # unreadable: it cannot say, and the result stands as measured
+                trained = l
+            if trained != l:
+                foreign[ckpt] = f"trained at block_size {trained}, not the results' {l}"
+    for ckpt, why in sorted(foreign.items()):
+        note = f"note: {path}: the rows of {ckpt} are left out of the tables: {why}"
+        if note not in NOTED:
+            NOTED.add(note)
+            print(note)
+    return [row for row in rows if isinstance(row["ckpt"], str) and row["ckpt"] not in foreign]
 
 
 def area(curve, rng=None, draws=1):
@@ -612,16 +641,13 @@ def mqar_by_query(args, l):
     that picks among the values not yet asked for climbs as tasks.by_elimination does. Rows scored before by_query
     existed, or damaged, are left out."""
     found = {}
-    for scheme, _, _ in SUITE_SCHEMES:  # (the study's are among them)
-        path = Path(args.results) / "raw" / f"{scheme}.tasks.json"
-        result = read_result(path) if path.exists() else None
-        for row in (result or {}).get("rows", []):
-            try:
-                if (row["task"], row["kind"], row_name(scheme, row)) == ("mqar", "distance", scheme) \
-                        and row["length"] <= l + 1 and "by_query" in row:
-                    found.setdefault(Path(row["ckpt"]).parent.name, []).append([float(a) for a in row["by_query"]])
-            except (KeyError, TypeError, ValueError):
-                continue
+    for scheme, row in raw_rows(args, ".tasks.json"):
+        try:
+            if (row["task"], row["kind"], row_name(scheme, row)) == ("mqar", "distance", scheme) \
+                    and row["length"] <= l + 1 and "by_query" in row:
+                found.setdefault(Path(row["ckpt"]).parent.name, []).append([float(a) for a in row["by_query"]])
+        except (KeyError, TypeError, ValueError):
+            continue
     return {run: [sum(q) / len(q) for q in zip(*rows)] for run, rows in found.items()
             if len({len(r) for r in rows}) == 1}
 
@@ -1029,14 +1055,12 @@ def gather(args, suffix, key_of, value_of, panels=None, plain=""):
     values = {}
     for scheme, _, _ in SUITE_SCHEMES:  # (the study's are among them)
         path = Path(args.results) / "raw" / f"{scheme}{suffix}"
-        if not path.exists():
-            continue
         try:
             found = [(row_name(scheme, row) + (plain if row["rope_scaling"] == "none" else ""), key_of(row),
                       row["ckpt"], row.get("depth"), value_of(row),
                       row["attention"] if row["rope_scaling"] == "none" and not plain else "interpolation")
-                     for row in read_result(path)["rows"]]
-        except (KeyError, TypeError, AttributeError):  # damaged (read_result gives None), noted by report
+                     for row in scheme_rows(args, scheme, suffix)]
+        except (KeyError, TypeError, AttributeError):  # damaged, noted by report
             continue
         for name, key, ckpt, depth, value, panel in found:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -1161,8 +1185,7 @@ def gather_context(args):
     "gain interval", a bootstrap over seeds and spans. A damaged row is left out."""
     values, spans = {}, {}
     for scheme, _, _ in SUITE_SCHEMES:  # (the study's are among them)
-        path = Path(args.results) / "raw" / f"{scheme}.context.json"
-        for row in ((read_result(path) if path.exists() else None) or {}).get("rows", []):
+        for row in scheme_rows(args, scheme, ".context.json"):
             try:
                 found = {f: float(row[f]) for f in CONTEXT_FIELDS}
                 found.update({f"gain {b['start']}..{b['end']}": float(b["gain"]) for b in row["by_bin"]})
@@ -1344,6 +1367,7 @@ def main(argv=None):
         args = parse_args(argv)
         budget = budget_for(args)
         budget["recipe"] = results_recipe(args, budget["recipe"])
+        args.block_size = budget["recipe"]["block_size"]  # the rows of models trained at another are left out
         if args.report:
             if args.tune or args.plan:
                 raise UserError("--report redraws the study's tables alone: give it without --tune and --plan")

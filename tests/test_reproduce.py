@@ -176,7 +176,8 @@ def test_committed_raw_results_reproduce_the_committed_tables(tmp_path, suite):
     committed = ROOT / "results" / suite
     shutil.copytree(committed, tmp_path / suite)
     reproduce.main(["--report", "--results", str(tmp_path / suite)]
-                   + (["--suite", "retrieval"] if suite.startswith("retrieval") else []))
+                   + (["--suite", "retrieval"] if suite.startswith("retrieval") else [])
+                   + (["--runs", "out/retrieval_lr3e-3"] if suite == "retrieval_lr3e-3" else []))
     assert (tmp_path / suite / "tables.md").read_text() == (committed / "tables.md").read_text()
     drawn, kept = (flat_numbers(json.loads((d / "summary.json").read_text())) for d in (tmp_path / suite, committed))
     assert drawn.keys() == kept.keys()
@@ -187,6 +188,39 @@ def test_committed_raw_results_reproduce_the_committed_tables(tmp_path, suite):
             assert drawn[key] == value, key
     for path in sorted((committed / "raw").glob("*.json")):
         assert (tmp_path / suite / "raw" / path.name).read_bytes() == path.read_bytes(), f"{path.name} not compact"
+
+
+def test_rows_of_another_results_directory_are_left_out(tmp_path, capsys):
+    """A raw file's rows measured on checkpoints outside --runs (a file copied from another results directory), or on
+    a checkpoint under --runs trained at another block_size, are left out with a note, not averaged in as more seeds
+    (issue 33, finding 7): the tables come out as the committed ones."""
+    import torch
+    committed = ROOT / "results" / "retrieval"
+    shutil.copytree(committed, tmp_path / "r")
+    path = tmp_path / "r" / "raw" / "alibi.tasks.json"
+    result = json.loads(path.read_text())
+    foreign = [dict(row, ckpt=row["ckpt"].replace("out/retrieval/", "out/retrieval96/"), accuracy=0.0)
+               for row in result["rows"]]
+    runs = tmp_path / "runs"
+    retrained = [dict(row, ckpt=str(runs / "alibi_passkey" / "ckpt.pt"), accuracy=0.0) for row in result["rows"]]
+    (runs / "alibi_passkey").mkdir(parents=True)
+    torch.save({"model": {}, "model_args": {}, "config": {"data_dir": "d", "block_size": 96}},
+               runs / "alibi_passkey" / "ckpt.pt")
+    (runs / "alibi_s1339").mkdir()
+    torch.save({"model": {}, "model_args": {}, "config": {"data_dir": "d", "block_size": 128}},
+               runs / "alibi_s1339" / "ckpt.pt")
+    for other in (tmp_path / "r" / "raw").glob("*.json"):  # measured on checkpoints under runs
+        other.write_text(other.read_text().replace('"out/retrieval/', f'"{runs}/'))
+    own = json.loads(path.read_text())["rows"]
+    path.write_text(json.dumps(dict(result, rows=own + foreign + retrained)))
+    reproduce.main(["--report", "--suite", "retrieval", "--results", str(tmp_path / "r"), "--runs", str(runs)])
+    out = capsys.readouterr().out
+    assert f"rows of {runs / 'alibi_passkey' / 'ckpt.pt'} are left out of the tables: trained at block_size 96, not " \
+        "the results' 128" in out
+    assert "rows of out/retrieval96/alibi_s1337/ckpt.pt are left out of the tables: not one of" in out
+    assert out.count("out/retrieval96/alibi_s1337/ckpt.pt") == 1  # noted once, however many tables read it
+    alibi = [line for line in (tmp_path / "r" / "tables.md").read_text().splitlines() if line.startswith("| alibi")]
+    assert alibi == [line for line in (committed / "tables.md").read_text().splitlines() if line.startswith("| alibi")]
 
 
 def test_spread():
@@ -504,21 +538,21 @@ def test_mqar_by_query_is_each_checkpoints_mean_at_1x_under_causal_attention(tmp
         return dict(ckpt=f"out/{run}/ckpt.pt", pos="xpos", label=label, task=task, kind=kind, d=d, length=length,
                     by_query=by_query)
 
-    rows = [row("xpos_sb512_s1", "xpos", 32, 60, [0.2, 0.4]), row("xpos_sb512_s1", "xpos", 64, 129, [0.4, 0.8]),
-            row("xpos_sb512_s2", "xpos", 32, 60, [1.0, 1.0]),
-            row("xpos_sb512_s1", "xpos", 96, 130, [0.0, 0.0]),  # longer than a training record: past 1 x
-            row("xpos_sb512_s1", "xpos + BCA", 32, 60, [0.0, 0.0]),  # another rule
-            row("xpos_sb512_s1", "xpos", 32, 60, [0.0, 0.0], task="copy"),
-            row("xpos_sb512_s1", "xpos", 64, 128, [0.0, 0.0], kind="length")]
+    rows = [row("xpos_sb512_s1337", "xpos", 32, 60, [0.2, 0.4]), row("xpos_sb512_s1337", "xpos", 64, 129, [0.4, 0.8]),
+            row("xpos_sb512_s1338", "xpos", 32, 60, [1.0, 1.0]),
+            row("xpos_sb512_s1337", "xpos", 96, 130, [0.0, 0.0]),  # longer than a training record: past 1 x
+            row("xpos_sb512_s1337", "xpos + BCA", 32, 60, [0.0, 0.0]),  # another rule
+            row("xpos_sb512_s1337", "xpos", 32, 60, [0.0, 0.0], task="copy"),
+            row("xpos_sb512_s1337", "xpos", 64, 128, [0.0, 0.0], kind="length")]
     (tmp_path / "raw" / "xpos_sb512.tasks.json").write_text(json.dumps({"rows": rows}))
     (tmp_path / "raw" / "rope.tasks.json").write_text("{")  # damaged: left out
-    found = reproduce.mqar_by_query(reproduce.parse_args(["--results", str(tmp_path)]), 128)
-    assert found == {"xpos_sb512_s1": pytest.approx([0.3, 0.6]), "xpos_sb512_s2": [1.0, 1.0]}
+    found = reproduce.mqar_by_query(reproduce.parse_args(["--results", str(tmp_path), "--runs", "out"]), 128)
+    assert found == {"xpos_sb512_s1337": pytest.approx([0.3, 0.6]), "xpos_sb512_s1338": [1.0, 1.0]}
     tables = reproduce.retrieval_markdown({"recipe": {"block_size": 128}, "wall_time": {"seconds": 60, "measured": 1,
                                            "jobs": 1}, "budget": "toy", "seeds": [1], "machine": "m", "tasks": [],
                                            "reach": {}, "accuracy": {}, "mqar_by_query": found})
     assert "| picking among the values not yet asked for | 0.50 | 1.00 |" in tables
-    assert "| xpos_sb512_s1 | 0.30 | 0.60 |" in tables
+    assert "| xpos_sb512_s1337 | 0.30 | 0.60 |" in tables
 
 
 def test_a_result_whose_checkpoint_is_missing_is_measured_again(tmp_path):
