@@ -19,6 +19,8 @@ utilization) is PaLM's FLOPs estimate over the device's peak in the dtype used.
 
 import json
 import math
+import os
+import shutil
 import sys
 import time
 from contextlib import nullcontext
@@ -152,11 +154,13 @@ def setup(c):
             if getattr(run.gpt_config, k) != c[k] and run.master:
                 print(f"note: {k}={c[k]!r} ignored, the checkpoint has {getattr(run.gpt_config, k)!r}")
             c[k] = getattr(run.gpt_config, k)
-    else:
-        try:
-            run.gpt_config = GPTConfig(vocab_size=run.meta["vocab_size"], **{k: c[k] for k in MODEL_KEYS})
-        except ValueError as e:
-            raise UserError(str(e)) from None
+    record = run.meta.get("record")  # a task dataset's record: one training sequence
+    if record and record != c["block_size"] + 1:
+        trained = f", and {run.ckpt_path} was trained at block_size={c['block_size']}" if ckpt else ""
+        fix = (f"resume on the data it was trained on ({ckpt['config']['data_dir']})" if ckpt else
+               f"train with --block_size={record - 1}, or prepare the tasks again with --block_size {c['block_size']}")
+        raise UserError(f"{c['data_dir']} holds task records of {record} tokens, made for block_size {record - 1}"
+                        f"{trained}: {fix}")
     for split in ("train", "val"):
         n = run.meta["files"][split]["tokens"]
         if n <= c["block_size"]:
@@ -187,6 +191,13 @@ def check_run(c, ddp, rank, world, device):
             run.wandb = wandb  # the module; start_logging replaces it with the run
 
     run.meta = load_meta(c["data_dir"])
+    if c["init_from"] == "scratch":  # a bad configuration is one line before out_dir is made (on resume: setup)
+        try:
+            run.gpt_config = GPTConfig(vocab_size=run.meta["vocab_size"], **{k: c[k] for k in MODEL_KEYS})
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    if c["compile"]:
+        check_compiler(run.device_type)
     if run.master:  # which writes the checkpoints: the one owner of out_dir, before anything in it is touched
         writable_dir(c["out_dir"], "out_dir")
         own_run_dir(c["out_dir"])
@@ -198,6 +209,22 @@ def check_run(c, ddp, rank, world, device):
         raise UserError(f"{c['out_dir']} holds an earlier run's {', '.join(p.name for p in kept)}, which "
                         "init_from=scratch would remove: start over with --overwrite=True, or give another out_dir")
     return run
+
+
+def check_compiler(device_type):
+    """torch.compile builds its kernels with a C++ compiler on CPU, and Triton's launcher with a C compiler on CUDA:
+    without one it fails only at the first step, in a long traceback."""
+    if device_type == "cpu":
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        try:
+            get_cpp_compiler()
+        except Exception:
+            raise UserError("compile=True on CPU needs a C++ compiler (g++, or $CXX) on PATH and none works here: "
+                            "install one, or train with --compile=False") from None
+    elif device_type == "cuda" and not any(shutil.which(cc) for cc in (os.environ.get("CC"), "cc", "gcc", "clang")
+                                           if cc):
+        raise UserError("compile=True on CUDA needs a C compiler (cc, gcc or clang, or $CC) on PATH for Triton and "
+                        "none is there: install one, or train with --compile=False")
 
 
 def kept_checkpoints(ckpt_path):
@@ -450,17 +477,39 @@ def kept(c):
         return str(e)
 
 
+def remove_debris(out_dir, made):
+    """After a run failed before its first checkpoint: an empty log.jsonl (beside no checkpoint), and out_dir itself
+    when this run made it and it is empty, so that a failed start leaves the directory as it found it."""
+    if out_dir is None or os.environ.get("RANK", "0") != "0":  # rank 0 alone writes there
+        return
+    log = Path(out_dir) / "log.jsonl"
+    if log.is_file() and log.stat().st_size == 0 and not (Path(out_dir) / "ckpt.pt").exists():
+        log.unlink()
+    if made and Path(out_dir).is_dir() and not any(Path(out_dir).iterdir()):
+        Path(out_dir).rmdir()
+
+
 def main(argv=None):
-    c = None
+    c, made, failed = None, False, True
     try:
         c = load_config(sys.argv[1:] if argv is None else argv)
+        made = not os.path.lexists(c["out_dir"])
         train(c)
+        failed = False
     except UserError as e:
         error_exit("train.py", e)
     except KeyboardInterrupt:  # the checkpoint is written by a rename: an interrupted save leaves the last one
         exit_interrupted("train.py", lambda: kept(c))
+    except Exception as e:  # torch.compile's own errors (dynamo, inductor) run to a hundred lines
+        if not (c and c["compile"] and type(e).__module__.startswith(("torch._dynamo", "torch._inductor"))):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        error_exit("train.py", UserError(f"torch.compile failed ({type(e).__name__}: {first[:200]}); train with "
+                                         "--compile=False"))
     finally:
         release_run_dirs()
+        if failed:
+            remove_debris(c and c["out_dir"], made)
 
 
 if __name__ == "__main__":

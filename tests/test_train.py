@@ -787,3 +787,63 @@ def test_under_torchrun_an_error_is_printed_once(data_dir, tmp_path):
     assert done.returncode != 0 and done.stderr.count(f"train.py: error: out_dir {out} is in use by pid 4242") == 1
     assert not any(f'{name}", line' in done.stderr for name in ("train.py", "common.py")), done.stderr  # (torchrun's
     # own traceback, ChildFailedError, is torchrun's)
+
+
+def test_a_failed_start_leaves_no_debris(data_dir, tmp_path):
+    """A configuration error, or task records of another length, stops before anything stays in out_dir: the
+    folder this run made is gone, and no empty log.jsonl is left (issue 33, finding 26)."""
+    assert "must be divisible by n_head=3" in train_error(tiny_args(data_dir, tmp_path / "a", n_head=3))
+    assert not (tmp_path / "a").exists()
+    prepare_data.main(["--dataset", "task", "--tasks", "copy", "--block_size", "32", "--records", "40",
+                       "--out_dir", str(tmp_path / "t32")])
+    message = train_error(tiny_args(tmp_path / "t32", tmp_path / "b", block_size=64))
+    assert "holds task records of 33 tokens, made for block_size 32: train with --block_size=32" in message
+    assert not (tmp_path / "b").exists()
+    (tmp_path / "c").mkdir()  # a folder the user made stays, empty as it was
+    train_error(tiny_args(tmp_path / "t32", tmp_path / "c", block_size=64))
+    assert (tmp_path / "c").is_dir() and not any((tmp_path / "c").iterdir())
+
+
+def test_resuming_on_task_records_of_another_length_names_the_data(data_dir, tmp_path, capsys):
+    """Resuming a task run on another block_size's records: one line naming the data it was trained on, not
+    "block_size=96 ignored" followed by "train with --block_size=96" (issue 33, finding 25)."""
+    for size in (32, 96):
+        prepare_data.main(["--dataset", "task", "--tasks", "copy", "--block_size", str(size), "--records", "40",
+                           "--out_dir", str(tmp_path / f"t{size}")])
+    train.main(tiny_args(tmp_path / "t32", tmp_path / "run", block_size=32, max_iters=2))
+    log = (tmp_path / "run" / "log.jsonl").read_text()
+    message = train_error(tiny_args(tmp_path / "t96", tmp_path / "run", block_size=96, max_iters=4,
+                                    init_from="resume"))
+    assert message == (f"train.py: error: {tmp_path / 't96'} holds task records of 97 tokens, made for block_size 96, "
+                       f"and {tmp_path / 'run' / 'ckpt.pt'} was trained at block_size=32: resume on the data it was "
+                       f"trained on ({tmp_path / 't32'})")
+    assert (tmp_path / "run" / "log.jsonl").read_text() == log  # the run is as it was
+
+
+def test_compile_without_a_compiler_is_one_line(data_dir, tmp_path):
+    """--compile=True where no C++ compiler is on PATH (a slim image): one line before any work, not inductor's
+    hundred-line error at the first step, and no out_dir left (issue 33, finding 17)."""
+    env = {"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), *tiny_args(data_dir, tmp_path / "run",
+                                                                              compile=True)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 1 and done.stderr.strip() == (
+        "train.py: error: compile=True on CPU needs a C++ compiler (g++, or $CXX) on PATH and none works here: "
+        "install one, or train with --compile=False")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_compile_failure_at_the_first_step_is_one_line(data_dir, tmp_path, monkeypatch):
+    """torch.compile's own errors (dynamo, inductor) at the first step: one line saying to train without it, and no
+    empty log.jsonl left beside no checkpoint."""
+    class BackendFailure(RuntimeError):
+        pass
+    BackendFailure.__module__ = "torch._dynamo.exc"
+
+    def broken(*a, **k):
+        raise BackendFailure("backend='inductor' raised:\nInvalidCxxCompiler: No working C++ compiler found")
+    monkeypatch.setattr(train, "evaluate", broken)  # the first call of the compiled model: at iteration 0
+    message = train_error(tiny_args(data_dir, tmp_path / "run", compile=True))
+    assert message == ("train.py: error: torch.compile failed (BackendFailure: backend='inductor' raised:); train "
+                       "with --compile=False")
+    assert not (tmp_path / "run").exists()
