@@ -75,6 +75,8 @@ def set_key(config, defaults, choices, key, value, source):
 def run_config_file(path):
     """A config file's assignments; any error in it is reported as one line naming the file and the line."""
     try:
+        if Path(path).is_dir():
+            raise UserError(f"config file {path!r} is a directory, not a file")
         if not Path(path).is_file():
             raise UserError(f"config file {path!r} does not exist")
         data = Path(path).read_bytes()

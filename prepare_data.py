@@ -916,7 +916,7 @@ def parse_args(argv=None):
                    help="tokenizer processes (default: the cores this process may use); the output is the same "
                    "for any number")
     held_out = p.add_mutually_exclusive_group()
-    held_out.add_argument("--val_fraction", type=float, default=0.1, help="hold out about this fraction of the "
+    held_out.add_argument("--val_fraction", type=float, help="hold out about this fraction (default 0.1) of the "
                           "documents (default)")
     held_out.add_argument("--val_tokens", type=int, help="hold out documents until they hold this many tokens")
     held_out.add_argument("--val_documents", type=int, help="hold out this many documents")
@@ -942,8 +942,14 @@ def parse_args(argv=None):
     if args.passkey_tokens < 2 or args.passkey_digits < 1:
         p.error(f"--passkey_tokens {args.passkey_tokens} and --passkey_digits {args.passkey_digits}: must be >= 2 "
                 "and >= 1")
-    if not 0 < args.val_fraction < 1:
+    if args.val_fraction is not None and not 0 < args.val_fraction < 1:
         p.error(f"--val_fraction {args.val_fraction} is not allowed: must be between 0 and 1")
+    if args.val_fraction is not None and args.dataset in ("nanogpt", "task"):
+        p.error(f"--dataset {args.dataset}: --val_fraction does not apply (" + ("it keeps nanoGPT's own split)"
+                if args.dataset == "nanogpt" else "validation: --val_documents records)"))
+    if args.dataset == "task" and args.tokenizer not in (None, "char"):
+        p.error(f"--dataset task writes character records (tasks.py): --tokenizer {args.tokenizer} does not apply")
+    args.val_fraction = 0.1 if args.val_fraction is None else args.val_fraction
     given = [f"--{flag}" for flag in ("tasks", "block_size", "records") if getattr(args, flag) is not None]
     if given and args.dataset != "task":
         p.error(f"{', '.join(given)} apply to --dataset task only")

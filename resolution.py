@@ -222,6 +222,12 @@ def run(args):
     json_path = output_path(args.json, "--json")
     plot_path = output_path(args.plot, "--plot", plot=True) if args.theory else None
     if args.theory:
+        theirs = ("theory", "head_dim", "gamma", "scale_base", "max_dist", "json", "plot")
+        measured = [f"--{k}" for k, v in vars(parse_args([])).items() if k not in theirs and getattr(args, k) != v]
+        if measured:
+            raise UserError(f"--theory computes Eq. 8's curves from --head_dim, --gamma, --scale_base and --max_dist "
+                            f"alone: {', '.join(measured)} would be ignored (they measure a checkpoint, without "
+                            "--theory)")
         if args.head_dim < 2 or args.head_dim % 2 or args.max_dist < 1:
             raise UserError("--head_dim must be even and >= 2, --max_dist >= 1")
         if (args.max_dist + 1) * args.head_dim // 2 > THEORY_ENTRIES:

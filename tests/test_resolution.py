@@ -96,6 +96,9 @@ def test_errors(tiny_data, tmp_path):
                           (["--ckpt", str(tmp_path / "m.pt")], "give --theory, or --ckpt CKPT --length T"),
                           (["--theory", "--head_dim", "7"], "--head_dim must be even"),
                           (["--theory", "--gamma", "0"], "xpos_gamma=0.0 is not allowed"),
+                          (["--theory", "--ckpt", str(tmp_path / "m.pt")], "--theory computes Eq. 8's curves from "
+                           "--head_dim, --gamma, --scale_base and --max_dist alone: --ckpt would be ignored"),
+                          (["--theory", "--length", "8", "--bca", "on"], "alone: --length, --bca would be ignored"),
                           (["--ckpt", str(tmp_path / "nope.pt"), "--length", "8"], "no checkpoint at")):
         with pytest.raises(SystemExit) as e:
             resolution.main(argv)

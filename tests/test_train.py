@@ -168,6 +168,7 @@ def test_lr_schedule():
     (["--pos=rotary"], "GPTConfig.pos='rotary' is not allowed"),
     (["--block_size"], "expected --key=value"),
     (["missing_config.py"], "config file 'missing_config.py' does not exist"),
+    ([str(ROOT / "config")], f"config file '{ROOT / 'config'}' is a directory, not a file"),
 ])
 def test_config_errors(data_dir, tmp_path, argv, message):
     with pytest.raises(SystemExit) as e:
