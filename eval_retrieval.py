@@ -79,6 +79,9 @@ import tasks
 PROBES = ("repeat", "passkey", "task", "context")
 DIGITS = 5  # the passkey's digits, as prepare_data.py --passkey writes them by default
 DISTANCES = (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 12, 16)  # task probe: default distances, x block_size
+# The task probe builds its instances before scoring them: a bound on their length keeps a mistyped --lengths from
+# taking all memory (2^20 tokens: 1,024 x l for GPT-2's l, far past any length the study scores)
+MAX_TASK_TOKENS = 2**20
 REACH_SHARE, RETRIEVES = 0.9, 0.5  # reach: accuracy >= 90% of that at 1 x, which must be half way from chance to 1
 
 
@@ -452,6 +455,9 @@ def plan(args, path, rules, scalings):
     elif args.probe == "task" and args.sweep:
         sizes = args.task or meta.get("tasks") or list(tasks.TASKS)
         longest = max(2 * l + sweep_distances(args, config, t)[-1] + tasks.layout(t)[1] + l // 2 - 1 for t in sizes)
+        if longest > MAX_TASK_TOKENS:
+            raise UserError(f"--distances {args.distances}: the sweep's instances would hold {longest:,} tokens, past "
+                            f"the task probe's {MAX_TASK_TOKENS:,}")
     elif args.probe == "task":
         sizes = task_sizes(args, l, args.task or meta.get("tasks") or list(tasks.TASKS),
                            l if config.pos == "learned" else None)
@@ -485,6 +491,11 @@ def task_sizes(args, l, names, limit=None):
         distances = parse_list(args.distances, "--distances", int, [round(k * l) for k in DISTANCES])
         distances = sorted({even(max(d, shortest)) for d in distances})
         lengths = parse_list(args.lengths, "--lengths", int, [l * k for k in (1, 2, 4, 8, 16)])
+        for flag, too_long in (("--distances", [d for d in distances if tasks.PREFIX + d + extra > MAX_TASK_TOKENS]),
+                               ("--lengths", [n for n in lengths if n > MAX_TASK_TOKENS])):
+            if too_long:
+                raise UserError(f"{flag} {too_long[-1]} is not allowed: the task probe's instances hold at most "
+                                f"{MAX_TASK_TOKENS:,} tokens")
         at = even(max(l // 2, shortest))
         if limit:
             distances = [d for d in distances if tasks.PREFIX + d + extra <= limit]

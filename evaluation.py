@@ -11,7 +11,10 @@ from model import ATTENTION_RULES, ROPE_SCALINGS, AttentionRule, PositionTable, 
 
 
 def learned_length_check(config, length, path):
-    """model.py's rule that learned positions stop at block_size, before any work, as a one-line error."""
+    """model.py's rule that learned positions stop at block_size, before any work, as a one-line error (only a learned
+    model's table is built here: the others' grow with length, which may be past memory)."""
+    if config.pos != "learned":
+        return
     try:
         PositionTable(config, length, "causal")
     except ValueError as e:

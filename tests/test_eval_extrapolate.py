@@ -431,3 +431,20 @@ def test_xpos_without_bca_scores_finite_far_past_float32s_range(tmp_path):
     rows = run("--ckpt", tmp_path / "m.pt", "--bca", "off", "--lengths", "2048,4096", "--protocol", "chunks")
     assert [r["length"] for r in rows] == [2048, 4096] and all(math.isfinite(r["ppl"]) for r in rows)
     assert abs(rows[0]["nll"] - rows[1]["nll"]) < 0.05
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("eval_extrapolate.py", ["--lengths", "100000000"]),
+    ("resolution.py", ["--length", "100000000"]),
+])
+def test_a_huge_length_is_refused_in_bounded_memory(tiny_data, tmp_path, script, argv):
+    """A length far past every document: one line, under an address-space limit of 2.5 GB (the learned-positions
+    check built the whole position table first: 6.4 GB at 10^8 tokens, a MemoryError; issue 33, finding 19)."""
+    import resource
+    make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope")
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (2_500_000_000, 2_500_000_000))
+    done = subprocess.run([sys.executable, str(ROOT / script), "--ckpt", str(tmp_path / "m.pt"), "--data_dir",
+                           str(tiny_data), "--device", "cpu", *argv], capture_output=True, text=True,
+                          preexec_fn=limit)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-500:]
+    assert "error: no validation" in done.stderr and len(done.stderr.strip().splitlines()) == 1

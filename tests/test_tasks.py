@@ -486,7 +486,13 @@ def test_distances_and_batch_sizes_that_cannot_be_are_one_line_errors(task_data,
     make_checkpoint(tmp_path / "m.pt", task_data, pos="rope", block_size=96, vocab=meta["chars"])
     for argv, message in ((["--distances", "-4"], "--distances '-4' is not allowed: distances from an answer"),
                           (["--distances", "0,20"], "--distances '0,20' is not allowed"),
-                          (["--batch_tokens", "-5"], "--batch_tokens -5 is not allowed: must be >= 1")):
+                          (["--batch_tokens", "-5"], "--batch_tokens -5 is not allowed: must be >= 1"),
+                          # built before they are scored: a mistyped length would take all memory (finding 19)
+                          (["--lengths", "1000000000"], "--lengths 1000000000 is not allowed: the task probe's "
+                           "instances hold at most 1,048,576 tokens"),
+                          (["--distances", "2000000"], "--distances 2000000 is not allowed: the task probe's"),
+                          (["--sweep", "--distances", "2000000"], "--distances 2000000: the sweep's instances would "
+                           "hold 2,000,")):
         with pytest.raises(SystemExit) as e:
             eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "task", *argv])
         assert message in str(e.value.code)
