@@ -92,11 +92,13 @@ def play_text(markdown):
 
 
 def decode(data, name, errors):
+    """UTF-8 text, a leading BOM dropped (as the utf-8-sig codec does, without its Python-level wrapper: this runs once
+    per document). name: the data's name for the error, or a function giving it (built only on an error)."""
     try:
-        return data.decode("utf-8-sig", errors=errors)
+        return (data[3:] if data[:3] == codecs.BOM_UTF8 else data).decode("utf-8", errors)
     except UnicodeDecodeError as e:
-        raise UserError(f"{name} is not valid UTF-8 (byte {e.start}); pass --errors replace to substitute "
-                        "U+FFFD for undecodable bytes") from None
+        raise UserError(f"{name() if callable(name) else name} is not valid UTF-8 (byte {e.start}); pass --errors "
+                        "replace to substitute U+FFFD for undecodable bytes") from None
 
 
 def input_files(pattern, out_dir, quiet=False):
@@ -255,47 +257,67 @@ def text_documents(files, errors, separator):
 
 
 def file_text_documents(raw, f, errors, separator):
-    """text_documents' documents of one open file, read in blocks of READ_BYTES: a document's lines go to it a block
-    at a time, and a line too long to be a separator line as it comes."""
-    document, offset, line, content = None, 0, b"", False  # the line so far, and whether its start went to document
-    lines_in = []  # the document's lines not yet fed to it
+    """text_documents' documents of one open file, read in blocks of READ_BYTES, its separator lines found by a
+    regular expression (a line whose rstrip() is the separator). A document is held as bytes and decoded whole at
+    its end, unless it grows past PIECE_CHARS bytes: then it goes through Pieces a block at a time, and so does a
+    line too long to be a separator line."""
+    separator_line = re.compile(rb"^" + re.escape(separator) + rb"[ \t\r\x0b\x0c]*$", re.MULTILINE)
+    doc, size, offset, line, content = [], 0, 0, b"", False  # line: the line begun; content: its start is in doc
+    pieces = None  # the document's Pieces, once it is long
 
-    def add(text):
-        nonlocal document
-        if document is None:
-            document = Pieces(f"{f} (the document at byte {offset})", errors)
-        lines_in.append(text)
+    def name(at):
+        return lambda: f"{f} (the document at byte {at})"
 
-    def flush():
-        data = b"".join(lines_in)
-        lines_in.clear()
-        return ((None, piece, False) for piece in document.feed(data)) if data else ()
+    def fed(at):
+        nonlocal pieces, size
+        pieces = pieces or Pieces(name(at - size)(), errors)
+        data = b"".join(doc)
+        doc.clear()
+        size = 0
+        return [(None, piece, False) for piece in pieces.feed(data)]
+
+    def end(at):
+        nonlocal pieces, size
+        if pieces is None:
+            ended = [(None, decode(b"".join(doc), name(at - size), errors), True)]
+        else:
+            ended = fed(at) + [(None, piece, last) for piece, last in pieces.finish()]
+        doc.clear()
+        pieces, size = None, 0
+        return ended
 
     while True:
         block = raw.read(READ_BYTES)
-        lines = (line + block).split(b"\n")
-        ended, line = [part + b"\n" for part in lines[:-1]], lines[-1]  # the lines ended, and the one begun
-        if not block and line:
-            ended, line = ended + [line], b""  # the file's last line, without a newline
-        for text in ended:
-            if text.rstrip() == separator and not content:
-                if document is not None:
-                    yield from flush()
-                    yield from ((None, piece, last) for piece, last in document.finish())
-                document = None
+        data = line + block
+        whole = len(data) if not block else data.rfind(b"\n") + 1  # whole lines (at the file's end, all of it)
+        at = 0
+        for match in separator_line.finditer(data, 0, whole):
+            start = match.start()
+            if start == whole or (start == 0 and content):  # no line begins there, or it began as content
+                continue
+            if not doc and pieces is None:  # the common case: a document within this block
+                if start > at:
+                    yield None, decode(data[at:start], name(offset + at), errors), True
             else:
-                add(text)
-            offset, content = offset + len(text), False
+                if start > at:
+                    doc.append(data[at:start])
+                    size += start - at
+                yield from end(offset + start)
+            at = min(match.end() + 1, whole)  # past the separator line's newline
+        if whole > at:
+            doc.append(data[at:whole])
+            size += whole - at
+        offset, line, content = offset + whole, data[whole:], content and whole == 0
         if not block:
             break
-        if len(line) > len(separator) and (not line.startswith(separator) or line[len(separator):].strip()):
-            add(line)  # a line that cannot be a separator line: its part so far goes to its document
-            offset, line, content = offset + len(line), b"", True
-        if document is not None:
-            yield from flush()
-    if document is not None:
-        yield from flush()
-        yield from ((None, piece, last) for piece, last in document.finish())
+        if content and line or len(line) > len(separator) and (not line.startswith(separator)
+                                                               or line[len(separator):].strip()):
+            doc.append(line)  # a line that cannot be a separator line: its part so far goes to its document
+            size, offset, line, content = size + len(line), offset + len(line), b"", True
+        if size > PIECE_CHARS:
+            yield from fed(offset)
+    if doc or pieces:
+        yield from end(offset)
 
 
 class IncompleteDownload(Exception):

@@ -817,6 +817,8 @@ def test_a_long_document_in_pieces_gives_the_tokens_of_one_piece(tmp_path, monke
         paragraphs = [tricky_text(rng, rng.randrange(50, 400)).replace("\n\n", "\n") for _ in range(3)]
         (corpus / f"{i}.txt").write_text("\n\n".join(paragraphs) + ("\n" if i % 2 else ""), encoding="utf-8")
     (corpus / "line.txt").write_text("one long line " * 200, encoding="utf-8")
+    # a line read in several blocks whose end is blank (not a separator line), then a blank line
+    (corpus / "spaces.txt").write_text("a" * 30 + " " * 40 + "\n \n" + "next " * 30 + "\n\n\n", encoding="utf-8")
     argv = ["--dataset", dataset, "--path", corpus, "--tokenizer", tokenizer, "--val_documents", "1"]
     run(*argv, "--out_dir", tmp_path / "whole")
     monkeypatch.setattr(prepare_data, "PIECE_CHARS", 97)
