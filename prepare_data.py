@@ -35,6 +35,7 @@ import fcntl
 import glob
 import hashlib
 import importlib.util
+import itertools
 import json
 import multiprocessing
 import os
@@ -202,7 +203,7 @@ def cut_at(text, near):
     """An index i near `near` (the last at or before it, else the first after) where tokenizing text[:i] and text[i:]
     apart gives the tokens of text: a word of GPT-2's pre-tokenizer ends there (above; char tokens are characters
     anyway). None if there is none."""
-    for i in (*range(min(near, len(text) - 1), 0, -1), *range(near + 1, len(text))):
+    for i in itertools.chain(range(min(near, len(text) - 1), 0, -1), range(near + 1, len(text))):
         a, b = char_class(text[i - 1]), char_class(text[i])
         if a != "space" and text[i - 1] != "'" and (b == "space" or b != a):
             return i

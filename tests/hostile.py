@@ -3,7 +3,8 @@ The slow attacks on the processes' life cycle (issue 22), not part of the pytest
 each checked for what must hold after it. Part of `make test-all`.
 
     python tests/hostile.py                 # all of them, a few minutes on 2 CPU cores
-    python tests/hostile.py --only race     # race, orphan, sigint, sigint_eval, sigint_torchrun, full
+    python tests/hostile.py --only race     # or orphan, sigint, sigint_eval, sigint_scripts, sigint_torchrun, full,
+                                            # prepare_kill, sigterm_keep
 
 - race: two trainers started together on one out_dir (--init_from=resume, then --overwrite=True): one trains to the
   end with a complete log, the other is a one-line error naming the first's pid and touches nothing.
@@ -19,6 +20,13 @@ each checked for what must hold after it. Part of `make test-all`.
   so that the write fails with EFBIG as it would with ENOSPC) below a checkpoint's size while train.py resumes, and
   below the token files' while prepare_data.py replaces a dataset: one line each, status 1, and the checkpoint or
   dataset from before intact.
+
+- prepare_kill: kill -9 of prepare_data.py alone while its two workers tokenize a long one-line document (in pieces)
+  into a folder holding a dataset: the workers die with it, the dataset from before is intact, and the next run
+  finishes and leaves none of the killed run's files.
+- sigterm_keep: SIGTERM (a scheduler's preemption) at random moments of a run keeping 2 checkpoints: one line each
+  time, the checkpoint it names loads, no more than 2 numbered checkpoints are kept, and the run resumes to its end
+  with its log whole.
 
 Prints one line per check and exits 1 unless every one held.
 """
@@ -279,11 +287,73 @@ def full(tmp, data):
           "one line, the dataset from before intact", f"exit {done.returncode}: {err}")
 
 
+def prepare_kill(tmp, data):
+    sys.path.insert(0, str(ROOT))
+    import data as dataset_files
+    corpus, out = tmp / "kill_corpus", tmp / "kill_data"
+    corpus.mkdir()
+    (corpus / "small.txt").write_text("the quick brown fox jumps over the lazy dog\n\n" * 3000)
+    prepare = [sys.executable, "prepare_data.py", "--dataset", "text", "--tokenizer", "gpt2", "--out_dir", str(out)]
+    subprocess.run([*prepare, "--path", str(corpus / "small.txt")], cwd=ROOT, env=ENV, check=True, capture_output=True)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (corpus / "long.txt").write_text("pack my box with five dozen liquor jugs " * 800_000)  # one line, 32 MB
+    proc = start([*prepare, "--path", str(corpus / "long.txt"), "--workers", "2"])
+    workers = []
+    busy = wait_for(lambda: len(workers) == 2 or workers.extend(
+        k for k in children(proc.pid) if k not in workers and "prepare_data" in cmdline(k)) or False, proc, 120)
+    check(busy, "prepare_kill: prepare_data.py starts two workers", proc.stderr.read() if proc.poll() else "")
+    time.sleep(1.0)  # both tokenizing
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while any(alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check(not any(alive(w) for w in workers), "prepare_kill: its workers die with it", " ".join(map(cmdline, workers)))
+    try:
+        dataset_files.load_meta(out, full=True)
+        intact = all((out / name).read_bytes() == content for name, content in before.items())
+    except Exception as e:  # noqa: BLE001 -- any failure to read it is the finding
+        intact = False
+    check(intact, "prepare_kill: the dataset from before is intact and loads")
+    done = subprocess.run([*prepare, "--path", str(corpus / "small.txt")], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True)
+    check(done.returncode == 0 and {p.name for p in out.iterdir()} == set(before),
+          "prepare_kill: the next run finishes, the killed run's files gone", done.stderr + str(sorted(os.listdir(out))))
+
+
+def sigterm_keep(tmp, data, rounds=3):
+    import torch
+    out = tmp / "sigterm"
+    args = tiny_args(data, out, max_iters=60, eval_interval=1, eval_iters=1, keep_checkpoints=2)
+    rng = random.Random(1)
+    for k in range(rounds):
+        resume = ["--init_from=resume"] if (out / "ckpt.pt").exists() else []
+        proc = start([sys.executable, "train.py", *args, *resume])
+        at = (max(logged_iters(out)) if (out / "log.jsonl").exists() and resume else 0) + rng.randint(2, 8)
+        if not wait_for(lambda: (out / "log.jsonl").exists() and any(i >= at for i in logged_iters(out)), proc):
+            check(False, f"sigterm_keep {k}: the run was still going", proc.communicate()[1])
+            return
+        time.sleep(rng.random() * 0.3)
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=120)[1].strip()
+        saved = torch.load(out / "ckpt.pt", weights_only=True)["iter_num"]
+        numbered = sorted(p.name for p in out.glob("ckpt_*.pt") if p.stem[5:].isdigit())
+        check(len(err.splitlines()) == 1 and "Traceback" not in err and "SIGTERM" in err and proc.returncode != 0,
+              f"sigterm_keep {k}: one line (iter {saved} saved)", f"exit {proc.returncode}: {err}")
+        check(len(numbered) <= 2 and all(torch.load(out / n, weights_only=True)["iter_num"] <= saved for n in numbered),
+              f"sigterm_keep {k}: at most 2 numbered checkpoints kept, none past the last", str(numbered))
+    done = subprocess.run([sys.executable, "train.py", *args, "--init_from=resume"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True)
+    iters = [e["iter"] for e in train_log(out) if "loss" in e]
+    check(done.returncode == 0 and iters == list(range(60)), "sigterm_keep: the run resumes to its end, its log whole",
+          done.stderr + f" iters {iters}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", help="comma-separated: race, orphan, sigint, sigint_eval, sigint_scripts, sigint_torchrun, "
-                   "full")
-    attacks = ("race", "orphan", "sigint", "sigint_eval", "sigint_scripts", "sigint_torchrun", "full")
+    attacks = ("race", "orphan", "sigint", "sigint_eval", "sigint_scripts", "sigint_torchrun", "full", "prepare_kill",
+               "sigterm_keep")
+    p.add_argument("--only", help="comma-separated: " + ", ".join(attacks))
     only = (p.parse_args().only or ",".join(attacks)).split(",")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
