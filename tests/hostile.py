@@ -318,7 +318,8 @@ def prepare_kill(tmp, data):
     done = subprocess.run([*prepare, "--path", str(corpus / "small.txt")], cwd=ROOT, env=ENV, capture_output=True,
                           text=True)
     check(done.returncode == 0 and {p.name for p in out.iterdir()} == set(before),
-          "prepare_kill: the next run finishes, the killed run's files gone", done.stderr + str(sorted(os.listdir(out))))
+          "prepare_kill: the next run finishes, the killed run's files gone",
+          done.stderr + str(sorted(os.listdir(out))))
 
 
 def sigterm_keep(tmp, data, rounds=3):
