@@ -483,10 +483,13 @@ def remove_debris(out_dir, made):
     if out_dir is None or os.environ.get("RANK", "0") != "0":  # rank 0 alone writes there
         return
     log = Path(out_dir) / "log.jsonl"
-    if log.is_file() and log.stat().st_size == 0 and not (Path(out_dir) / "ckpt.pt").exists():
-        log.unlink()
-    if made and Path(out_dir).is_dir() and not any(Path(out_dir).iterdir()):
-        Path(out_dir).rmdir()
+    try:  # best effort: an out_dir that cannot be read (a name too long, a loop) has nothing to clean
+        if log.is_file() and log.stat().st_size == 0 and not (Path(out_dir) / "ckpt.pt").exists():
+            log.unlink()
+        if made and Path(out_dir).is_dir() and not any(Path(out_dir).iterdir()):
+            Path(out_dir).rmdir()
+    except OSError:
+        pass
 
 
 def main(argv=None):
