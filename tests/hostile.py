@@ -154,31 +154,38 @@ def orphan(tmp):
           done.stdout[-1000:] + done.stderr)
 
 
-def sigint(tmp, data, rounds=3):
+def interrupted(name, out, args, sig, seed, rounds=3):
+    """A run started `rounds` times, each stopped by sig at a random moment (and resumed the next time): yields
+    (round, the process, its stderr, the iteration its checkpoint holds), then checks that the run resumes to its
+    end with its log whole."""
     import torch
-    out = tmp / "sigint"
-    args = tiny_args(data, out, max_iters=60, eval_interval=1, eval_iters=1, keep_checkpoints=2)
-    rng = random.Random(0)
+    rng = random.Random(seed)
     for k in range(rounds):
         resume = ["--init_from=resume"] if (out / "ckpt.pt").exists() else []
         proc = start([sys.executable, "train.py", *args, *resume])
         at = (max(logged_iters(out)) if (out / "log.jsonl").exists() and resume else 0) + rng.randint(2, 8)
         if not wait_for(lambda: (out / "log.jsonl").exists() and any(i >= at for i in logged_iters(out)), proc):
-            check(False, f"sigint {k}: the run was still going", proc.communicate()[1])
+            check(False, f"{name} {k}: the run was still going", proc.communicate()[1])
             return
         time.sleep(rng.random() * 0.3)  # somewhere in an iteration, an evaluation or a checkpoint's write
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         err = proc.communicate(timeout=120)[1].strip()
-        saved = torch.load(out / "ckpt.pt", weights_only=True)["iter_num"]
+        yield k, proc, err, torch.load(out / "ckpt.pt", weights_only=True)["iter_num"]
+    done = subprocess.run([sys.executable, "train.py", *args, "--init_from=resume"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True)
+    iters = [e["iter"] for e in train_log(out) if "loss" in e]
+    check(done.returncode == 0 and iters == list(range(60)), f"{name}: the run resumes to its end, its log whole",
+          done.stderr + f" iters {iters}")
+
+
+def sigint(tmp, data):
+    out = tmp / "sigint"
+    args = tiny_args(data, out, max_iters=60, eval_interval=1, eval_iters=1, keep_checkpoints=2)
+    for k, proc, err, saved in interrupted("sigint", out, args, signal.SIGINT, seed=0):
         check(proc.returncode == 130 and len(err.splitlines()) == 1 and "Traceback" not in err
               and f"(iter {saved}) is kept: continue with --init_from=resume" in err,
               f"sigint {k}: one line naming the checkpoint kept (iter {saved}), status 130",
               f"exit {proc.returncode}: {err}")
-    done = subprocess.run([sys.executable, "train.py", *args, "--init_from=resume"], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True)
-    iters = [e["iter"] for e in train_log(out) if "loss" in e]
-    check(done.returncode == 0 and iters == list(range(60)), "sigint: the run resumes to its end, its log whole",
-          done.stderr + f" iters {iters}")
 
 
 def sigint_eval(tmp, data):
@@ -322,32 +329,16 @@ def prepare_kill(tmp, data):
           done.stderr + str(sorted(os.listdir(out))))
 
 
-def sigterm_keep(tmp, data, rounds=3):
+def sigterm_keep(tmp, data):
     import torch
     out = tmp / "sigterm"
     args = tiny_args(data, out, max_iters=60, eval_interval=1, eval_iters=1, keep_checkpoints=2)
-    rng = random.Random(1)
-    for k in range(rounds):
-        resume = ["--init_from=resume"] if (out / "ckpt.pt").exists() else []
-        proc = start([sys.executable, "train.py", *args, *resume])
-        at = (max(logged_iters(out)) if (out / "log.jsonl").exists() and resume else 0) + rng.randint(2, 8)
-        if not wait_for(lambda: (out / "log.jsonl").exists() and any(i >= at for i in logged_iters(out)), proc):
-            check(False, f"sigterm_keep {k}: the run was still going", proc.communicate()[1])
-            return
-        time.sleep(rng.random() * 0.3)
-        proc.send_signal(signal.SIGTERM)
-        err = proc.communicate(timeout=120)[1].strip()
-        saved = torch.load(out / "ckpt.pt", weights_only=True)["iter_num"]
+    for k, proc, err, saved in interrupted("sigterm_keep", out, args, signal.SIGTERM, seed=1):
         numbered = sorted(p.name for p in out.glob("ckpt_*.pt") if p.stem[5:].isdigit())
         check(len(err.splitlines()) == 1 and "Traceback" not in err and "SIGTERM" in err and proc.returncode != 0,
               f"sigterm_keep {k}: one line (iter {saved} saved)", f"exit {proc.returncode}: {err}")
         check(len(numbered) <= 2 and all(torch.load(out / n, weights_only=True)["iter_num"] <= saved for n in numbered),
               f"sigterm_keep {k}: at most 2 numbered checkpoints kept, none past the last", str(numbered))
-    done = subprocess.run([sys.executable, "train.py", *args, "--init_from=resume"], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True)
-    iters = [e["iter"] for e in train_log(out) if "loss" in e]
-    check(done.returncode == 0 and iters == list(range(60)), "sigterm_keep: the run resumes to its end, its log whole",
-          done.stderr + f" iters {iters}")
 
 
 def main():
