@@ -35,6 +35,7 @@ import fcntl
 import glob
 import hashlib
 import importlib.util
+import io
 import itertools
 import json
 import multiprocessing
@@ -45,6 +46,7 @@ import secrets
 import signal
 import sys
 import time
+import typing
 import unicodedata
 import urllib.parse
 from pathlib import Path
@@ -243,27 +245,50 @@ def jsonl_documents(files, errors, field):
             raise read_error(f, e) from None
 
 
+class Run(typing.NamedTuple):
+    """Whole documents of a text file as its bytes, from the start of a document to the end of a separator line:
+    split and decoded where they are tokenized (expand), so that the process reading the file only finds where
+    the last separator line of each block ends."""
+    data: bytes
+    file: str
+    start: int  # the byte of the file where data starts (for errors)
+    errors: str
+    separator: bytes
+
+
 def text_documents(files, errors, separator):
     """Documents of plain-text files, cut at every line that is exactly `separator` (trailing whitespace ignored;
     the default, an empty line, cuts at blank lines, a run of them counting as one). The separator lines are
     dropped; a file's end also ends a document. Read in blocks, a long document in pieces: a file, a line or a
-    document of any size."""
+    document of any size. Documents within a block come as one Run (name None, the Run, last True)."""
     separator = separator.encode()
     for f in files:
         try:
             with open(f, "rb") as raw:
-                yield from file_text_documents(raw, f, errors, separator)
+                yield from file_text_documents(raw, f, errors, separator, runs=True)
         except OSError as e:
             raise read_error(f, e) from None
 
 
-def file_text_documents(raw, f, errors, separator):
-    """text_documents' documents of one open file, read in blocks of READ_BYTES, its separator lines found by a
-    regular expression (a line whose rstrip() is the separator). A document is held as bytes and decoded whole at
-    its end, unless it grows past PIECE_CHARS bytes: then it goes through Pieces a block at a time, and so does a
-    line too long to be a separator line."""
+def expand(docs):
+    """docs with each Run split into its documents (name, text, last) that are not empty."""
+    for item in docs:
+        if isinstance(item[1], Run):
+            run = item[1]
+            yield from nonempty(file_text_documents(io.BytesIO(run.data), run.file, run.errors, run.separator,
+                                                    run.start))
+        else:
+            yield item
+
+
+def file_text_documents(raw, f, errors, separator, start=0, runs=False):
+    """text_documents' documents of one open file, read in blocks of READ_BYTES from byte `start` of f, its
+    separator lines found by a regular expression (a line whose rstrip() is the separator). A document is held as
+    bytes and decoded whole at its end, unless it grows past PIECE_CHARS bytes: then it goes through Pieces a block
+    at a time, and so does a line too long to be a separator line. runs: the documents that end in a block after
+    the first are yielded as one Run, up to the end of the block's last separator line."""
     separator_line = re.compile(rb"^" + re.escape(separator) + rb"[ \t\r\x0b\x0c]*$", re.MULTILINE)
-    doc, size, offset, line, content = [], 0, 0, b"", False  # line: the line begun; content: its start is in doc
+    doc, size, offset, line, content = [], 0, start, b"", False  # line: the line begun; content: its start is in doc
     pieces = None  # the document's Pieces, once it is long
 
     def name(at):
@@ -287,24 +312,39 @@ def file_text_documents(raw, f, errors, separator):
         pieces, size = None, 0
         return ended
 
+    def last_separator_end(data, at, whole):
+        """Where the last separator line in data[at:whole] ends (past its newline), or None: searched from the
+        block's end in growing windows (^ matches only after a newline, not at a window's start)."""
+        window = 1 << 12
+        while True:
+            low = max(at, whole - window)
+            ends = [m.end() for m in separator_line.finditer(data, low, whole) if m.start() < whole]
+            if ends or low == at:
+                return min(ends[-1] + 1, whole) if ends else None
+            window *= 8
+
     while True:
         block = raw.read(READ_BYTES)
         data = line + block
         whole = len(data) if not block else data.rfind(b"\n") + 1  # whole lines (at the file's end, all of it)
         at = 0
         for match in separator_line.finditer(data, 0, whole):
-            start = match.start()
-            if start == whole or (start == 0 and content):  # no line begins there, or it began as content
+            begin = match.start()
+            if begin == whole or (begin == 0 and content):  # no line begins there, or it began as content
                 continue
             if not doc and pieces is None:  # the common case: a document within this block
-                if start > at:
-                    yield None, decode(data[at:start], name(offset + at), errors), True
+                if begin > at:
+                    yield None, decode(data[at:begin], name(offset + at), errors), True
             else:
-                if start > at:
-                    doc.append(data[at:start])
-                    size += start - at
-                yield from end(offset + start)
+                if begin > at:
+                    doc.append(data[at:begin])
+                    size += begin - at
+                yield from end(offset + begin)
             at = min(match.end() + 1, whole)  # past the separator line's newline
+            if runs and (last := last_separator_end(data, at, whole)) is not None:
+                yield None, Run(data[at:last], f, offset + at, errors, separator), True
+                at = last
+                break
         if whole > at:
             doc.append(data[at:whole])
             size += whole - at
@@ -406,13 +446,14 @@ def init_worker(kind, chars):
                          None if chars is None else np.array([ord(c) for c in chars], dtype=np.uint32))
 
 
-def encode_batch(texts):
-    """Token ids of each (text, last) piece, a document's last followed by the separator (eot), as one array; and
-    the pieces' token counts.
+def encode_batch(batch):
+    """Token ids of each (text, last) piece of batch (its Runs expanded, empty documents dropped), a document's last
+    followed by the separator (eot), as one array; the pieces' token counts; and which pieces end a document.
     Returns only plain exceptions: a PyO3 panic (tiktoken out of memory) is a BaseException that would escape the
     parent's handlers and print a Rust traceback."""
     tokenizer, codepoints = _worker_tokenizer
     try:
+        texts = [(text, last) for _, text, last in expand(batch)]
         if codepoints is None:
             ids = [tokenizer.encode(t) for t, _ in texts]
         else:  # char: one vectorized lookup (codepoints are sorted, as the vocabulary is), not a dict per char
@@ -422,7 +463,7 @@ def encode_batch(texts):
         tokens = np.concatenate([part for i, (_, last) in zip(ids, texts)
                                  for part in (np.asarray(i, dtype=np.int64), *(eot if last else []))] or
                                 [np.zeros(0, np.int64)])
-        return tokens.astype(token_dtype(tokenizer.vocab_size)), lengths
+        return tokens.astype(token_dtype(tokenizer.vocab_size)), lengths, bytes(last for _, last in texts)
     except (UserError, MemoryError):
         raise
     except Exception as e:
@@ -437,17 +478,25 @@ def token_dtype(vocab_size):
     return np.uint16 if vocab_size <= 2**16 else np.uint32
 
 
-def batches(docs, names):
-    """Lists of (text, last) pieces of the documents that are not empty (whitespace alone), about BATCH_CHARS
-    characters each; the documents' names go to `names` (if a list)."""
-    batch, size, first = [], 0, True
+def nonempty(docs):
+    """docs without the documents that are empty (whitespace alone)."""
+    first = True
     for name, text, last in docs:
-        if first and last and not text.strip():  # (a document cut in pieces is never whitespace alone: Pieces)
-            continue
+        if first and last and isinstance(text, str) and not text.strip():  # (a document cut in pieces is never
+            continue                                                        # whitespace alone: Pieces)
+        yield name, text, last
+        first = last
+
+
+def batches(docs, names):
+    """Lists of (name, text, last) pieces and Runs of the documents that are not empty, about BATCH_CHARS
+    characters each; the documents' names go to `names` (if a list; named sources have no Runs)."""
+    batch, size, first = [], 0, True
+    for name, text, last in nonempty(docs):
         if first and names is not None:
             names.append(name)
-        batch.append((text, last))
-        size, first = size + len(text), last
+        batch.append((name, text, last))
+        size, first = size + len(text.data if isinstance(text, Run) else text), last
         if size >= BATCH_CHARS:
             yield batch
             batch, size = [], 0
@@ -461,15 +510,15 @@ def tokenize_to(stream_file, docs, tokenizer, workers, names):
     lengths, ends = [], bytearray()  # token counts of the pieces, and whether each ends its document
 
     def take(result):
-        tokens, counts = result
+        tokens, counts, last = result
         stream_file.write(tokens.tobytes())
         lengths.append(counts)
+        ends.extend(last)
 
     init = (tokenizer.kind, getattr(tokenizer, "chars", None))
     if workers == 1:  # in this process: no pickling, the plain loop
         init_worker(*init)
         for batch in batches(docs, names):
-            ends.extend(last for _, last in batch)
             take(encode_batch(batch))
     else:
         # fork: the workers share the parent's imported modules; a pool that loses a worker (killed for memory)
@@ -478,7 +527,6 @@ def tokenize_to(stream_file, docs, tokenizer, workers, names):
                                                     init) as pool:
             pending = collections.deque()
             for batch in batches(docs, names):
-                ends.extend(last for _, last in batch)
                 pending.append(pool.submit(encode_batch, batch))
                 if len(pending) >= IN_FLIGHT_PER_WORKER * workers:
                     take(pending.popleft().result())
@@ -492,7 +540,7 @@ def tokenize_to(stream_file, docs, tokenizer, workers, names):
 
 def char_vocabulary(docs, passkey):
     chars = set()
-    for _, text, _ in docs:
+    for _, text, _ in expand(docs):
         chars.update(text)
     if passkey:  # the passkey's words and digits must be in the vocabulary
         chars |= PASSKEY_CHARS
@@ -727,31 +775,49 @@ class SplitWriter:
         return out
 
 
-def write_split(writer, stream, ranges, names, eot, passkeys=None):
-    """Copy the ranges of the stream into the writer, each followed by eot, in order, with passkey documents
-    [(before which range, tokens, name)] between them. Ranges that follow each other in the stream (one separator
-    apart) are copied as one run, in pieces of COPY_TOKENS: fast for millions of documents, bounded in memory."""
+def copy_ranges(writer, stream, ranges, names, eot):
+    """Copy the ranges of the stream (ascending, as split_ranges makes them) into the writer, each followed by eot
+    (if any). One read a window of about COPY_TOKENS of the stream, its tokens outside the ranges dropped by a mask:
+    fast for millions of documents, bounded in memory (a longer range is copied in pieces)."""
+    spans = ranges[:, 1] - ranges[:, 0]
     separator = 0 if eot is None else 1
+    starts = writer.at + np.concatenate([[0], np.cumsum(spans + separator)[:-1]]).astype(np.int64)
+    writer.add_documents(np.stack([starts, starts + spans], axis=1), names)
+    first = 0
+    while first < len(ranges):
+        begin = int(ranges[first, 0])
+        stop = int(np.searchsorted(ranges[:, 1], begin + COPY_TOKENS, side="right"))  # the ranges that end in it
+        if stop <= first:  # one range longer than a window
+            for at in range(begin, int(ranges[first, 1]), COPY_TOKENS):
+                writer.add_tokens(np.asarray(stream[at : min(at + COPY_TOKENS, int(ranges[first, 1]))]))
+            writer.add_tokens(np.array([] if eot is None else [eot]))
+            first += 1
+            continue
+        window = np.asarray(stream[begin : int(ranges[stop - 1, 1])])
+        inside = np.zeros(len(window) + 1, np.int8)  # +1 where a range starts, -1 where it ends: cumsum 1 inside
+        inside[ranges[first:stop, 0] - begin] += 1
+        inside[ranges[first:stop, 1] - begin] -= 1
+        tokens = window[np.cumsum(inside[:-1], dtype=np.int8).view(bool)]
+        if eot is not None:
+            tokens = np.insert(tokens, np.cumsum(spans[first:stop]), eot)  # after each range
+        writer.add_tokens(tokens)
+        first = stop
+
+
+def write_split(writer, stream, ranges, names, eot, passkeys=None):
+    """Copy the ranges of the stream into the writer, each followed by eot, in order, with
+    passkey documents [(before which range, tokens, name)] between them."""
     before = collections.defaultdict(list)
     for index, tokens, name in passkeys or []:
         before[index].append((tokens, name))
-    breaks = np.flatnonzero(ranges[1:, 0] != ranges[:-1, 1] + separator) + 1
-    breaks = sorted(set(breaks.tolist()) | set(before) | {0, len(ranges)})
     tail = [] if eot is None else [eot]
-    for first, stop in zip(breaks[:-1], breaks[1:]):
+    cuts = sorted(set(before) | {0, len(ranges)})
+    for first, stop in zip(cuts, cuts[1:] + [None]):
         for tokens, name in before.get(first, []):
             writer.add_documents(np.array([[writer.at, writer.at + len(tokens)]]), [name])
             writer.add_tokens(np.array(list(tokens) + tail))
-        if first == stop:
-            continue
-        begin, end = int(ranges[first, 0]), int(ranges[stop - 1, 1])
-        writer.add_documents(ranges[first:stop] - begin + writer.at, None if names is None else names[first:stop])
-        for at in range(begin, end, COPY_TOKENS):
-            writer.add_tokens(np.asarray(stream[at : min(at + COPY_TOKENS, end)]))
-        writer.add_tokens(np.array(tail))
-    for tokens, name in before.get(len(ranges), []):  # after the last range
-        writer.add_documents(np.array([[writer.at, writer.at + len(tokens)]]), [name])
-        writer.add_tokens(np.array(list(tokens) + tail))
+        if stop is not None and first < stop:
+            copy_ranges(writer, stream, ranges[first:stop], None if names is None else names[first:stop], eot)
     return writer.finish()
 
 

@@ -537,6 +537,63 @@ def test_plain_text_cut_into_documents(tmp_path, separator):
     assert len(got["val"]) == 5 and sorted(got["train"] + got["val"]) == sorted(docs)
 
 
+def split_at_separator_lines(text, separator):
+    """Brute force: the documents of --dataset text, a line at a time. A line (up to and with its \\n) whose end
+    of [ \\t\\r\\v\\f] stripped is the separator ends a document and is dropped; whitespace-only documents left out."""
+    docs, doc = [], []
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]  # the file's last line has no \n of its own
+    for line in lines:
+        if line.rstrip("\n").rstrip(" \t\r\x0b\x0c") == separator and (line.endswith("\n") or line):
+            docs.append("".join(doc))
+            doc = []
+        else:
+            doc.append(line)
+    docs.append("".join(doc))
+    return [d for d in docs if d.strip()]
+
+
+@pytest.mark.parametrize("separator", ["", "%%"])
+def test_many_short_documents_read_in_small_blocks(tmp_path, monkeypatch, separator):
+    """Documents found where they are tokenized (the blocks' Runs) are the brute-force line-by-line split, in
+    order, whatever the read size, with 1 and 2 workers; copied to train and val in windows of a few tokens."""
+    rng = random.Random(3)
+    pieces = []
+    for _ in range(300):
+        pieces.append(tricky_text(rng, rng.randrange(0, 30)))
+        pieces.append(rng.choice(["\n", "\n\n", "\n \t\n", "\n\n\n", "\r\n\r\n"]) if not separator else
+                      rng.choice(["\n%%\n", "\n%% \t\n", "\n%%x\n", "\n\n", "\n%%\n%%\n"]))
+    body = "".join(pieces)
+    (tmp_path / "c.txt").write_text(body, encoding="utf-8", newline="")
+    expected = split_at_separator_lines(body, separator)
+    monkeypatch.setattr(prepare_data, "BATCH_CHARS", 200)
+    monkeypatch.setattr(prepare_data, "COPY_TOKENS", 5)
+    tok = Tokenizer("gpt2")
+    for read, workers in ((13, 1), (64, 2), (4096, 2)):
+        monkeypatch.setattr(prepare_data, "READ_BYTES", read)
+        out = tmp_path / f"r{read}w{workers}"
+        run("--dataset", "text", "--path", tmp_path / "c.txt", "--out_dir", out, "--tokenizer", "gpt2",
+            "--separator", separator, "--val_documents", 17, "--workers", workers)
+        meta, train, val = load(out)
+        got = texts_of(meta, train, val, tok)
+        assert len(got["val"]) == 17 and sorted(got["train"] + got["val"]) == sorted(expected)
+        for split, ids in (("train", train), ("val", val)):
+            rest = iter(expected)
+            assert all(d in rest for d in got[split])  # in the file's order: a subsequence of it
+            assert ids.tolist() == brute_force_stream(got[split], tok)
+
+
+def test_a_bad_byte_in_a_block_of_documents_is_named_at_its_place(tmp_path):
+    """A document within a block (tokenized by a worker from the block's bytes) is named by its byte in the file."""
+    body = b"".join(f"document {i}\n\n".encode() for i in range(50))
+    bad = body + b"caf\xe9\n\n" + body
+    (tmp_path / "c.txt").write_bytes(bad)
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", "text", "--path", tmp_path / "c.txt", "--out_dir", tmp_path / "out", "--workers", 2)
+    assert str(e.value.code).endswith(f"{tmp_path / 'c.txt'} (the document at byte {len(body)}) is not valid UTF-8 "
+                                 "(byte 3); pass --errors replace to substitute U+FFFD for undecodable bytes")
+
+
 def nanogpt_files(folder, seed=0):
     """nanoGPT's layout: train.bin and val.bin of uint16 GPT-2 tokens, each document followed by 50256."""
     rng = np.random.default_rng(seed)
