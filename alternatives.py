@@ -35,10 +35,14 @@ class RopeScaling:
     """
     method: str = "none"
     factor: float = None
+    original_length: int = None  # the training length YaRN's ramp counts turns over (None: block_size)
 
     def __post_init__(self):
         if self.method not in ROPE_SCALINGS:
             raise ValueError(f"rope_scaling={self.method!r} is not allowed: must be one of {', '.join(ROPE_SCALINGS)}")
+        length = self.original_length
+        if length is not None and not (isinstance(length, int) and not isinstance(length, bool) and length > 0):
+            raise ValueError(f"original_length={length!r} is not allowed: must be a positive integer")
         if self.factor is None:
             return
         number = isinstance(self.factor, (int, float)) and not isinstance(self.factor, bool)
@@ -52,6 +56,20 @@ class RopeScaling:
     def factor_at(self, n_keys, block_size):
         """s for a pass in which one query sees at most n_keys positions."""
         return float(self.factor) if self.factor is not None else n_keys / block_size
+
+
+def check_trained_scaling(config, require, is_num):
+    """GPTConfig's checks of the scaling a model is fine-tuned with: a fixed factor s > 1 (dynamic NTK has none), on
+    rotary angles (rope, or xpos with its rotation)."""
+    require(config.rope_scaling in ROPE_SCALINGS and config.rope_scaling != "dynamic_ntk", "rope_scaling",
+            "must be one of none, pi, ntk, yarn")
+    rotates = config.pos == "rope" or config.pos == "xpos" and config.xpos_rotate
+    require(config.rope_scaling == "none" or rotates, "rope_scaling", f"it rescales rotary angles, and "
+            f"pos={config.pos!r}" + (" without rotation" if config.pos == "xpos" else "") + " has none")
+    require(is_num(config.rope_factor) and (1 < config.rope_factor < math.inf or config.rope_scaling == "none"),
+            "rope_factor", f"must be a finite number > 1 with rope_scaling={config.rope_scaling!r}")
+    require(is_num(config.rope_original_length, int) and config.rope_original_length >= 0, "rope_original_length",
+            "must be an integer >= 0 (0: block_size)")
 
 
 def interpolate(theta, scaling, factor, block_size):
@@ -73,6 +91,7 @@ def interpolate(theta, scaling, factor, block_size):
     # sqrt(1/t) = 0.1 ln s + 1 on q and k alike, undoes the thinner spread of attention over a longer context.
     if d == 2 or not theta.any():  # one pair is always kept (j = 0 is below any low); no rotation: nothing to scale
         return theta, 0.1 * math.log(s) + 1
+    block_size = scaling.original_length or block_size  # a fine-tuned model's ramp: over the length before it
     t0, t1 = float(theta[0]), float(theta[1])  # theta_j is geometric in j: the pair where r_j = r, as a real index
     at = lambda r: math.log(block_size * t0 / (2 * math.pi * r)) / math.log(t0 / t1)  # = d ln(l / 2 pi r) / 2 ln base
     low, high = max(math.floor(at(YARN_BETA)), 0), min(math.ceil(at(YARN_ALPHA)), d - 1)

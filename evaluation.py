@@ -62,8 +62,9 @@ def add_checkpoint_args(parser, bca=("auto", "on", "off"), bca_default="auto", d
     parser.add_argument("--window", type=int, help="W, the keys a query sees under sliding and sinks (default: "
                         "block_size)")
     parser.add_argument("--sinks", type=int, help="S, the attention sinks kept under sinks (default: 4)")
-    parser.add_argument("--rope_scaling", default="none", help=f"RoPE interpolation for rope and xpos{lists}: "
-                        f"{' | '.join(ROPE_SCALINGS)}")
+    parser.add_argument("--rope_scaling", help=f"RoPE interpolation for rope and xpos{lists}: "
+                        f"{' | '.join(ROPE_SCALINGS)} (default: the checkpoint's own, none unless it was fine-tuned "
+                        "with one)")
     parser.add_argument("--rope_factor", type=float, help="s for pi, ntk and yarn (default: the most positions a "
                         "query sees / block_size; every method is the identity at s <= 1)")
     parser.add_argument("--data_dir", help="the dataset (its meta.json); default: the one the checkpoint was "
@@ -98,7 +99,8 @@ def attention_options(args, several=False):
     for flag, rules in (("--window", ("sliding", "sinks")), ("--sinks", ("sinks",))):
         if getattr(args, flag[2:]) is not None and not set(rules) & set(names):
             raise UserError(f"{flag} {getattr(args, flag[2:])} applies to --attention {' or '.join(rules)} only")
-    methods = parse_names(args.rope_scaling, "--rope_scaling", ROPE_SCALINGS, several)
+    own = args.rope_scaling is None  # the checkpoint's own scaling (plan_runs, own_scaling)
+    methods = [] if own else parse_names(args.rope_scaling, "--rope_scaling", ROPE_SCALINGS, several)
     takes_factor = [m for m in methods if m in ("pi", "ntk", "yarn")]
     if args.rope_factor is not None and not takes_factor:
         raise UserError(f"--rope_factor {args.rope_factor} applies to --rope_scaling pi, ntk or yarn only")
@@ -108,7 +110,12 @@ def attention_options(args, several=False):
         scalings = [RopeScaling(m, args.rope_factor if m in takes_factor else None) for m in methods]
     except ValueError as e:
         raise UserError(str(e)) from None
-    return rules, scalings
+    return rules, [None] if own else scalings
+
+
+def own_scaling(config, scaling):
+    """scaling, or where it is None (no --rope_scaling given) the one the checkpoint was trained with."""
+    return config.trained_scaling() if scaling is None else scaling
 
 
 def check_rule(rule, length, block_size, path):
@@ -142,7 +149,7 @@ def plan_runs(config, rules, scalings, longest, path):
     runs, skipped = [], []
     for rule in rules:
         check_rule(rule, longest, config.block_size, path)
-        for scaling in scalings:
+        for scaling in (own_scaling(config, s) for s in scalings):
             why = pointless(config, rule, scaling)
             if why:
                 skipped.append(f"{path}: skipped {rule_label(config.pos, rule, scaling, config.block_size)}: {why}")

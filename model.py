@@ -39,6 +39,11 @@ class GPTConfig:
     xpos_gamma: float = 0.4  # zeta_j = (2j + gamma*d) / ((1 + gamma)*d), paper Eq. 9
     xpos_scale_base: float = 512.0  # zeta^(n / scale_base) as in the official code; inf turns the decay off
     xpos_rotate: bool = True  # False is Table 4's "xPos without rotation": theta = 0, decay only
+    # RoPE interpolation the model was fine-tuned with (alternatives.py; Hugging Face's rope_scaling), used by every
+    # pass unless another is asked for: none | pi | ntk | yarn, s > 1, the length YaRN counts from (0: block_size)
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    rope_original_length: int = 0
 
     def __post_init__(self):
         def require(ok, name, allowed):
@@ -59,6 +64,12 @@ class GPTConfig:
                     f"must be a finite number > {low}" + (" or inf (no decay)" if name == "xpos_scale_base" else ""))
         for name in ("bias", "xpos_rotate"):
             require(isinstance(getattr(self, name), bool), name, "must be True or False")
+        alternatives.check_trained_scaling(self, require, is_num)  # alternatives: a fine-tune's RoPE scaling
+
+    def trained_scaling(self):
+        """The RopeScaling of rope_scaling, rope_factor and rope_original_length."""
+        scaled = self.rope_scaling != "none"
+        return RopeScaling(self.rope_scaling, *((self.rope_factor, self.rope_original_length or None) * scaled))
 
 
 # Position schemes: learned and sinusoidal add to the token embeddings (GPT.hidden_states), rope, xpos and alibi act
@@ -141,7 +152,9 @@ class PositionTable:
         if config.pos == "learned" and n_tokens > config.block_size:  # every other scheme runs at any length
             raise ValueError(f"pos='learned' cannot go past block_size={config.block_size} (asked for {n_tokens} "
                              "positions): learned absolute positions cannot extrapolate")
-        scaling = rope_scaling if isinstance(rope_scaling, RopeScaling) else RopeScaling(rope_scaling or "none")
+        if rope_scaling is None:  # the model's own: none, unless it was fine-tuned with one
+            rope_scaling = config.trained_scaling()
+        scaling = rope_scaling if isinstance(rope_scaling, RopeScaling) else RopeScaling(rope_scaling)
         self.rule, self.scaling, self.masks = rule, scaling, {}
         W = rule.window  # query t sees keys of blocks t // b - 1 and t // b only, and past the first within its reach:
         self.b = None if rule.name == "causal" else W // 2 if rule.name == "bca" else W

@@ -119,7 +119,7 @@ GUESS_SECONDS = dict(prepare=10, train=300, extrapolate=240, scalings=240, resol
 # seeds as the study (three for the schemes the claims compare, one for learned, sinusoidal, none and xPos without
 # rotation: three each would take the suite past its 3-hour budget on 2 cores), then eval_retrieval.py --probe task
 # under every rule and, for the rotary schemes, every interpolation.
-SUITES = ("study", "retrieval")
+SUITES = ("study", "retrieval", "extension")
 # The sweep, where the windows act: the three retrieval tasks under the three window rules (plain causal attention
 # past 2l is another question, extrapolation; flip-flop and the passkey's second filler are left out for time)
 SWEEP_TASKS, SWEEP_RULES = "copy,mqar,passkey", "bca,sliding,sinks"
@@ -136,12 +136,14 @@ class Job:
     """One step of the study: a command that writes `output` (or a Python function, for the report), from the
     checkpoints in `inputs`."""
 
-    def __init__(self, name, kind, output, command=None, action=None, inputs=(), settings=None):
+    def __init__(self, name, kind, output, command=None, action=None, inputs=(), settings=None, max_iters=None):
         self.name, self.kind, self.output, self.command, self.action = name, kind, Path(output), command, action
         self.inputs = [Path(p) for p in inputs]
         self.settings = settings  # a training job's: what train.py will run with (recipe file and overrides)
+        self.max_iters = max_iters  # a training job's own, where it is not the recipe's (a fine-tune's)
 
     def done(self, max_iters=None):
+        max_iters = self.max_iters or max_iters
         if self.kind == "train":
             if not self.output.exists():
                 return False
@@ -176,7 +178,8 @@ class Job:
 # Settings that do not change the weights trained: where the run and its data lie (the data's folder is not compared:
 # which records it holds is the prepare job's), the device, compilation, and how often it is evaluated and logged
 # (batches are drawn from (seed, iteration) alone).
-NOT_RECIPE = ("out_dir", "data_dir", "device", "compile", "max_iters", "eval_interval", "eval_iters", "log_interval")
+NOT_RECIPE = ("out_dir", "data_dir", "device", "compile", "max_iters", "eval_interval", "eval_iters", "log_interval",
+              "init_from")  # (a fine-tune resumed records init_from=resume; its source is in its checkpoint's "init")
 
 
 def settings_text(keys, settings):
@@ -447,23 +450,201 @@ def retrieval_plan(args, budget):
     return jobs
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# --suite extension: context extension by fine-tuning the study's models, against the zero-shot methods. RoPE is
+# fine-tuned at 4l with PI and with YaRN (s = 4), xPos at 4l with no scaling (fine-tuning at a longer length helps any
+# scheme, so xPos gets it too), each for the same budget (FINE_TUNE_BUDGETS).
+FINE_TUNES = (  # (name, source scheme, train.py overrides)
+    ("rope_pi", "rope", dict(rope_scaling="pi", rope_factor=4.0)),
+    ("rope_yarn", "rope", dict(rope_scaling="yarn", rope_factor=4.0)),
+    ("xpos_long", "xpos", {}),
+)
+EXTENSION_SOURCES = ("rope", "xpos", "alibi")
+# (perplexity flags, context probe rules) of each model: the sources zero-shot under their rules (RoPE + YaRN at
+# inference too), the fine-tunes under causal attention with their own scaling (the checkpoint's, by default), and
+# xPos with BCA past its new length too
+EXTENSION_RULES = {
+    "rope": (["--attention", "causal,bca", "--rope_scaling", "none,yarn"], "causal,bca"),
+    "xpos": (["--attention", "causal,bca"], "causal,bca"),
+    "alibi": (["--attention", "causal"], "causal"),
+    "rope_pi": (["--attention", "causal"], "causal"),
+    "rope_yarn": (["--attention", "causal"], "causal"),
+    "xpos_long": (["--attention", "causal,bca"], "causal,bca"),
+}
+# The fine-tuning budget: 50 iterations of 8 sequences of 4l = 512 tokens, 205k tokens, 5% of pre-training's 4.1M.
+# YaRN's paper fine-tuned on about 0.1% of pre-training's tokens, which here is 2 iterations: too few to mean anything.
+# The rate starts at pre-training's last (min_lr) after a short warmup and decays tenfold.
+FINE_TUNE_BUDGETS = {
+    "full": dict(multiple=4, batch_size=8, gradient_accumulation_steps=1, max_iters=50, lr_decay_iters=50,
+                 warmup_iters=5, learning_rate=4e-4, min_lr=4e-5, eval_interval=25, eval_iters=10, log_interval=5),
+    "toy": dict(multiple=4, batch_size=2, gradient_accumulation_steps=1, max_iters=2, lr_decay_iters=2,
+                warmup_iters=1, learning_rate=4e-4, min_lr=4e-5, eval_interval=2, eval_iters=1, log_interval=1),
+}
+EXTENSION_MULTIPLES = (1, 4, 8, 16)  # x l: the evaluation lengths, to the fine-tuning length 4l and past it
+EXTENSION_SPANS = {"full": "32", "toy": "1"}
+
+
+def fine_tune_settings(args, budget):
+    """train.py's settings of every fine-tune: FINE_TUNE_BUDGETS with block_size = multiple x l."""
+    settings = dict(FINE_TUNE_BUDGETS[args.budget])
+    settings["block_size"] = settings.pop("multiple") * budget["recipe"]["block_size"]
+    return settings
+
+
+def extra_tokens(args, budget):
+    """The tokens a fine-tune trains on: iterations x sequences x length."""
+    s = fine_tune_settings(args, budget)
+    return s["max_iters"] * s["batch_size"] * s["gradient_accumulation_steps"] * s["block_size"]
+
+
+def extension_models(args, budget):
+    """{model name: its checkpoints, in seed order}: the sources' study runs, the fine-tunes under runs/extension."""
+    runs, sources = Path(args.runs), [s for s in EXTENSION_SOURCES if s in budget["schemes"]]
+    models = {scheme: [runs / f"{scheme}_s{seed}" / "ckpt.pt" for seed in SEEDS] for scheme in sources}
+    models.update({name: [runs / "extension" / f"{name}_s{seed}" / "ckpt.pt" for seed in SEEDS]
+                   for name, source, _ in FINE_TUNES if source in sources})
+    return models
+
+
+def extension_plan(args, budget):
+    """--suite extension: the study's data and its rope, xpos and alibi models (the study's own training jobs: a
+    finished one is kept), the fine-tunes from them, then perplexity from l to 16l and the context probe at 16l of
+    every model, then the table."""
+    recipe, l = budget["recipe"], budget["recipe"]["block_size"]
+    data, raw = Path(args.data), Path(args.results) / "raw"
+    models = extension_models(args, budget)
+    jobs = [prepare_job(args, data)]
+    overrides = {}
+    for scheme, seeded in study_runs(budget).items():
+        seeded = [r for r in seeded if not r[2]]  # (no passkey mix here)
+        for (run, seed, _, scheme_overrides), ckpt in zip(seeded, models[scheme]):
+            settings = dict(scheme_overrides, **budget["train"], seed=seed, out_dir=str(ckpt.parent),
+                            data_dir=str(data), device=args.device)
+            jobs.append(Job(f"train {run}", "train", ckpt, [PY, "train.py", VARIANTS[args.variant]["config"]]
+                            + [f"--{k}={v}" for k, v in settings.items()], settings=dict(recipe, **settings)))
+        overrides[scheme] = seeded[0][3]
+    tuned = fine_tune_settings(args, budget)
+    for name, source, scaling in FINE_TUNES:
+        for seed, src, ckpt in zip(SEEDS, models[source], models[name]):
+            settings = dict(overrides[source], **budget["train"])  # the source's model, then the fine-tune's own
+            settings.update(tuned, **scaling, seed=seed, init_from=str(src), out_dir=str(ckpt.parent),
+                            data_dir=str(data), device=args.device)
+            jobs.append(Job(f"fine-tune {name}_s{seed}", "train", ckpt,
+                            [PY, "train.py", VARIANTS[args.variant]["config"]]
+                            + [f"--{k}={v}" for k, v in settings.items()],
+                            inputs=[src], settings=dict(recipe, **settings), max_iters=tuned["max_iters"]))
+    lengths = ",".join(str(m * l) for m in EXTENSION_MULTIPLES)
+    for name, ckpts in models.items():
+        flags, rules = EXTENSION_RULES[name]
+        common = [a for c in ckpts for a in ("--ckpt", str(c))] + ["--data_dir", str(data), "--device", args.device]
+        jobs.append(Job(f"perplexity {name}", "extrapolate", raw / f"{name}.ppl.json",
+                        [PY, "eval_extrapolate.py", *common, *flags, "--lengths", lengths, "--spans",
+                         EXTENSION_SPANS[args.budget], "--json", str(raw / f"{name}.ppl.json")], inputs=ckpts))
+        jobs.append(Job(f"context {name}", "context", raw / f"{name}.context.json",
+                        [PY, "eval_retrieval.py", *common, "--attention", rules, "--probe", "context", "--lengths",
+                         str(EXTENSION_MULTIPLES[-1] * l), "--sequences", EXTENSION_SPANS[args.budget],
+                         "--json", str(raw / f"{name}.context.json")], inputs=ckpts))
+    jobs.append(Job("extension table", "report", Path(args.results) / "summary.json",
+                    action=lambda measured: extension_report(args, budget, measured)))
+    return jobs
+
+
+def extension_rows(args, budget, name, suffix):
+    """The rows of raw/<name><suffix> measured on the model's own checkpoints (extension_models), each with its
+    seed's place; the others are noted and left out."""
+    path = Path(args.results) / "raw" / f"{name}{suffix}"
+    result = read_result(path) if path.exists() else None
+    own = {os.path.normpath(c): i for i, c in enumerate(extension_models(args, budget)[name])}
+    rows = []
+    for row in (result or {}).get("rows", []):
+        where = own.get(os.path.normpath(str(row["ckpt"])))
+        if where is None:
+            note = f"note: {path}: the rows of {row['ckpt']} are left out: not one of this suite's checkpoints"
+            if note not in NOTED:
+                NOTED.add(note)
+                print(note)
+            continue
+        rows.append((where, row))
+    return rows
+
+
+def extension_report(args, budget, measured=True):
+    """results/extension/summary.json and tables.md: each model and rule's extra training tokens, perplexity at each
+    length and gain from context beyond its training length, mean ± std over seeds with each seed's value."""
+    results = Path(args.results)
+    check_outputs(results, "extension")
+    check_raw(results)
+    ran_on = None if measured else previous_machine(results / "summary.json")
+    l = budget["recipe"]["block_size"]
+    values = {}  # row name: column: {seed place: value}
+    for name in extension_models(args, budget):
+        tuned = name not in EXTENSION_SOURCES
+        prefix = "fine-tuned at 4l: " if tuned else "zero-shot: "
+        for suffix, column_of, field in ((".ppl.json", lambda r: str(r["length"]), "ppl"),
+                                         (".context.json", lambda r: "context gain", "gain")):
+            for seed, row in extension_rows(args, budget, name, suffix):
+                value = row.get(field)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    values.setdefault(prefix + row["label"], {}).setdefault(column_of(row), {})[seed] = value
+        for label in [k for k in values if k.startswith(prefix)]:
+            values[label].setdefault("extra tokens", {0: extra_tokens(args, budget) if tuned else 0})
+    table = {row: {column: spread([by_seed[s] for s in sorted(by_seed)]) for column, by_seed in columns.items()}
+             for row, columns in values.items()}
+    summary = {"suite": "extension", "budget": args.budget, "recipe": budget["recipe"],
+               "fine_tune": fine_tune_settings(args, budget), "extra_tokens": extra_tokens(args, budget),
+               "seeds": list(SEEDS), "lengths": [m * l for m in EXTENSION_MULTIPLES],
+               "wall_time": wall_time(args, budget, extension_plan), "machine": ran_on or machine(args.device),
+               "table": table}
+    write_summary(results / "summary.json", summary)
+    summary = json.loads((results / "summary.json").read_text())  # what the table shows is what the file holds
+    (results / "tables.md").write_text(extension_markdown(summary))
+    print(f"wrote {results / 'tables.md'}")
+
+
+def extension_markdown(summary):
+    """The extension's table from its summary.json."""
+    l, tuned, wall = summary["recipe"]["block_size"], summary["fine_tune"], summary["wall_time"]
+    head = (f"Context extension: the study's models (training length l = {l}, seeds "
+            f"{', '.join(map(str, summary['seeds']))}) zero-shot, and fine-tuned at {tuned['block_size']} tokens for "
+            f"{tuned['max_iters']} iterations of {tuned['batch_size'] * tuned['gradient_accumulation_steps']} "
+            f"sequences ({summary['extra_tokens']:,} tokens, learning rate {tuned['learning_rate']:g} to "
+            f"{tuned['min_lr']:g}); {summary['budget']} budget, wall time {clock(wall['seconds'])} "
+            f"({wall['measured']} of its {wall['jobs']} jobs measured), on {summary['machine']}.\n")
+    columns = [str(n) for n in summary["lengths"]]
+    lines = ["### Perplexity against length (lex protocol) and the gain from context beyond the model's training "
+             "length (nats per token: l for zero-shot, 4l for the fine-tunes), mean ± std over seeds [each seed]",
+             "", "| model | extra tokens | " + " | ".join(columns) + " | context gain |",
+             "|---" * (len(columns) + 3) + "|"]
+    for name, row in summary["table"].items():
+        tokens = row.get("extra tokens")
+        tokens = f"{int(tokens['mean']):,}" if tokens else "–"
+        lines.append(f"| {name} | {tokens} | " + " | ".join(cell(row.get(c), 3) for c in columns)
+                     + f" | {cell(row.get('context gain'), 4)} |")
+    return head + "\n" + "\n".join(lines) + "\n"
+
+
 def check_outputs(results, suite):
     """Before a report writes anything: the results directory holds this suite's raw results, not the other's, and
     every file the report writes that is already there is one a report wrote (summary.json marked, tables.md with its
     heading, plots by their signature); anything else is refused with one line and kept."""
-    other = {"study": ("tasks", "the task suite's (raw/*.tasks.json): give --suite retrieval"),
-             "retrieval": ("ppl", "the study's (raw/*.ppl.json): drop --suite retrieval")}[suite]
-    if any((results / "raw").glob(f"*.{other[0]}.json")):
-        raise UserError(f"--results {results} holds {other[1]}")
-    names = ["summary.json", "tables.md", "perplexity.png", "effective_context.png"] if suite == "study" else \
-        ["summary.json", "tables.md", *(f"{p}{t}.png" for t in TASKS for p in ("", "sweep_"))]
+    others = {"study": [("tasks", "the task suite's (raw/*.tasks.json): give --suite retrieval"),
+                        ("rope_pi.ppl", "the context extension's (raw/rope_pi.ppl.json): give --suite extension")],
+              "retrieval": [("ppl", "the study's (raw/*.ppl.json): drop --suite retrieval")],
+              "extension": [("tasks", "the task suite's (raw/*.tasks.json): give --suite retrieval"),
+                            ("repeat", "the study's (raw/*.repeat.json): drop --suite extension")]}[suite]
+    for kind, whose in others:
+        if any((results / "raw").glob(f"*.{kind}.json") if "." not in kind else (results / "raw").glob(f"{kind}.json")):
+            raise UserError(f"--results {results} holds {whose}")
+    names = {"study": ["summary.json", "tables.md", "perplexity.png", "effective_context.png"],
+             "retrieval": ["summary.json", "tables.md", *(f"{p}{t}.png" for t in TASKS for p in ("", "sweep_"))],
+             "extension": ["summary.json", "tables.md"]}[suite]
     for name in names:
         path = results / name
         if not (path.exists() or path.is_symlink()):
             continue
         ours = earlier_output(path, plot=name.endswith(".png")) if not name.endswith(".md") else \
             not path.is_symlink() and path.is_file() and path.read_bytes()[:40].startswith(
-                (b"Study: ", b"Long-range task suite: "))
+                (b"Study: ", b"Long-range task suite: ", b"Context extension: "))
         if not ours:
             raise UserError(f"{path} exists and is not one a report of reproduce.py wrote: refusing to replace it; "
                             "move it aside, or give another --results")
@@ -834,7 +1015,7 @@ def run_jobs(args, budget, jobs):
                 compact_raw(job.output)
         seconds = time.time() - began
         if job.kind == "train":  # a resumed run: its whole duration, at the rate of the part measured
-            max_iters = budget["recipe"]["max_iters"]
+            max_iters = job.max_iters or budget["recipe"]["max_iters"]
             seconds *= max_iters / (max_iters - resumed_at)
         timings[job.name] = dict(kind=job.kind, seconds=round(seconds, 1))
         write_json(timings_path, timings, quiet=True)
@@ -1308,7 +1489,8 @@ def gather_resolution(args, budget, m):
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", default="study", choices=SUITES, help="study: the paper's claims (the default); "
-                   "retrieval: the long-range task suite (tasks.py), results/retrieval")
+                   "retrieval: the long-range task suite (tasks.py), results/retrieval; extension: the study's models "
+                   "fine-tuned at 4l (RoPE with PI and YaRN, xPos) against zero-shot, results/extension")
     p.add_argument("--variant", default="char", choices=tuple(VARIANTS), help="char: Shakespeare characters on CPU; "
                    "gpt2: GPT-2 BPE tokens (config/study_gpt2.py), for a GPU")
     p.add_argument("--budget", default="full", choices=tuple(BUDGETS), help="toy: a tiny model and a few "
@@ -1336,6 +1518,10 @@ def parse_args(argv=None):
                             "--tune do not apply")
         args.results = args.results or ("out/retrieval_toy/results" if toy else "results/retrieval")
         args.runs, args.data = args.runs or f"out/retrieval{toy}", args.data or f"data/task_char{toy}"
+    if args.suite == "extension":
+        if args.variant != "char" or args.tune:
+            raise UserError("--suite extension fine-tunes the char study's models: --variant and --tune do not apply")
+        args.results = args.results or ("out/extension_toy/results" if toy else "results/extension")
     args.results = args.results or (f"out/study_{args.variant}_toy/results" if toy else f"results/{args.variant}")
     args.runs = args.runs or f"out/study_{args.variant}{toy}"
     args.data = args.data or f"data/study_{args.variant}"
@@ -1344,7 +1530,7 @@ def parse_args(argv=None):
 
 def budget_for(args):
     """The budget's settings, with the recipe its models train with: the config file and the budget's overrides."""
-    known = [s for s, _, _ in schemes_of(args.suite)]
+    known = list(EXTENSION_SOURCES) if args.suite == "extension" else [s for s, _, _ in schemes_of(args.suite)]
     budget = dict(BUDGETS[args.budget], schemes=args.schemes.split(",") if args.schemes else known, suite=args.suite)
     unknown = set(budget["schemes"]) - set(known)
     if unknown:
@@ -1359,7 +1545,8 @@ def budget_for(args):
 
 
 def jobs_for(args, budget):
-    return (tune_plan if args.tune else retrieval_plan if args.suite == "retrieval" else plan)(args, budget)
+    suite_plan = {"study": plan, "retrieval": retrieval_plan, "extension": extension_plan}[args.suite]
+    return (tune_plan if args.tune else suite_plan)(args, budget)
 
 
 def main(argv=None):
@@ -1373,7 +1560,8 @@ def main(argv=None):
                 raise UserError("--report redraws the study's tables alone: give it without --tune and --plan")
             if not Path(args.results, "raw").is_dir():
                 raise UserError(f"--report: {Path(args.results, 'raw')} does not exist; nothing to draw from")
-            return (retrieval_report if args.suite == "retrieval" else report)(args, budget, measured=False)
+            suite_report = {"study": report, "retrieval": retrieval_report, "extension": extension_report}
+            return suite_report[args.suite](args, budget, measured=False)
         raw = Path(args.results, "raw")
         made = [p for p in (raw, *raw.parents) if not (p.exists() or p.is_symlink())]  # deepest first
         writable_dir(raw, "--results")

@@ -28,8 +28,8 @@ import torch
 from common import (ArgumentParser, UserError, exit_interrupted, load_model, output_path, pyplot, resolve_device,
                     write_json)
 from data import checked, checkpoint_dataset, documents, read_tokens
-from evaluation import (add_checkpoint_args, attention_options, check_rule, learned_length_check, pointless,
-                        rule_fields, rule_label, save_figure)
+from evaluation import (add_checkpoint_args, attention_options, check_rule, learned_length_check, own_scaling,
+                        pointless, rule_fields, rule_label, save_figure)
 from model import GPTConfig, PositionTable
 
 
@@ -263,7 +263,7 @@ def run(args):
         learned_length_check(cfg, args.length, args.ckpt)
         for rule in rules:
             check_rule(rule, args.length, cfg.block_size, args.ckpt)
-        runs = [(rule, scaling) for rule in rules for scaling in scalings]
+        runs = [(rule, own_scaling(cfg, scaling)) for rule in rules for scaling in scalings]
         for rule, scaling in runs:
             why = pointless(cfg, rule, scaling)
             if why:

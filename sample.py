@@ -22,7 +22,8 @@ import torch
 from common import ArgumentParser, error_exit, exit_interrupted  # one-line exits, printed once under torchrun
 from common import UserError, autocast, check_seed, load_model, resolve_device, resolve_dtype
 from data import checkpoint_dataset, tokenizer_from_meta
-from evaluation import add_checkpoint_args, attention_options, check_rule, learned_length_check, pointless
+from evaluation import (add_checkpoint_args, attention_options, check_rule, learned_length_check, own_scaling,
+                        pointless)
 
 MIN_TEMPERATURE = 1e-4  # logits / temperature stays within float32 for logits up to 10^34
 
@@ -55,6 +56,7 @@ def sample(args):
         raise UserError(f"--top_k {args.top_k} must be >= 1")
     (rule,), (scaling,) = attention_options(args)
     model, ckpt = load_model(args.ckpt, device)
+    scaling = own_scaling(model.config, scaling)
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise UserError(f"checkpoint {args.ckpt} holds non-finite weights (inf or NaN): it cannot be sampled from")
     why = pointless(model.config, rule, scaling)

@@ -24,7 +24,7 @@ import shutil
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -44,7 +44,8 @@ from model import GPT, GPTConfig
 DEFAULTS = dict(
     # I/O
     out_dir="out", log_interval=10,
-    init_from="scratch",  # scratch | resume (from out_dir/ckpt.pt)
+    init_from="scratch",  # scratch | resume (from out_dir/ckpt.pt) | the path of another run's checkpoint: a new run
+    # from its weights (fine-tuning; at another block_size too, FINE_TUNED_KEYS), with a fresh optimizer and schedule
     eval_interval=250,  # evaluate and write the checkpoint every this many iterations, and at the end
     keep_checkpoints=0,  # K >= 1: also keep the last K checkpoints as ckpt_<iter>.pt, and the best as ckpt_best.pt
     checkpoint_minutes=0.0,  # > 0: also write the checkpoint this often (checked at log steps); 0 turns it off
@@ -59,6 +60,9 @@ DEFAULTS = dict(
     block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.0, bias=True,
     pos="xpos",  # learned | sinusoidal | rope | alibi | xpos (paper §3.2) | none
     rope_base=10000.0, xpos_gamma=0.4, xpos_scale_base=512.0, xpos_rotate=True,
+    rope_scaling="none",  # none | pi | ntk | yarn: RoPE interpolation in training, kept in the model (GPTConfig)
+    rope_factor=1.0,  # its s > 1
+    rope_original_length=0,  # the length YaRN's ramp counts from; 0: a fine-tune's source's block_size, else block_size
     # AdamW
     learning_rate=1e-3, max_iters=5000, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8,
     grad_clip=1.0,  # 0 disables
@@ -75,7 +79,7 @@ DEFAULTS = dict(
     grad_checkpoint=False,  # recompute each block's activations in the backward pass: less memory, more compute
     overwrite=False,  # init_from=scratch in an out_dir that holds ckpt.pt: refused unless this is True
 )
-CHOICES = dict(init_from=("scratch", "resume"), lr_schedule=("cosine", "polynomial"), dtype=DTYPES)
+CHOICES = dict(lr_schedule=("cosine", "polynomial"), dtype=DTYPES, rope_scaling=("none", "pi", "ntk", "yarn"))
 LIMITS = dict(  # numeric keys, checked once the whole configuration is known
     learning_rate=POSITIVE, min_lr=NON_NEGATIVE, weight_decay=NON_NEGATIVE, beta1=FRACTION, beta2=FRACTION,
     adam_eps=POSITIVE, grad_clip=(NON_NEGATIVE[0], "a finite number >= 0 (0 disables clipping)"), lr_power=POSITIVE,
@@ -85,6 +89,8 @@ LIMITS = dict(  # numeric keys, checked once the whole configuration is known
                     AT_LEAST_ONE),
 )
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
+FINE_TUNED_KEYS = ("block_size", "dropout", "rope_scaling", "rope_factor", "rope_original_length")  # a fine-tune's
+# own model settings; the others are its source's
 
 
 def load_config(argv):
@@ -145,6 +151,7 @@ def setup(c):
     # memory-mapped: the ranks of a node share one copy of the file in the page cache instead of each holding it
     ckpt = load_checkpoint(run.ckpt_path, mmap=True, verify=True) if c["init_from"] == "resume" else None
     if ckpt:  # a training checkpoint for this dataset's tokenizer, whose architecture wins over the config's
+        run.source = ckpt.get("init")  # a fine-tune's source, kept in every checkpoint
         missing = [k for k in ("optimizer", "scaler", "iter_num", "best_val_loss", "rng") if k not in ckpt]
         if missing:
             raise UserError(f"checkpoint {run.ckpt_path} cannot be resumed: it has no {', '.join(missing)}")
@@ -179,7 +186,8 @@ def check_run(c, ddp, rank, world, device):
     run = SimpleNamespace(ddp=ddp, rank=rank, world=world, device=device, device_type=device.split(":")[0],
                           master=rank == 0, micro_steps=c["gradient_accumulation_steps"] // world, dtype=dtype,
                           ctx=autocast(device, dtype), ckpt_path=checkpoint_path(c["out_dir"]),
-                          global_batch=c["batch_size"] * c["gradient_accumulation_steps"], wandb=None)
+                          global_batch=c["batch_size"] * c["gradient_accumulation_steps"], wandb=None,
+                          source=None, source_weights=None)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     if c["wandb_log"]:  # checked on every rank, so that all stop together
@@ -196,19 +204,57 @@ def check_run(c, ddp, rank, world, device):
             run.gpt_config = GPTConfig(vocab_size=run.meta["vocab_size"], **{k: c[k] for k in MODEL_KEYS})
         except ValueError as e:
             raise UserError(str(e)) from None
+    elif c["init_from"] != "resume":
+        run.gpt_config, run.source_weights, run.source = fine_tune_source(c, run.meta, run.master)
     if c["compile"]:
         check_compiler(run.device_type)
     if run.master:  # which writes the checkpoints: the one owner of out_dir, before anything in it is touched
         writable_dir(c["out_dir"], "out_dir")
         own_run_dir(c["out_dir"])
-    if c["init_from"] == "scratch" and run.ckpt_path.exists() and not c["overwrite"]:
-        raise UserError(f"{run.ckpt_path} exists and init_from=scratch would replace it: continue it with "
+    fresh = c["init_from"] != "resume"
+    if fresh and run.ckpt_path.exists() and not c["overwrite"]:
+        raise UserError(f"{run.ckpt_path} exists and init_from={c['init_from']} would replace it: continue it with "
                         "--init_from=resume, or start over with --overwrite=True")
     kept = kept_checkpoints(run.ckpt_path)
-    if c["init_from"] == "scratch" and kept and not c["overwrite"]:
+    if fresh and kept and not c["overwrite"]:
         raise UserError(f"{c['out_dir']} holds an earlier run's {', '.join(p.name for p in kept)}, which "
-                        "init_from=scratch would remove: start over with --overwrite=True, or give another out_dir")
+                        f"init_from={c['init_from']} would remove: start over with --overwrite=True, or give another "
+                        "out_dir")
     return run
+
+
+def fine_tune_source(c, meta, master):
+    """init_from=<checkpoint>: (the model's configuration, the source's weights, the source's record). The model is
+    the source's but for FINE_TUNED_KEYS, which are this run's (a RoPE scaling's original length, unless given, the
+    source's training length); nothing else in the state_dict depends on the length, so the weights fit at any
+    block_size but learned positions'."""
+    path = Path(c["init_from"])
+    if not path.is_file():
+        raise UserError(f"init_from={c['init_from']!r} is not allowed: scratch, resume, or the path of a checkpoint "
+                        "file to fine-tune from (there is no such file)")
+    if path.resolve().parent == Path(c["out_dir"]).resolve():
+        raise UserError(f"init_from={c['init_from']} is in out_dir {c['out_dir']}, whose checkpoints a new run "
+                        "replaces: give the fine-tune its own out_dir")
+    ckpt = load_checkpoint(path, mmap=True, verify=True)
+    source = model_config(ckpt, path)
+    check_tokenizer(ckpt, path, meta, c["data_dir"])
+    if source.pos == "learned" and c["block_size"] != source.block_size:
+        raise UserError(f"{path} has pos='learned', a table of {source.block_size} positions: it cannot be "
+                        f"fine-tuned at block_size={c['block_size']} (the other schemes can)")
+    own = {k: c[k] for k in FINE_TUNED_KEYS}
+    if c["rope_scaling"] != "none" and not c["rope_original_length"]:
+        own["rope_original_length"] = source.rope_original_length or source.block_size
+    try:
+        config = replace(source, **own)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    for k in MODEL_KEYS:
+        if getattr(config, k) != c[k] and k not in own and master:
+            print(f"note: {k}={c[k]!r} ignored, {path} has {getattr(config, k)!r}")
+        c[k] = getattr(config, k)
+    record = {"path": str(path.resolve()), "iter_num": ckpt["iter_num"], "config": ckpt["config"],
+              "model_args": ckpt["model_args"]}
+    return config, ckpt["model"], record
 
 
 def check_compiler(device_type):
@@ -265,6 +311,9 @@ def build(run, c, ckpt):
                 torch.cuda.set_rng_state(ckpt["rng"][run.rank]["cuda"], run.device)
         elif run.master:
             print(f"note: checkpoint from {len(ckpt['rng'])} processes, resuming on {run.world}: dropout RNG reseeded")
+    elif run.source_weights is not None:  # a fine-tune: the source's weights, nothing else of its state
+        load_weights(run.raw_model, run.source_weights, run.source["path"])
+        run.source_weights = None
     run.model = torch.compile(run.raw_model) if c["compile"] else run.raw_model
     if run.ddp:
         run.model = DDP(run.model, device_ids=[torch.device(run.device)] if run.device_type == "cuda" else None)
@@ -279,10 +328,13 @@ def start_logging(run, c):
     if not run.master:
         return
     run.ckpt_path.with_name("ckpt.pt.tmp").unlink(missing_ok=True)
-    if c["init_from"] == "scratch":
+    if c["init_from"] != "resume":
         for old in [run.ckpt_path, *kept_checkpoints(run.ckpt_path)]:  # the latest, the kept ones, the best
             old.unlink(missing_ok=True)
     run.log = open_log(run.ckpt_path.with_name("log.jsonl"), run.start_iter if c["init_from"] == "resume" else 0)
+    if run.source and c["init_from"] != "resume":
+        print(f"fine-tuning {run.source['path']} (iter {run.source['iter_num']}) at block_size={c['block_size']}, "
+              f"rope_scaling={c['rope_scaling']}")
     if run.wandb:
         run.wandb = run.wandb.init(project=c["wandb_project"], name=c["wandb_run_name"] or None, config=c)
     run.flops_per_token = train_flops_per_token(run.gpt_config)
@@ -422,7 +474,7 @@ def save(run, c, iter_num, best=False):
                      "format": CHECKPOINT_FORMAT, "tokenizer": tokenizer_identity(run.meta), "iter_num": iter_num,
                      "best_val_loss": run.best_val_loss, "config": c, "rng": rngs,
                      "data": {"sampler": "np.random.default_rng([seed, 0, iter])", "seed": c["seed"],
-                              "next_iter": iter_num}}, run.ckpt_path)
+                              "next_iter": iter_num}, **({"init": run.source} if run.source else {})}, run.ckpt_path)
     if c["keep_checkpoints"]:
         keep_checkpoint(run.ckpt_path, iter_num, c["keep_checkpoints"], best)
 

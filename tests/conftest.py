@@ -29,10 +29,12 @@ def tiny_data(tmp_path_factory):
     return root
 
 
-def make_checkpoint(path, data_dir, pos="xpos", block_size=8, zero=False, seed=0, n_layer=2, vocab=CHARS):
-    """A checkpoint as train.py writes it (the fields the other scripts read); zero=True gives uniform predictions."""
+def make_checkpoint(path, data_dir, pos="xpos", block_size=8, zero=False, seed=0, n_layer=2, vocab=CHARS, **config):
+    """A checkpoint as train.py writes it (the fields the other scripts read); zero=True gives uniform predictions;
+    config: more GPTConfig fields."""
     torch.manual_seed(seed)
-    config = GPTConfig(block_size=block_size, vocab_size=len(vocab), n_layer=n_layer, n_head=2, n_embd=16, pos=pos)
+    config = GPTConfig(block_size=block_size, vocab_size=len(vocab), n_layer=n_layer, n_head=2, n_embd=16, pos=pos,
+                       **config)
     model = GPT(config)
     if zero:
         for p in model.parameters():

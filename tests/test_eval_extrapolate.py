@@ -16,7 +16,7 @@ import eval_extrapolate
 import prepare_data
 from common import save_checkpoint
 from conftest import CHARS, make_checkpoint
-from model import AttentionRule
+from model import AttentionRule, RopeScaling
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAM_LENGTH = 75  # 40 + 25 + 10 validation tokens
@@ -289,6 +289,22 @@ def test_logits_in_chunks_give_the_same_numbers(tiny_data, tmp_path):
     assert [r["tokens"] for r in whole] == [r["tokens"] for r in chunked]
     for a, b in zip(whole, chunked):
         assert a["nll"] == pytest.approx(b["nll"], rel=1e-6)
+
+
+def test_a_checkpoint_with_a_scaling_is_evaluated_under_it_unless_told(tiny_data, tmp_path):
+    """A fine-tuned checkpoint's scaling (GPTConfig.rope_scaling) is every row's with no flag: its NLL is the same
+    weights' under that scaling passed in; --rope_scaling none scores the plain angles."""
+    scaled = make_checkpoint(tmp_path / "pi.pt", tiny_data, pos="rope", rope_scaling="pi", rope_factor=2.0,
+                             rope_original_length=4)
+    plain = make_checkpoint(tmp_path / "plain.pt", tiny_data, pos="rope")
+    assert all(torch.equal(a, b) for a, b in zip(scaled.state_dict().values(), plain.state_dict().values()))
+    for argv, scaling in (((), RopeScaling("pi", 2.0)), (("--rope_scaling", "none"), None)):
+        rows = run("--ckpt", tmp_path / "pi.pt", "--lengths", 16, "--max_len", 16, "--bca", "off", *argv)
+        by_doc = [nll_of(plain, stream(tiny_data)[start : start + 17], rope_scaling=scaling) for start in (0, 40)]
+        first = rows[0]
+        assert first["nll"] == pytest.approx(sum(n for n, _ in by_doc) / sum(c for _, c in by_doc), rel=1e-6)
+        assert (first["rope_scaling"], first["rope_factor"]) == (("pi", 2.0) if scaling else ("none", None))
+        assert first["label"] == "rope + pi s=2" if scaling else first["label"] == "rope"
 
 
 def test_one_command_compares_rules_and_interpolations(tiny_data, tmp_path, capsys):

@@ -438,6 +438,52 @@ def test_interpolated_model_matches_the_brute_force(pos, method, factor, rule, m
 
 
 @pytest.mark.parametrize("pos", ["rope", "xpos"])
+@pytest.mark.parametrize("method", ["pi", "ntk", "yarn"])
+def test_a_model_with_a_scaling_in_its_config_uses_it_in_every_pass(pos, method, monkeypatch):
+    """A model fine-tuned at 32 with scaling s = 4 from the original length 8 (GPTConfig.rope_scaling): at T <= 32,
+    the training pass and every default pass are the published formula at s = 4, YaRN's ramp counting turns over
+    8 (not 32) and its temperature on q and k; a scaling passed in replaces it (none: the plain angles)."""
+    m = sharpened(tiny(pos, block_size=32, n_embd=32, rope_scaling=method, rope_factor=4.0, rope_original_length=8))
+    T = 27
+    m.train()  # the training pass (dropout 0)
+    got = m(tokens(T), tokens(T))[0]
+    m.eval()
+    plain = m(tokens(T), tokens(T), rope_scaling="none")[0]
+    theta = paper_theta(method, 4.0, d=16, l=8)
+    sharpen = 0.1 * math.log(4.0) + 1 if method == "yarn" else 1.0
+    if method == "yarn":  # the ramp over 32 would differ: the original length matters
+        assert not torch.allclose(theta, paper_theta(method, 4.0, d=16, l=32))
+    with monkeypatch.context() as patch:
+        patch.setattr(model.CausalSelfAttention, "forward", brute_force_attention("causal", theta=theta,
+                                                                                  sharpen=sharpen))
+        torch.testing.assert_close(got, m(tokens(T), tokens(T))[0], rtol=1e-5, atol=1e-5)
+    with monkeypatch.context() as patch:
+        patch.setattr(model.CausalSelfAttention, "forward", brute_force_attention("causal"))
+        torch.testing.assert_close(plain, m(tokens(T), tokens(T))[0], rtol=1e-5, atol=1e-5)
+    assert (got - plain).abs().max() > 1e-4
+    # decoding with the cache, and token_nll, use it too
+    torch.testing.assert_close(m.token_nll(tokens(T), tokens(T)),
+                               F.cross_entropy(got.transpose(1, 2), tokens(T), reduction="none"), rtol=1e-5, atol=1e-5)
+    cache = m.new_cache(T)
+    torch.testing.assert_close(m(tokens(T), cache=cache)[0][:, -1], got[:, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_a_scaling_in_the_config_is_checked():
+    base = dict(block_size=8, vocab_size=5, n_layer=1, n_head=1, n_embd=8)
+    for kw, message in ((dict(pos="rope", rope_scaling="dynamic_ntk", rope_factor=2.0), "must be one of none, pi"),
+                        (dict(pos="alibi", rope_scaling="pi", rope_factor=2.0), "pos='alibi' has none"),
+                        (dict(pos="xpos", xpos_rotate=False, rope_scaling="yarn", rope_factor=2.0), "without rotation"),
+                        (dict(pos="rope", rope_scaling="pi", rope_factor=1.0), "must be a finite number > 1"),
+                        (dict(pos="rope", rope_scaling="pi", rope_factor=math.inf), "must be a finite number > 1"),
+                        (dict(pos="rope", rope_original_length=-8), "must be an integer >= 0")):
+        with pytest.raises(ValueError, match=message):
+            GPTConfig(**base, **kw)
+    assert GPTConfig(**base).trained_scaling() == model.RopeScaling("none")  # a checkpoint from before: none
+    assert GPTConfig(**base, pos="rope", rope_scaling="pi", rope_factor=2.0).trained_scaling() == \
+        model.RopeScaling("pi", 2.0)
+
+
+@pytest.mark.parametrize("pos", ["rope", "xpos"])
 @pytest.mark.parametrize("rule", ["causal", model.AttentionRule("sliding", 12)])  # sliding: s grows until 12 / 8
 def test_dynamic_ntk_decoding_equals_the_full_pass_over_each_prefix(pos, rule):
     """s follows the current length while decoding; the keys already cached are positioned again each time (left

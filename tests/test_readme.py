@@ -31,6 +31,8 @@ NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test
     "python reproduce.py$": "the whole study takes hours (tests/test_reproduce.py runs it on a toy budget)",
     "reproduce.py --suite retrieval$": "the whole task suite takes hours (tests/test_tasks.py runs it on a toy "
                                        "budget)",
+    "reproduce.py --suite extension$": "fine-tunes nine models and scores fifteen: an hour (tests/test_reproduce.py "
+                                       "runs it on a toy budget)",
     "--budget toy": "a minute or two (tests/test_reproduce.py runs it)",
     "reproduce.py --tune": "half an hour of training (tests/test_reproduce.py runs it on a toy budget)",
 }

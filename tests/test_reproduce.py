@@ -468,14 +468,16 @@ def test_a_checkpoint_trained_with_another_recipe_is_neither_finished_nor_resume
 
 
 @pytest.mark.parametrize("suite, budget", [("study", "full"), ("study", "toy"), ("retrieval", "full"),
-                                           ("retrieval", "toy"), ("tune", "full")])
+                                           ("retrieval", "toy"), ("tune", "full"), ("extension", "full"),
+                                           ("extension", "toy")])
 def test_each_training_job_names_its_settings_as_train_py_reads_them(tmp_path, suite, budget):
     """The settings the recipe guard compares with a checkpoint's config are what train.py makes of the job's own
     command line (its config file and overrides) and stores in that config: else every finished run would be
     refused, or a mixed one accepted."""
     import train
     argv = ["--budget", budget, "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
-    argv += {"study": [], "retrieval": ["--suite", "retrieval"], "tune": ["--tune"]}[suite]
+    argv += {"study": [], "retrieval": ["--suite", "retrieval"], "tune": ["--tune"],
+             "extension": ["--suite", "extension"]}[suite]
     args = reproduce.parse_args(argv)
     jobs = [job for job in reproduce.jobs_for(args, reproduce.budget_for(args)) if job.kind == "train"]
     assert len(jobs) >= 3
@@ -619,3 +621,36 @@ def test_plan_creates_nothing(tmp_path, capsys):
     reproduce.main(["--plan", "--budget", "toy", "--results", str(tmp_path / "r"), "--runs", str(tmp_path / "o"),
                     "--data", str(tmp_path / "d")])
     assert "jobs finished already" in capsys.readouterr().out and not any(tmp_path.iterdir())
+
+
+def test_the_extension_table_is_each_seeds_rows(tmp_path, capsys):
+    """--suite extension's table from raw rows written by hand: per model and rule, each seed's perplexity at each
+    length and context gain, mean and sample std over seeds, the fine-tunes' extra tokens (50 x 8 x 512); a row of a
+    checkpoint that is not the suite's is left out with a note."""
+    runs, raw = tmp_path / "runs", tmp_path / "results" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    ppl = {seed: rng.uniform(4, 9, 4) for seed in (1337, 1338, 1339)}
+    gain = {seed: rng.uniform(-0.01, 0.01) for seed in (1337, 1338, 1339)}
+    row = lambda ckpt, **kw: dict(ckpt=str(ckpt), pos="rope", label="rope + pi s=4", attention="causal", **kw)
+    ckpt = lambda seed: runs / "extension" / f"rope_pi_s{seed}" / "ckpt.pt"
+    rows = [row(ckpt(seed), length=n, ppl=float(ppl[seed][i])) for seed in ppl
+            for i, n in enumerate((128, 512, 1024, 2048))]
+    rows.append(row(tmp_path / "elsewhere.pt", length=512, ppl=1000.0))
+    (raw / "rope_pi.ppl.json").write_text(json.dumps({"rows": rows}))
+    (raw / "rope_pi.context.json").write_text(json.dumps({"rows": [row(ckpt(s), gain=gain[s]) for s in gain]}))
+    reproduce.main(["--suite", "extension", "--report", "--results", str(tmp_path / "results"), "--runs", str(runs)])
+    assert "elsewhere.pt are left out" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    table = summary["table"]["fine-tuned at 4l: rope + pi s=4"]
+    for i, n in enumerate((128, 512, 1024, 2048)):
+        values = [ppl[seed][i] for seed in (1337, 1338, 1339)]
+        assert table[str(n)]["mean"] == pytest.approx(np.mean(values))
+        assert table[str(n)]["std"] == pytest.approx(np.std(values, ddof=1))
+        assert table[str(n)]["values"] == pytest.approx(values)
+    assert table["context gain"]["values"] == pytest.approx([gain[s] for s in (1337, 1338, 1339)])
+    assert table["extra tokens"]["mean"] == summary["extra_tokens"] == 50 * 8 * 512
+    tables = (tmp_path / "results" / "tables.md").read_text()
+    assert tables == reproduce.extension_markdown(summary)
+    line = next(x for x in tables.splitlines() if x.startswith("| fine-tuned at 4l: rope + pi s=4 |"))
+    assert "| 204,800 |" in line and f"{np.mean([ppl[s][1] for s in ppl]):.3f} ± " in line

@@ -848,3 +848,78 @@ def test_a_compile_failure_at_the_first_step_is_one_line(data_dir, tmp_path, mon
     assert message == ("train.py: error: torch.compile failed (BackendFailure: backend='inductor' raised:); train "
                        "with --compile=False")
     assert not (tmp_path / "run").exists()
+
+
+# --- fine-tuning from another run's checkpoint (init_from=<path>) -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def source_run(data_dir, tmp_path_factory):
+    """A RoPE run at block_size 16, the source of the fine-tunes below."""
+    out = tmp_path_factory.mktemp("source") / "rope"
+    train.main(tiny_args(data_dir, out, pos="rope"))
+    return out / "ckpt.pt"
+
+
+def test_a_fine_tune_starts_from_the_weights_at_a_new_length_with_its_scaling(data_dir, tmp_path, source_run, capsys):
+    """A new run: the source's weights (its first evaluation is the source model's, scaled, at 32), a fresh
+    optimizer and schedule from iteration 0, the scaling in the model's configuration with the source's length as
+    the original, and the source recorded in every checkpoint; a resumed fine-tune equals the uninterrupted one."""
+    ft = dict(pos="rope", block_size=32, rope_scaling="yarn", rope_factor=2.0, init_from=source_run, dropout=0.1,
+              eval_interval=100)
+    train.main(tiny_args(data_dir, tmp_path / "straight", **ft))
+    assert "fine-tuning" in capsys.readouterr().out
+    ckpt = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
+    source = torch.load(source_run, weights_only=False)
+    assert ckpt["model_args"] | dict(block_size=16, rope_scaling="none", rope_factor=1.0, rope_original_length=0,
+                                     dropout=0.0) == source["model_args"]
+    assert (ckpt["model_args"]["block_size"], ckpt["model_args"]["rope_scaling"],
+            ckpt["model_args"]["rope_factor"], ckpt["model_args"]["rope_original_length"]) == (32, "yarn", 2.0, 16)
+    assert ckpt["iter_num"] == 6 and ckpt["init"]["path"] == str(source_run.resolve())
+    assert ckpt["init"]["iter_num"] == source["iter_num"] and ckpt["init"]["config"] == source["config"]
+    # its first evaluation is the source's weights under YaRN at s = 2, from 16, at block_size 32
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    model.load_state_dict(source["model"])
+    first = read_log(tmp_path / "straight")[1][0]
+    assert first["iter"] == 0 and first["val_loss"] == pytest.approx(val_loss(model, data_dir, 32), rel=1e-5)
+    # a fresh schedule: warmup from iteration 0 again
+    assert read_log(tmp_path / "straight")[0][0]["lr"] == pytest.approx(1e-2 / 3)
+    # stopped half-way and resumed: the same run
+    train.main(tiny_args(data_dir, tmp_path / "halves", **(ft | dict(max_iters=3))))
+    train.main(tiny_args(data_dir, tmp_path / "halves", **(ft | dict(init_from="resume"))))
+    assert losses(tmp_path / "halves") == losses(tmp_path / "straight")
+    resumed = torch.load(tmp_path / "halves" / "ckpt.pt", weights_only=False)
+    assert all(torch.equal(resumed["model"][k], ckpt["model"][k]) for k in ckpt["model"])
+    assert resumed["init"] == ckpt["init"]
+
+
+def val_loss(model, data_dir, block_size):
+    """train.evaluate's val loss, computed here from its batches (seed 1337, stream 2, eval_iters 2, batch 4)."""
+    from data import get_batch, load_meta, read_tokens, sample_offsets
+    meta = load_meta(data_dir)
+    data = read_tokens(data_dir, "val", meta)
+    model.eval()
+    with torch.no_grad():
+        return sum(model(*get_batch(data, sample_offsets(1337, 2, k, data, 4, block_size), block_size, "cpu"))[1].item()
+                   for k in range(2)) / 2
+
+
+def test_fine_tune_errors(data_dir, tmp_path, source_run):
+    learned = tmp_path / "learned"
+    train.main(tiny_args(data_dir, learned, pos="learned", max_iters=1))
+    for overrides, message in (
+            (dict(init_from=tmp_path / "nothing.pt"), "is not allowed: scratch, resume, or the path of a checkpoint"),
+            (dict(init_from=learned / "ckpt.pt", block_size=32), "pos='learned', a table of 16 positions"),
+            (dict(init_from=source_run, rope_scaling="pi"), "rope_factor=1.0 is not allowed: must be a finite number"),
+            (dict(init_from=source_run, rope_scaling="dynamic_ntk"), "must be one of none, pi, ntk, yarn"),
+            (dict(init_from=learned / "ckpt.pt", out_dir=learned), "is in out_dir")):
+        argv = tiny_args(data_dir, overrides.pop("out_dir", tmp_path / "ft"), **overrides)
+        with pytest.raises(SystemExit) as e:
+            train.main(argv)
+        assert message in str(e.value.code) and "\n" not in str(e.value.code)
+        assert not (tmp_path / "ft").exists()
+    assert (learned / "ckpt.pt").exists()
+    # an out_dir with a run in it is not replaced by a fine-tune either
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(data_dir, learned, init_from=source_run))
+    assert "exists and init_from=" in str(e.value.code)
