@@ -923,3 +923,18 @@ def test_fine_tune_errors(data_dir, tmp_path, source_run):
     with pytest.raises(SystemExit) as e:
         train.main(tiny_args(data_dir, learned, init_from=source_run))
     assert "exists and init_from=" in str(e.value.code)
+
+
+def test_a_fine_tune_under_torchrun_matches_one_process(data_dir, tmp_path, source_run):
+    """Every rank reads the source; two gloo processes fine-tune as one does."""
+    ft = dict(pos="rope", block_size=32, rope_scaling="pi", rope_factor=2.0, init_from=source_run,
+              gradient_accumulation_steps=2)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+           *tiny_args(data_dir, tmp_path / "ddp", **ft)]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    train.main(tiny_args(data_dir, tmp_path / "single", **ft))
+    ddp, single = read_log(tmp_path / "ddp"), read_log(tmp_path / "single")
+    assert len(ddp[0]) == 6 and max(abs(a["loss"] - b["loss"]) for a, b in zip(ddp[0], single[0])) < 1e-5
+    assert torch.load(tmp_path / "ddp" / "ckpt.pt", weights_only=False)["init"]["path"] == str(source_run.resolve())
