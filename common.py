@@ -5,6 +5,7 @@ utilization (MFU).
 """
 
 import argparse
+import ctypes
 import datetime
 import errno
 import fcntl
@@ -27,6 +28,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig
+
+
+LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # loaded before any fork
+
+
+def die_with_parent(parent):
+    """In a child process: Linux sends it SIGKILL when its parent dies, however the parent dies (prctl's
+    PR_SET_PDEATHSIG); if the parent (pid `parent`) died before this call, no signal will come, so it dies now. A
+    no-op elsewhere."""
+    if LIBC is None:
+        return
+    LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class UserError(Exception):

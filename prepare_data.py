@@ -29,7 +29,6 @@ import codecs
 import collections
 import concurrent.futures
 import concurrent.futures.process
-import ctypes
 import errno
 import fcntl
 import glob
@@ -53,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import ArgumentParser, UserError, exit_interrupted, writable_dir
+from common import ArgumentParser, UserError, die_with_parent, exit_interrupted, writable_dir
 from data import (PASSKEY_CHARS, SPLITS, Tokenizer, ends_sha256, load_meta, meta_problem, passkey_document,
                   passkey_fixed_tokens)
 import tasks
@@ -433,15 +432,14 @@ COPY_TOKENS = 1 << 22  # tokens per read when copying from the stream: bounded m
 _worker_tokenizer = None  # each worker's own, set by init_worker: built once per process, not sent per task
 
 
-def init_worker(kind, chars):
-    """A worker's tokenizer. On Linux the worker also dies with the main process: forked, it holds the write end of its
-    own task pipe, so a killed main process would otherwise leave it waiting on that pipe forever."""
+def init_worker(kind, chars, parent=None):
+    """A worker's tokenizer. A worker process (parent: the main process's pid) also dies with the main process:
+    forked, it holds the write end of its own task pipe, so a killed main process would otherwise leave it waiting on
+    that pipe forever."""
     global _worker_tokenizer
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to report, in one line
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # the main process died before prctl
-            os._exit(1)
+    if parent is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to report, in one line
+        die_with_parent(parent)
     _worker_tokenizer = (Tokenizer(kind, chars),
                          None if chars is None else np.array([ord(c) for c in chars], dtype=np.uint32))
 
@@ -524,7 +522,7 @@ def tokenize_to(stream_file, docs, tokenizer, workers, names):
         # fork: the workers share the parent's imported modules; a pool that loses a worker (killed for memory)
         # says so (BrokenProcessPool) instead of waiting for it forever as multiprocessing.Pool does.
         with concurrent.futures.ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), init_worker,
-                                                    init) as pool:
+                                                    (*init, os.getpid())) as pool:
             pending = collections.deque()
             for batch in batches(docs, names):
                 pending.append(pool.submit(encode_batch, batch))

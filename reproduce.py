@@ -37,11 +37,9 @@ resolution.py's s_hat, s_hat_heads and pairs); the scripts run by hand with --js
 """
 
 import argparse
-import ctypes
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -49,8 +47,8 @@ from pathlib import Path
 from types import ModuleType
 
 from configurator import run_config_file
-from common import (ArgumentParser, OUTPUT_MARK, UserError, earlier_output, load_checkpoint, run_dir_owner,
-                    writable_dir, write_json)
+from common import (LIBC, ArgumentParser, OUTPUT_MARK, UserError, die_with_parent, earlier_output, load_checkpoint,
+                    run_dir_owner, writable_dir, write_json)
 from tasks import PAIR_COUNT, SPAN, TASKS, by_elimination
 
 PY = sys.executable
@@ -1026,15 +1024,8 @@ def die_with_this_process():
     """A job's preexec_fn on Linux: the kernel sends the job SIGKILL when this process dies, however it dies, so that
     no job outlives the study (its checkpoints are written by a rename: the run resumes from the last). None
     elsewhere, where jobs die with reproduce.py's process group only (kill -- -PGID, or Ctrl-C)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded before the fork
-
-    def preexec():
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before prctl: nobody would send the signal
-            os.kill(os.getpid(), signal.SIGKILL)
-    return preexec
+    parent = os.getpid()
+    return (lambda: die_with_parent(parent)) if LIBC is not None else None
 
 
 def read_timings(path):
