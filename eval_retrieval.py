@@ -260,7 +260,7 @@ def zone(config, rule, phase, back):
 
 def last_l_nll(model, x, y, positions, l, batch_tokens, device, ctx):
     """(B, len(positions)): the NLL of y[:, p] given only the l tokens x[:, p-l+1 .. p], each window a sequence of
-    its own (positions 0 .. l-1, causal attention, no RoPE scaling: what the model was trained on)."""
+    its own (positions 0 .. l-1, causal attention, the model's own RoPE scaling: what it was trained with)."""
     windows = x.unfold(1, l, 1)[:, positions - l + 1].flatten(0, 1)  # (B * len(positions), l)
     targets = torch.full_like(windows, -1)
     targets[:, -1] = y[:, positions].flatten()
@@ -314,7 +314,8 @@ def mean_and_stderr(values):
 def context_probe(args, path, config, model, stream, spans, length, runs, device, ctx, notes):
     """The context probe's rows for one checkpoint: per rule, the gain from context beyond l per span, by bin, and
     the lex fall's split, from every --stride-th position from l on."""
-    l, stride = config.block_size, args.stride or max(1, config.block_size // 8)
+    l = args.beyond or config.block_size
+    stride = args.stride or max(1, l // 8)
     positions = torch.arange(l, length, stride)
     xy = torch.from_numpy(np.stack([stream[s["start"] : s["end"]] for s in spans]).astype(np.int64))
     x, y = xy[:, :-1], xy[:, 1:]
@@ -322,15 +323,15 @@ def context_probe(args, path, config, model, stream, spans, length, runs, device
     ref = last_l_nll(model, x, y, positions, l, batch_tokens, device, ctx)
     rows = []
     for rule, scaling in runs:
-        label = rule_label(config.pos, rule, scaling, l)
+        label = rule_label(config.pos, rule, scaling, config.block_size)
         full = rule_nll(model, x, y, length, rule, scaling, batch_tokens, device, ctx)
         short = rule_nll(model, x, y, l, rule, scaling, batch_tokens, device, ctx)
         if not all(torch.isfinite(x).all() for x in (full, short, ref)):
             raise UserError(f"non-finite loss for {path} at length {length} ({label}): evaluate in float32 "
                             "(--dtype float32)")
         split = context_gain(ref, full, short, positions, l)
-        row = dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, l, length), probe="context",
-                   length=length, stride=stride, spans=len(spans), label=label)
+        row = dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, config.block_size, length),
+                   probe="context", length=length, beyond=l, stride=stride, spans=len(spans), label=label)
         for key in ("gain", "fall", "used", "early"):
             row[key], row[f"{key}_stderr"] = mean_and_stderr(split[key])
         row["by_bin"] = [dict(start=a, end=b, gain=mean_and_stderr(split["by_bin"][:, i])[0],
@@ -447,9 +448,13 @@ def plan(args, path, rules, scalings):
             raise UserError(f"{path} was not trained on the task suite ({data_dir} is not a prepare_data.py --dataset "
                             "task dataset): --probe task scores task models only")
     if args.probe == "context":
+        beyond = args.beyond or l
+        if beyond < 2 or beyond > l:
+            raise UserError(f"--beyond {args.beyond} is not allowed for {path}: from 2 to its block_size {l}")
         lengths = parse_list(args.lengths, "--lengths", int, [16 * l])
-        if len(lengths) != 1 or lengths[0] <= l:
-            raise UserError(f"--lengths {args.lengths!r}: --probe context takes one length, above block_size {l}")
+        if len(lengths) != 1 or lengths[0] <= beyond:
+            above = f"--beyond {beyond}" if args.beyond else f"block_size {l}"
+            raise UserError(f"--lengths {args.lengths!r}: --probe context takes one length, above {above}")
         sizes = (lengths[0], lex_documents(documents(data_dir, "val", meta), lengths[0], str(args.sequences))[0])
         longest = lengths[0]
     elif args.probe == "task" and args.sweep:
@@ -807,8 +812,9 @@ def plot_heatmaps(rows, lengths, depths, path):
 
 
 def evaluate(args):
-    other = {"repeat": ("lengths", "depths", "task", "stride"), "passkey": ("distances", "span", "task", "stride"),
-             "task": ("span", "depths", "stride"), "context": ("distances", "span", "task", "depths")}[args.probe]
+    other = {"repeat": ("lengths", "depths", "task", "stride", "beyond"),
+             "passkey": ("distances", "span", "task", "stride", "beyond"), "task": ("span", "depths", "stride", "beyond"),
+             "context": ("distances", "span", "task", "depths")}[args.probe]
     for flag in other + (("lengths",) if args.sweep else ()):
         if getattr(args, flag) is not None:
             raise UserError(f"--{flag} does not apply to --probe {args.probe}" + (" --sweep" if args.sweep else ""))
@@ -892,10 +898,10 @@ def evaluate(args):
               f"{args.sequences} sequences per distance, seed {args.seed}, {dtype})\n")
         print(repeat_sweep_table(rows))
     elif args.probe == "context":
-        fields = ("length", "stride", "spans", "gain", "gain_stderr", "by_bin", "fall", "fall_stderr", "used",
-                  "used_stderr", "early", "early_stderr", "per_span")
-        print(f"context probe: the gain from context beyond the training length l, NLL given only the last l tokens "
-              f"minus NLL under the rule (nats per token; ± one standard error over spans; {dtype})\n")
+        fields = ("length", "beyond", "stride", "spans", "gain", "gain_stderr", "by_bin", "fall", "fall_stderr",
+                  "used", "used_stderr", "early", "early_stderr", "per_span")
+        print(f"context probe: the gain from context beyond l (block_size, or --beyond), NLL given only the last l "
+              f"tokens minus NLL under the rule (nats per token; ± one standard error over spans; {dtype})\n")
         print(context_table(rows))
     elif args.sweep:
         fields = ("task", "kind", "d", "length", "accuracy", "n", "zones", "by_phase", "reach_bound", "reach_bound_max")
@@ -991,8 +997,10 @@ def parse_args(argv=None):
     p.add_argument("--depths", help="passkey: where the key sits in the filler, 0 .. 1 (default: 0,0.25,0.5,0.75,1)")
     p.add_argument("--sequences", type=int, default=64, help="sequences per distance (repeat) or per cell (passkey)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stride", type=int, help="context: score every S-th position from block_size on against the "
-                   "last block_size tokens alone (default: block_size/8)")
+    p.add_argument("--stride", type=int, help="context: score every S-th position from L (--beyond) on against the "
+                   "last L tokens alone (default: L/8)")
+    p.add_argument("--beyond", type=int, help="context: the gain from context beyond L tokens (default: block_size; "
+                   "a model fine-tuned longer against its original length, say)")
     p.add_argument("--batch_tokens", type=int, help="repeat: tokens per forward pass (as in eval_extrapolate.py)")
     add_checkpoint_args(p, several=True)
     p.add_argument("--json")

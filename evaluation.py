@@ -177,6 +177,7 @@ def rule_label(pos, rule, scaling, block_size):
                    "sinks": f" + sinks S={rule.sinks} W={window}"}[rule.name]
     if scaling.method != "none":
         label += f" + {scaling.method}" + (f" s={scaling.factor:g}" if scaling.factor is not None else "")
+        label += f" from {scaling.original_length}" if scaling.original_length else ""  # a fine-tuned model's
     return label
 
 

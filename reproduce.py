@@ -145,6 +145,10 @@ class Job:
         if self.kind == "train":
             if not self.output.exists():
                 return False
+            newer = [p for p in self.inputs if p.exists() and p.stat().st_mtime > self.output.stat().st_mtime]
+            if newer:  # a fine-tune whose source was trained again since
+                raise UserError(f"{self.name}: {self.output} was fine-tuned from an earlier {newer[0]}; move "
+                                f"{self.output.parent} aside to fine-tune it again")
             checkpoint = load_checkpoint(self.output, mmap=True)
             self.check_recipe(checkpoint["config"], checkpoint["iter_num"], max_iters)
             return checkpoint["iter_num"] >= max_iters
@@ -461,14 +465,11 @@ EXTENSION_SOURCES = ("rope", "xpos", "alibi")
 # (perplexity flags, context probe rules) of each model: the sources zero-shot under their rules (RoPE + YaRN at
 # inference too), the fine-tunes under causal attention with their own scaling (the checkpoint's, by default), and
 # xPos with BCA past its new length too
-EXTENSION_RULES = {
-    "rope": (["--attention", "causal,bca", "--rope_scaling", "none,yarn"], "causal,bca"),
-    "xpos": (["--attention", "causal,bca"], "causal,bca"),
-    "alibi": (["--attention", "causal"], "causal"),
-    "rope_pi": (["--attention", "causal"], "causal"),
-    "rope_yarn": (["--attention", "causal"], "causal"),
-    "xpos_long": (["--attention", "causal,bca"], "causal,bca"),
-}
+ROPE_ZERO_SHOT = ["--attention", "causal,bca", "--rope_scaling", "none,yarn"]
+EXTENSION_RULES = {name: (flags, flags) for name, flags in (
+    ("rope", ROPE_ZERO_SHOT), ("xpos", ["--attention", "causal,bca"]), ("alibi", ["--attention", "causal"]),
+    ("rope_pi", ["--attention", "causal"]), ("rope_yarn", ["--attention", "causal"]),
+    ("xpos_long", ["--attention", "causal,bca"]))}
 # The fine-tuning budget: 50 iterations of 8 sequences of 4l = 512 tokens, 205k tokens, 5% of pre-training's 4.1M.
 # YaRN's paper fine-tuned on about 0.1% of pre-training's tokens, which here is 2 iterations: too few to mean anything.
 # The rate starts at pre-training's last (min_lr) after a short warmup and decays tenfold.
@@ -523,6 +524,8 @@ def extension_plan(args, budget):
         overrides[scheme] = seeded[0][3]
     tuned = fine_tune_settings(args, budget)
     for name, source, scaling in FINE_TUNES:
+        if name not in models:  # its source is not among --schemes
+            continue
         for seed, src, ckpt in zip(SEEDS, models[source], models[name]):
             settings = dict(overrides[source], **budget["train"])  # the source's model, then the fine-tune's own
             settings.update(tuned, **scaling, seed=seed, init_from=str(src), out_dir=str(ckpt.parent),
@@ -538,13 +541,18 @@ def extension_plan(args, budget):
         jobs.append(Job(f"perplexity {name}", "extrapolate", raw / f"{name}.ppl.json",
                         [PY, "eval_extrapolate.py", *common, *flags, "--lengths", lengths, "--spans",
                          EXTENSION_SPANS[args.budget], "--json", str(raw / f"{name}.ppl.json")], inputs=ckpts))
-        jobs.append(Job(f"context {name}", "context", raw / f"{name}.context.json",
-                        [PY, "eval_retrieval.py", *common, "--attention", rules, "--probe", "context", "--lengths",
-                         str(EXTENSION_MULTIPLES[-1] * l), "--sequences", EXTENSION_SPANS[args.budget],
+        jobs.append(Job(f"context {name}", "context", raw / f"{name}.context.json",  # beyond l, fine-tuned or not
+                        [PY, "eval_retrieval.py", *common, *rules, "--probe", "context", "--beyond", str(l),
+                         "--lengths", str(EXTENSION_MULTIPLES[-1] * l), "--sequences", EXTENSION_SPANS[args.budget],
                          "--json", str(raw / f"{name}.context.json")], inputs=ckpts))
     jobs.append(Job("extension table", "report", Path(args.results) / "summary.json",
                     action=lambda measured: extension_report(args, budget, measured)))
     return jobs
+
+
+def fine_tunes_and_scores(args, budget):
+    """The extension's own jobs: its plan less the study's training jobs it reuses (the study counts those)."""
+    return [job for job in extension_plan(args, budget) if not job.name.startswith("train ")]
 
 
 def extension_rows(args, budget, name, suffix):
@@ -586,12 +594,14 @@ def extension_report(args, budget, measured=True):
                     values.setdefault(prefix + row["label"], {}).setdefault(column_of(row), {})[seed] = value
         for label in [k for k in values if k.startswith(prefix)]:
             values[label].setdefault("extra tokens", {0: extra_tokens(args, budget) if tuned else 0})
-    table = {row: {column: spread([by_seed[s] for s in sorted(by_seed)]) for column, by_seed in columns.items()}
+    seeds = range(len(SEEDS))  # a seed without a value shows as "(n of N)"
+    table = {row: {column: spread(list(by_seed.values()) if column == "extra tokens" else
+                                  [by_seed.get(s) for s in seeds]) for column, by_seed in columns.items()}
              for row, columns in values.items()}
     summary = {"suite": "extension", "budget": args.budget, "recipe": budget["recipe"],
                "fine_tune": fine_tune_settings(args, budget), "extra_tokens": extra_tokens(args, budget),
                "seeds": list(SEEDS), "lengths": [m * l for m in EXTENSION_MULTIPLES],
-               "wall_time": wall_time(args, budget, extension_plan), "machine": ran_on or machine(args.device),
+               "wall_time": wall_time(args, budget, fine_tunes_and_scores), "machine": ran_on or machine(args.device),
                "table": table}
     write_summary(results / "summary.json", summary)
     summary = json.loads((results / "summary.json").read_text())  # what the table shows is what the file holds
@@ -609,9 +619,9 @@ def extension_markdown(summary):
             f"{tuned['min_lr']:g}); {summary['budget']} budget, wall time {clock(wall['seconds'])} "
             f"({wall['measured']} of its {wall['jobs']} jobs measured), on {summary['machine']}.\n")
     columns = [str(n) for n in summary["lengths"]]
-    lines = ["### Perplexity against length (lex protocol) and the gain from context beyond the model's training "
-             "length (nats per token: l for zero-shot, 4l for the fine-tunes), mean ± std over seeds [each seed]",
-             "", "| model | extra tokens | " + " | ".join(columns) + " | context gain |",
+    lines = ["### Perplexity against length (lex protocol) and the gain from context beyond l (the context probe at "
+             "16l, nats per token), mean ± std over seeds [each seed]",
+             "", "| model | extra tokens | " + " | ".join(columns) + " | context gain beyond l |",
              "|---" * (len(columns) + 3) + "|"]
     for name, row in summary["table"].items():
         tokens = row.get("extra tokens")
@@ -626,7 +636,8 @@ def check_outputs(results, suite):
     every file the report writes that is already there is one a report wrote (summary.json marked, tables.md with its
     heading, plots by their signature); anything else is refused with one line and kept."""
     others = {"study": [("tasks", "the task suite's (raw/*.tasks.json): give --suite retrieval"),
-                        ("rope_pi.ppl", "the context extension's (raw/rope_pi.ppl.json): give --suite extension")],
+                        *((f"{name}.ppl", f"the context extension's (raw/{name}.ppl.json): give --suite extension")
+                          for name, _, _ in FINE_TUNES)],
               "retrieval": [("ppl", "the study's (raw/*.ppl.json): drop --suite retrieval")],
               "extension": [("tasks", "the task suite's (raw/*.tasks.json): give --suite retrieval"),
                             ("repeat", "the study's (raw/*.repeat.json): drop --suite extension")]}[suite]
@@ -1558,6 +1569,8 @@ def main(argv=None):
         writable_dir(raw, "--results")
         for folder in made if args.plan else ():  # --plan only looks: what the check made goes again
             folder.rmdir()
+        if not args.tune and not args.plan:  # a results directory of another suite: refused before any job runs
+            check_outputs(Path(args.results), args.suite)
         run_jobs(args, budget, jobs_for(args, budget))
     except UserError as e:
         sys.exit(f"reproduce.py: error: {e}")

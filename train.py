@@ -229,7 +229,11 @@ def fine_tune_source(c, meta, master):
     source's training length); nothing else in the state_dict depends on the length, so the weights fit at any
     block_size but learned positions'."""
     path = Path(c["init_from"])
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as e:  # a name too long, a directory that cannot be read
+        raise UserError(f"init_from={c['init_from']!r} cannot be read: {e.strerror}") from None
+    if not found:
         raise UserError(f"init_from={c['init_from']!r} is not allowed: scratch, resume, or the path of a checkpoint "
                         "file to fine-tune from (there is no such file)")
     if path.resolve().parent == Path(c["out_dir"]).resolve():
@@ -252,8 +256,11 @@ def fine_tune_source(c, meta, master):
         if getattr(config, k) != c[k] and k not in own and master:
             print(f"note: {k}={c[k]!r} ignored, {path} has {getattr(config, k)!r}")
         c[k] = getattr(config, k)
-    record = {"path": str(path.resolve()), "iter_num": ckpt["iter_num"], "config": ckpt["config"],
-              "model_args": ckpt["model_args"]}
+    if source.rope_scaling != config.rope_scaling and master:  # a scaled source fine-tuned without it, say
+        print(f"note: {path} was trained with rope_scaling={source.rope_scaling!r}; this run trains with "
+              f"{config.rope_scaling!r} (give --rope_scaling to keep it)")
+    record = {"path": str(path.resolve()), "iter_num": ckpt.get("iter_num", 0), "config": ckpt.get("config"),
+              "model_args": ckpt["model_args"], "init": ckpt.get("init")}
     return config, ckpt["model"], record
 
 

@@ -291,20 +291,26 @@ def test_logits_in_chunks_give_the_same_numbers(tiny_data, tmp_path):
         assert a["nll"] == pytest.approx(b["nll"], rel=1e-6)
 
 
-def test_a_checkpoint_with_a_scaling_is_evaluated_under_it_unless_told(tiny_data, tmp_path):
-    """A fine-tuned checkpoint's scaling (GPTConfig.rope_scaling) is every row's with no flag: its NLL is the same
-    weights' under that scaling passed in; --rope_scaling none scores the plain angles."""
-    scaled = make_checkpoint(tmp_path / "pi.pt", tiny_data, pos="rope", rope_scaling="pi", rope_factor=2.0,
-                             rope_original_length=4)
-    plain = make_checkpoint(tmp_path / "plain.pt", tiny_data, pos="rope")
+@pytest.mark.parametrize("method", ["pi", "yarn"])
+def test_a_checkpoint_with_a_scaling_is_evaluated_under_it_unless_told(tiny_data, tmp_path, method):
+    """A fine-tuned checkpoint's scaling (GPTConfig.rope_scaling: s = 2 from an original length of 8, at block_size
+    64) is every row's with no flag: its NLL is the same weights' under that scaling passed in (YaRN's ramp over 8,
+    not 64); --rope_scaling none scores the plain angles."""
+    scaled = make_checkpoint(tmp_path / "s.pt", tiny_data, pos="rope", block_size=64, rope_scaling=method,
+                             rope_factor=2.0, rope_original_length=8)
+    plain = make_checkpoint(tmp_path / "plain.pt", tiny_data, pos="rope", block_size=64)
     assert all(torch.equal(a, b) for a, b in zip(scaled.state_dict().values(), plain.state_dict().values()))
-    for argv, scaling in (((), RopeScaling("pi", 2.0)), (("--rope_scaling", "none"), None)):
-        rows = run("--ckpt", tmp_path / "pi.pt", "--lengths", 16, "--max_len", 16, "--bca", "off", *argv)
+    for argv, scaling in (((), RopeScaling(method, 2.0, 8)), (("--rope_scaling", "none"), None)):
+        rows = run("--ckpt", tmp_path / "s.pt", "--lengths", 16, "--max_len", 16, "--bca", "off", *argv)
         by_doc = [nll_of(plain, stream(tiny_data)[start : start + 17], rope_scaling=scaling) for start in (0, 40)]
         first = rows[0]
         assert first["nll"] == pytest.approx(sum(n for n, _ in by_doc) / sum(c for _, c in by_doc), rel=1e-6)
-        assert (first["rope_scaling"], first["rope_factor"]) == (("pi", 2.0) if scaling else ("none", None))
-        assert first["label"] == "rope + pi s=2" if scaling else first["label"] == "rope"
+        assert (first["rope_scaling"], first["rope_factor"]) == ((method, 2.0) if scaling else ("none", None))
+        assert first["label"] == (f"rope + {method} s=2 from 8" if scaling else "rope")
+    if method == "yarn":  # the original length matters: over block_size the numbers differ
+        over_64, _ = nll_of(plain, stream(tiny_data)[:17], rope_scaling=RopeScaling("yarn", 2.0))
+        over_8, _ = nll_of(plain, stream(tiny_data)[:17], rope_scaling=RopeScaling("yarn", 2.0, 8))
+        assert abs(over_64 - over_8) > 1e-6
 
 
 def test_one_command_compares_rules_and_interpolations(tiny_data, tmp_path, capsys):

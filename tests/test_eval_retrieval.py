@@ -265,35 +265,39 @@ def test_the_natural_text_tables_in_the_docs_match_their_json():
         assert row[1:] == [f"{sum(v) / len(v):.2f}" for _, v in sorted(by_length.items())]
 
 
-@pytest.mark.parametrize("attention", ["bca", "causal"])
-def test_context_gain_against_each_window_scored_alone(tiny_data, tmp_path, attention):
-    """The context probe by brute force: every position's NLL given only its l tokens (a forward pass of that window),
-    given the whole span under the rule, and in chunks of l, each computed on its own; the gain, its bins and the lex
-    fall's split follow from them as the docstring defines them."""
+@pytest.mark.parametrize("attention, beyond", [("bca", None), ("causal", None), ("bca", 4)])
+def test_context_gain_against_each_window_scored_alone(tiny_data, tmp_path, attention, beyond):
+    """The context probe by brute force: every position's NLL given only its L tokens (a forward pass of that window;
+    L = l, or --beyond), given the whole span under the rule, and in chunks of L, each computed on its own; the gain,
+    its bins and the lex fall's split follow from them as the docstring defines them."""
     ckpt = tmp_path / "m.pt"
     make_checkpoint(ckpt, tiny_data, pos="xpos", block_size=8, seed=3)
-    out = tmp_path / "c.json"
+    out, L = tmp_path / "c.json", beyond or 8
     eval_retrieval.main([str(a) for a in ("--ckpt", ckpt, "--probe", "context", "--lengths", 32, "--sequences", 1,
-                                          "--stride", 1, "--attention", attention, "--json", out)])
+                                          "--stride", 1, "--attention", attention, "--json", out)]
+                        + (["--beyond", str(beyond)] if beyond else []))
     row = json.loads(out.read_text())["rows"][0]
+    assert row["beyond"] == L
     model, _ = common.load_model(ckpt, "cpu")
     stream = data.read_tokens(tiny_data, "val", data.load_meta(tiny_data))
     span = torch.from_numpy(np.asarray(stream[:33]).astype(np.int64))[None]  # the first document's only 33-token span
     x, y = span[:, :-1], span[:, 1:]
     nll = lambda logits, target: torch.nn.functional.cross_entropy(logits[0].double(), target[0]).item()
     full = [nll(model(x, y, attention=attention)[0][:, p : p + 1], y[:, p : p + 1]) for p in range(32)]
-    ref = {p: nll(model(x[:, p - 7 : p + 1], y[:, p - 7 : p + 1], attention="causal")[0][:, -1:], y[:, p : p + 1])
-           for p in range(8, 32)}
-    short = [nll(model(x[:, j : j + 8], y[:, j : j + 8], attention=attention)[0][:, i : i + 1], y[:, j + i : j + i + 1])
-             for j in range(0, 32, 8) for i in range(8)]
-    gain = [ref[p] - full[p] for p in range(8, 32)]
+    ref = {p: nll(model(x[:, p - L + 1 : p + 1], y[:, p - L + 1 : p + 1], attention="causal")[0][:, -1:],
+                  y[:, p : p + 1]) for p in range(L, 32)}
+    short = [nll(model(x[:, j : j + L], y[:, j : j + L], attention=attention)[0][:, i : i + 1],
+                 y[:, j + i : j + i + 1]) for j in range(0, 32, L) for i in range(L)]
+    gain = [ref[p] - full[p] for p in range(L, 32)]
     assert row["per_span"]["gain"][0] == pytest.approx(np.mean(gain), abs=1e-5)
-    assert [(b["start"], b["end"]) for b in row["by_bin"]] == [(8, 16), (16, 32)]
-    assert row["by_bin"][1]["gain"] == pytest.approx(np.mean(gain[8:]), abs=1e-5)
+    assert [(b["start"], b["end"]) for b in row["by_bin"]] == [(8, 16), (16, 32)] if L == 8 else \
+        [(4, 8), (8, 16), (16, 32)]
+    assert row["by_bin"][-1]["gain"] == pytest.approx(np.mean(gain[16 - L:]), abs=1e-5)
     fall = np.mean(short) - np.mean(full)
-    assert row["fall"] == pytest.approx(fall, abs=1e-5) and row["used"] == pytest.approx(24 / 32 * np.mean(gain), abs=1e-5)
+    used = (32 - L) / 32 * np.mean(gain)
+    assert row["fall"] == pytest.approx(fall, abs=1e-5) and row["used"] == pytest.approx(used, abs=1e-5)
     assert row["used"] + row["early"] == pytest.approx(row["fall"])
-    early = np.mean([short[p] - ref[p] for p in range(8, 32)]) * 24 / 32  # the rest: less context than l in chunks
+    early = np.mean([short[p] - ref[p] for p in range(L, 32)]) * (32 - L) / 32  # the rest: less context in chunks
     assert row["early"] == pytest.approx(early, abs=1e-5)
     if attention == "causal":  # the plain model sees everything: the same pass as eval_extrapolate.py's lex protocol
         assert np.mean(full) == pytest.approx(model(x, y, attention="causal")[1].item(), abs=1e-5)
@@ -305,13 +309,18 @@ def test_context_probe_flags_are_one_line_errors(tiny_data, tmp_path):
                           (["--lengths", "16,32"], "takes one length"),
                           (["--lengths", "32", "--sequences", "5"], "--spans 5: the validation text has only 1"),
                           (["--stride", "0"], "--stride 0 is not allowed"),
-                          (["--span", "4"], "--span does not apply to --probe context")):
+                          (["--span", "4"], "--span does not apply to --probe context"),
+                          (["--beyond", "16"], "--beyond 16 is not allowed for"),
+                          (["--beyond", "1"], "--beyond 1 is not allowed for")):
         with pytest.raises(SystemExit) as e:
             eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "context", *argv])
         assert message in str(e.value.code)
     with pytest.raises(SystemExit) as e:
         eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "repeat", "--stride", "2"])
     assert "--stride does not apply to --probe repeat" in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "repeat", "--beyond", "4"])
+    assert "--beyond does not apply to --probe repeat" in str(e.value.code)
 
 
 def test_repeat_sequences_where_the_rule_acts_sit_at_every_phase():

@@ -654,3 +654,29 @@ def test_the_extension_table_is_each_seeds_rows(tmp_path, capsys):
     assert tables == reproduce.extension_markdown(summary)
     line = next(x for x in tables.splitlines() if x.startswith("| fine-tuned at 4l: rope + pi s=4 |"))
     assert "| 204,800 |" in line and f"{np.mean([ppl[s][1] for s in ppl]):.3f} ± " in line
+
+
+@pytest.mark.slow
+def test_toy_extension_end_to_end(tmp_path):
+    """--suite extension on a toy budget (RoPE only): the study's models, then each fine-tuned at 4l with PI and
+    YaRN (the scaling, its original length and the source in the checkpoint), every model scored, the table drawn;
+    a second run has nothing to do."""
+    argv = [sys.executable, "reproduce.py", "--suite", "extension", "--budget", "toy", "--schemes", "rope",
+            "--results", str(tmp_path / "results"), "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data")]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    assert {"zero-shot: rope", "zero-shot: rope + BCA", "zero-shot: rope + yarn", "fine-tuned at 4l: rope + pi s=4 from 16",
+            "fine-tuned at 4l: rope + yarn s=4 from 16"} <= set(summary["table"])
+    for row in summary["table"].values():  # every seed's value, YaRN at inference's context gain too
+        assert row["64"]["n"] == 3 and row["context gain"]["n"] == 3
+    for name, method in (("rope_pi", "pi"), ("rope_yarn", "yarn")):
+        ckpt = torch.load(tmp_path / "runs" / "extension" / f"{name}_s1338" / "ckpt.pt", weights_only=False)
+        args = ckpt["model_args"]
+        assert (args["block_size"], args["rope_scaling"], args["rope_factor"], args["rope_original_length"]) == \
+            (64, method, 4.0, 16)
+        assert ckpt["init"]["path"] == str((tmp_path / "runs" / "rope_s1338" / "ckpt.pt").resolve())
+    assert (tmp_path / "results" / "tables.md").read_text() == reproduce.extension_markdown(summary)
+    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    jobs = 1 + 3 + 6 + 2 * 3 + 1  # data, rope's seeds, the fine-tunes, perplexity and context of 3 models, report
+    assert again.returncode == 0 and f"{jobs - 1} of {jobs} jobs finished already" in again.stdout, again.stdout[-2000:]
