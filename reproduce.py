@@ -282,6 +282,13 @@ def scheme_settings(overrides, recipe):
     return {k: (recipe["block_size"] / 2 if v == "half" else v) for k, v in overrides.items()}
 
 
+def train_job(name, config_file, ckpt, settings, recipe, **kw):
+    """A train.py job: the config file, then each setting as --key=value; the recipe guard compares the recipe with
+    those settings over it (Job.check_recipe)."""
+    return Job(name, "train", ckpt, [PY, "train.py", config_file] + [f"--{k}={v}" for k, v in settings.items()],
+               settings=dict(recipe, **settings), **kw)
+
+
 def prepare_job(args, data, extra=()):
     name = "prepare passkey data" if extra else "prepare data"
     return Job(name, "prepare", Path(data) / "meta.json",
@@ -309,8 +316,7 @@ def plan(args, budget):
         for run, seed, passkey, overrides in runs:
             settings = dict(overrides, **budget["train"], seed=seed, out_dir=str(ckpts[run].parent),
                             data_dir=f"{data}_passkey" if passkey else str(data), device=args.device)
-            train = Job(f"train {run}", "train", ckpts[run], [PY, "train.py", variant["config"]]
-                        + [f"--{k}={v}" for k, v in settings.items()], settings=dict(recipe, **settings))
+            train = train_job(f"train {run}", variant["config"], ckpts[run], settings, recipe)
             (passkey_jobs if passkey else jobs).append(train)
         # learned positions stop at block_size (the model refuses more): that scheme is measured up to l only
         bounded = scheme in BOUNDED
@@ -387,9 +393,8 @@ def tune_plan(args, budget):
             settings.update(budget["train"], seed=SEEDS[0], out_dir=str(out_dir), data_dir=str(data),
                             device=args.device, learning_rate=recipe["learning_rate"] * factor,
                             min_lr=recipe["min_lr"] * factor)
-            jobs.append(Job(f"tune {scheme} at {factor} x learning_rate", "train", out_dir / "ckpt.pt",
-                            [PY, "train.py", VARIANTS[args.variant]["config"]]
-                            + [f"--{k}={v}" for k, v in settings.items()], settings=dict(recipe, **settings)))
+            jobs.append(train_job(f"tune {scheme} at {factor} x learning_rate", VARIANTS[args.variant]["config"],
+                                  out_dir / "ckpt.pt", settings, recipe))
     jobs.append(Job("tuning table", "report", Path(args.results) / "tuning.json",
                     action=lambda measured: tune_report(args, budget)))
     return jobs
@@ -433,8 +438,7 @@ def retrieval_plan(args, budget):
         for (run, seed, _, overrides), ckpt in zip(runs, ckpts):
             settings = dict(overrides, **budget["train"], seed=seed, out_dir=str(ckpt.parent), data_dir=str(data),
                             device=args.device)
-            jobs.append(Job(f"train {run}", "train", ckpt, [PY, "train.py", RETRIEVAL_CONFIG]
-                            + [f"--{k}={v}" for k, v in settings.items()], settings=dict(recipe, **settings)))
+            jobs.append(train_job(f"train {run}", RETRIEVAL_CONFIG, ckpt, settings, recipe))
         scalings = ["--rope_scaling", "none," + SCALINGS] if scheme in INTERPOLATED else []
         jobs.append(Job(f"tasks {scheme}", "tasks", raw / f"{scheme}.tasks.json",
                         [PY, "eval_retrieval.py", *[a for c in ckpts for a in ("--ckpt", str(c))], "--data_dir",
@@ -512,16 +516,9 @@ def extension_plan(args, budget):
     recipe, l = budget["recipe"], budget["recipe"]["block_size"]
     data, raw = Path(args.data), Path(args.results) / "raw"
     models = extension_models(args, budget)
-    jobs = [prepare_job(args, data)]
-    overrides = {}
-    for scheme, seeded in study_runs(budget).items():
-        seeded = [r for r in seeded if not r[2]]  # (no passkey mix here)
-        for (run, seed, _, scheme_overrides), ckpt in zip(seeded, models[scheme]):
-            settings = dict(scheme_overrides, **budget["train"], seed=seed, out_dir=str(ckpt.parent),
-                            data_dir=str(data), device=args.device)
-            jobs.append(Job(f"train {run}", "train", ckpt, [PY, "train.py", VARIANTS[args.variant]["config"]]
-                            + [f"--{k}={v}" for k, v in settings.items()], settings=dict(recipe, **settings)))
-        overrides[scheme] = seeded[0][3]
+    jobs = [prepare_job(args, data)]  # then the study's own training jobs of the sources (not the passkey mix)
+    jobs += [job for job in plan(args, budget) if job.kind == "train" and not job.name.endswith("_passkey")]
+    overrides = {scheme: runs[0][3] for scheme, runs in study_runs(budget).items()}
     tuned = fine_tune_settings(args, budget)
     for name, source, scaling in FINE_TUNES:
         if name not in models:  # its source is not among --schemes
@@ -530,10 +527,8 @@ def extension_plan(args, budget):
             settings = dict(overrides[source], **budget["train"])  # the source's model, then the fine-tune's own
             settings.update(tuned, **scaling, seed=seed, init_from=str(src), out_dir=str(ckpt.parent),
                             data_dir=str(data), device=args.device)
-            jobs.append(Job(f"fine-tune {name}_s{seed}", "train", ckpt,
-                            [PY, "train.py", VARIANTS[args.variant]["config"]]
-                            + [f"--{k}={v}" for k, v in settings.items()],
-                            inputs=[src], settings=dict(recipe, **settings), max_iters=tuned["max_iters"]))
+            jobs.append(train_job(f"fine-tune {name}_s{seed}", VARIANTS[args.variant]["config"], ckpt, settings,
+                                  recipe, inputs=[src], max_iters=tuned["max_iters"]))
     lengths = ",".join(str(m * l) for m in EXTENSION_MULTIPLES)
     for name, ckpts in models.items():
         flags, rules = EXTENSION_RULES[name]
