@@ -7,16 +7,16 @@ must mean the same thing by the same flags.
 """
 
 from common import DTYPES, UserError, pyplot
-from model import ATTENTION_RULES, ROPE_SCALINGS, AttentionRule, PositionTable, RopeScaling
+from model import ATTENTION_RULES, ROPE_SCALINGS, AttentionPlan, AttentionRule, RopeScaling
 
 
 def learned_length_check(config, length, path):
     """model.py's rule that learned positions stop at block_size, before any work, as a one-line error (only a learned
-    model's table is built here: the others' grow with length, which may be past memory)."""
+    model's plan is built here: the others' grow with length, which may be past memory)."""
     if config.pos != "learned":
         return
     try:
-        PositionTable(config, length, "causal")
+        AttentionPlan(config, length, "causal")
     except ValueError as e:
         raise UserError(f"{path}: {e}") from None
 

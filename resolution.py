@@ -30,7 +30,7 @@ from common import (ArgumentParser, UserError, exit_interrupted, load_model, out
 from data import checked, checkpoint_dataset, documents, read_tokens
 from evaluation import (add_checkpoint_args, attention_options, check_rule, learned_length_check, own_scaling,
                         pointless, rule_fields, rule_label, save_figure)
-from model import GPTConfig, PositionTable
+from model import AttentionPlan, GPTConfig
 
 
 def resolution(curve):
@@ -51,8 +51,8 @@ def theory(head_dim, gamma, scale_base, max_dist):
     # block_size 2: the curves have no training length
     config = GPTConfig(block_size=2, n_head=1, n_embd=head_dim, pos="xpos", xpos_gamma=gamma,
                        xpos_scale_base=scale_base)
-    table = PositionTable(config, 1)
-    theta, zeta = table.theta.double(), table.zeta.double()
+    plan = AttentionPlan(config, 1)
+    theta, zeta = plan.theta.double(), plan.zeta.double()
     n = torch.arange(max_dist + 1, dtype=torch.float64)[:, None]
     out = {}
     for name, decay in (("rope", torch.ones_like(zeta)), ("xpos", zeta)):
@@ -81,40 +81,24 @@ def plot_theory(result, path):
 # their softmax gives the model's attention output).
 
 
-def rotated(x, factor):
-    """x (..., T, head_dim) times factor (T or 1, head_dim/2, 2: real, imaginary), its pairs as complex numbers
-    (Algorithm 1), float32."""
-    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-    return torch.view_as_real(pairs * torch.view_as_complex(factor)).flatten(-2)
-
-
-def scores(q, k, table, queries, keys):
+def scores(q, k, plan, queries, keys):
     """Pre-softmax scores (B, n_head, Q, K) in float32 of raw q at frame positions `queries` against raw k at `keys`:
     rotated (rope, xpos), q.k / sqrt(head_dim), ALiBi's bias, -inf where the rule hides the key."""
-    q, k = q.float(), k.float()
-    if table.rotation is not None:
-        q_factor, k_factor = table.factors(queries, keys)
-        q, k = rotated(q, q_factor), rotated(k, k_factor)
+    q, k = plan.rotate(q.float(), k.float(), queries, keys)
     m = torch.arange(queries.start, queries.stop, device=q.device)[:, None]
     distance = m - torch.arange(keys.start, keys.stop, device=q.device)
-    visible = distance >= 0
-    if table.reach is not None:  # sliding, sinks: past the first block only the keys within reach
-        visible &= (distance < table.reach) | (m < table.b)
     dots = q @ k.mT / math.sqrt(q.size(-1))
-    if table.slopes is not None:
-        dots = dots - table.slopes * distance
-    return dots.masked_fill(~visible, float("-inf"))
+    if plan.slopes is not None:
+        dots = dots - plan.slopes * distance
+    return dots.masked_fill(~plan.visible(queries, keys, q.device), float("-inf"))
 
 
-def sink_scores(q, sink_k, table):
+def sink_scores(q, sink_k, plan):
     """The sinks rule past its first window: q stands at W-1 as seen from the S sinks at 0 .. S-1 (StreamingLLM)."""
-    S, W = sink_k.size(2), table.rule.window
-    q, sink_k = q.float(), sink_k.float()
-    if table.rotation is not None:
-        q_factor, k_factor = table.factors(range(W - 1, W), range(S))
-        q, sink_k = rotated(q, q_factor), rotated(sink_k, k_factor)
+    S, W = sink_k.size(2), plan.rule.window
+    q, sink_k = plan.rotate(q.float(), sink_k.float(), range(W - 1, W), range(S))
     dots = q @ sink_k.mT / math.sqrt(q.size(-1))
-    return dots if table.slopes is None else dots - table.slopes * (W - 1 - torch.arange(S, device=q.device))
+    return dots if plan.slopes is None else dots - plan.slopes * (W - 1 - torch.arange(S, device=q.device))
 
 
 @torch.no_grad()
@@ -127,19 +111,19 @@ def pre_softmax_scores(model, idx, observe, attention=None, rope_scaling=None):
     inputs = {}
     hooks = [block.attn.register_forward_hook(lambda module, args, out, i=i: inputs.__setitem__(i, args))
              for i, block in enumerate(model.transformer.h)]
-    step = cache[0].table.b or model.config.block_size // 2  # window by window: the cache then holds its keys
+    step = cache[0].plan.segment or model.config.block_size // 2  # window by window: the cache then holds its keys
     try:
         for t0 in range(0, T, step):
             model.hidden_states(idx[:, t0 : t0 + step], cache=cache)
-            for layer, (x, table, c) in sorted(inputs.items()):
+            for layer, (x, plan, c) in sorted(inputs.items()):
                 B, n, C = x.shape
                 q = model.transformer.h[layer].attn.c_attn(x)[..., :C].view(B, n, nh, C // nh).transpose(1, 2)
                 queries = range(t0 - c.start, t0 - c.start + n)
                 absolute = range(t0, t0 + n)
-                window = scores(q, c.k[:, :, : c.held], table, queries, range(c.held))
+                window = scores(q, c.k[:, :, : c.held], plan, queries, range(c.held))
                 observe(layer, window, absolute, range(c.start, c.end()))
-                if c.sink_kv is not None and queries.start >= table.b:
-                    observe(layer, sink_scores(q, c.sink_kv[0], table), absolute, range(c.sink_kv[0].size(2)))
+                if c.sink_kv is not None and queries.start >= plan.segment:
+                    observe(layer, sink_scores(q, c.sink_kv[0], plan), absolute, range(c.sink_kv[0].size(2)))
     finally:
         for hook in hooks:
             hook.remove()

@@ -8,7 +8,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import model
 import train
-from model import GPT, GPTConfig, PositionTable
+from model import GPT, GPTConfig, AttentionPlan
 from test_train import read_log, tiny_args, words_dataset
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -87,7 +87,7 @@ def test_cached_decoding_matches_full_forward(pos, rule, monkeypatch):
             cached.append(m(seq[:, t : t + 1], cache=cache)[0][:, -1])
         full = m(seq[:, :199], seq[:, 1:200], attention=rule)[0]
     torch.testing.assert_close(torch.stack(cached, 1), full[:, 36:], rtol=1e-4, atol=1e-4)
-    assert cache[0].held <= 2 * cache[0].table.b  # one window's keys held
+    assert cache[0].held <= 2 * cache[0].plan.segment  # one window's keys held
 
 
 @pytest.mark.parametrize("method", ["pi", "ntk", "yarn"])
@@ -111,4 +111,4 @@ def test_xpos_float16_without_bca_stays_finite():
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
         logits, loss = m(idx, idx, attention="causal")
     assert torch.isfinite(logits).all() and torch.isfinite(loss)
-    assert PositionTable(m.config, 16384, "causal").chunk < 16384  # the queries went in chunks here
+    assert AttentionPlan(m.config, 16384, "causal").chunk < 16384  # the queries went in chunks here

@@ -11,7 +11,7 @@ from torch.nn.attention.bias import CausalBias
 import alternatives
 import model
 import resolution
-from model import GPT, GPTConfig, POSITION_SCHEMES, PositionTable, alibi_slopes
+from model import GPT, GPTConfig, POSITION_SCHEMES, AttentionPlan, alibi_slopes
 
 torch.set_num_threads(2)
 RELATIVE_OR_NONE = ("sinusoidal", "rope", "alibi", "xpos", "none")  # every scheme that may run past block_size
@@ -31,13 +31,21 @@ def tokens(T, vocab=23, seed=1, batch=2):
 # --- xPos -------------------------------------------------------------------------------------------------------
 
 
+def factors(plan, queries, keys):
+    """The plan's factors of q at `queries` and k at `keys`, (n, d/2, 2): what its rotation makes of the pair 1 + 0i."""
+    d = 2 * plan.rotation.size(1)
+    ones = lambda n: torch.zeros(n, d).index_fill_(1, torch.arange(0, d, 2), 1.0)
+    q, k = plan.rotate(ones(len(queries)), ones(len(keys)), queries, keys)
+    return q.unflatten(-1, (-1, 2)), k.unflatten(-1, (-1, 2))
+
+
 def positioned(q, k, q_pos, k_pos, cfg):
-    """q at the positions q_pos and k at k_pos (ranges), times model.py's PositionTable factors (Algorithm 1's pairs
+    """q at the positions q_pos and k at k_pos (ranges), times model.py's AttentionPlan factors (Algorithm 1's pairs
     as complex numbers)."""
-    table = PositionTable(cfg, max(q_pos.stop, k_pos.stop), "causal")
+    table = AttentionPlan(cfg, max(q_pos.stop, k_pos.stop), "causal")
     pairs = lambda x: torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
     turn = lambda x, f: torch.view_as_real(pairs(x) * torch.view_as_complex(f)).flatten(-2)  # f: (T, d/2, 2)
-    q_factor, k_factor = table.factors(q_pos, k_pos)
+    q_factor, k_factor = factors(table, q_pos, k_pos)
     return turn(q, q_factor), turn(k, k_factor)
 
 
@@ -311,7 +319,7 @@ def test_a_window_longer_than_the_sequence_costs_only_the_sequence():
     huge = model.AttentionRule("sliding", 10**9)
     cache = m.new_cache(10, huge)
     m(tokens(3), cache=cache)
-    assert cache[0].k.size(2) == 10 and PositionTable(m.config, 10, huge).frame == 10
+    assert cache[0].k.size(2) == 10 and AttentionPlan(m.config, 10, huge).frame == 10
     torch.testing.assert_close(m(tokens(10), attention=huge)[0], m(tokens(10), attention="causal")[0])
 
 
@@ -362,7 +370,7 @@ BIG = dict(block_size=1024, n_head=1, n_embd=64, pos="rope")
 def test_interpolated_frequencies_match_the_papers_formulas(method):
     cfg = GPTConfig(**BIG)
     for s in (1.5, 4.0, 32.0):
-        theta, _ = alternatives.interpolate(PositionTable(cfg, 1).theta, model.RopeScaling(method), s, 1024)
+        theta, _ = alternatives.interpolate(AttentionPlan(cfg, 1).theta, model.RopeScaling(method), s, 1024)
         torch.testing.assert_close(theta.double(), paper_theta(method, s), rtol=1e-6, atol=0)
     if method == "yarn":  # the three regimes are all there at these defaults: kept, ramped, interpolated
         theta, s = paper_theta("none", 1), 4.0
@@ -377,7 +385,7 @@ def test_yarn_follows_the_official_ramp_at_the_studys_shapes(l, d):
     continuous ramp in r_j would keep 0.625 of it); every shape against the official formula, written out above."""
     for s in (2.0, 16.0):
         cfg = GPTConfig(block_size=l, n_head=1, n_embd=d, pos="rope")
-        theta, sharpen = alternatives.interpolate(PositionTable(cfg, 1).theta, model.RopeScaling("yarn"), s, l)
+        theta, sharpen = alternatives.interpolate(AttentionPlan(cfg, 1).theta, model.RopeScaling("yarn"), s, l)
         torch.testing.assert_close(theta.double(), paper_theta("yarn", s, d=d, l=l), rtol=1e-6, atol=0)
         assert sharpen == pytest.approx(0.1 * math.log(s) + 1)
         assert theta[0] == 1.0  # the fastest pair is kept
@@ -390,10 +398,10 @@ def test_the_pass_uses_the_factor_of_its_length(method):
     m = GPT(GPTConfig(**BIG, vocab_size=7, n_layer=1))
     for T, factor in ((4096, None), (2000, None), (1500, 3.0)):
         scaling = model.RopeScaling(method, factor if method != "dynamic_ntk" else None)
-        table = PositionTable(m.config, T, "causal", scaling)
+        table = AttentionPlan(m.config, T, "causal", scaling)
         s = factor if scaling.factor else T / 1024
         angle = torch.arange(T, dtype=torch.float64)[:, None] * paper_theta(method, s)
-        q_factor, k_factor = (torch.view_as_complex(f) for f in table.factors(range(T), range(T)))
+        q_factor, k_factor = (torch.view_as_complex(f) for f in factors(table, range(T), range(T)))
         got = q_factor.angle().double()
         torch.testing.assert_close(torch.remainder(got - angle + math.pi, 2 * math.pi) - math.pi,
                                    torch.zeros_like(angle), rtol=0, atol=2e-3)  # float32 angles up to 4096 rad
@@ -406,7 +414,7 @@ def test_the_pass_uses_the_factor_of_its_length(method):
 @pytest.mark.parametrize("pos", ["rope", "xpos"])
 def test_every_method_is_the_identity_at_s_at_most_one(method, pos):
     cfg = GPTConfig(**(BIG | dict(pos=pos)))
-    plain = PositionTable(cfg, 1).theta
+    plain = AttentionPlan(cfg, 1).theta
     for s in (1.0, 0.5, 1 / 3):
         got = alternatives.interpolate(plain, model.RopeScaling(method), s, 1024)
         assert torch.equal(got[0], plain) and got[1] == 1.0
@@ -549,11 +557,11 @@ def test_xpos_float16_without_bca_at_16k_with_the_papers_defaults(monkeypatch):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
         logits, loss = m(idx, idx, attention="causal")
         assert torch.isfinite(logits).all() and torch.isfinite(loss)
-        monkeypatch.setattr(model, "PositionTable", unchunked)  # all 16,384 queries in one call: it overflows
+        monkeypatch.setattr(model, "AttentionPlan", unchunked)  # all 16,384 queries in one call: it overflows
         assert not torch.isfinite(m(idx, idx, attention="causal")[0]).all()
 
 
-class unchunked(PositionTable):
+class unchunked(AttentionPlan):
     """The table with xPos's chunking of queries turned off: one attention call for every query."""
 
     def __init__(self, *args, **kw):
@@ -567,7 +575,7 @@ def test_xpos_attends_in_chunks_that_keep_every_factor_under_2_to_the_8(monkeypa
     # 3.5^8 in one call over 8,192 tokens; the chunk is the largest n whose factor stays <= 2^8, found by search
     largest = lambda n: (1.4 / 0.4) ** ((n // 2) / 512)
     assert largest(8192) == pytest.approx(3.5**8, rel=1e-12) and largest(8192) > 2**8
-    table = PositionTable(cfg, 8192, "causal")
+    table = AttentionPlan(cfg, 8192, "causal")
     assert table.chunk == max(n for n in range(1, 8192) if largest(n) <= 2**8)
     seen, sdpa = [], F.scaled_dot_product_attention
 
@@ -585,7 +593,7 @@ def test_xpos_attends_in_chunks_that_keep_every_factor_under_2_to_the_8(monkeypa
         assert all(d == dtype and top <= 2**8 * math.sqrt(2) * 1.01 for _, d, top in seen)  # pairs (1, 1) times F
         seen.clear()
     for queries, keys in ((range(0, table.chunk), range(0, table.chunk)), (range(5000, 8192), range(0, 8192))):
-        q_factor, k_factor = table.factors(queries, keys)
+        q_factor, k_factor = factors(table, queries, keys)
         assert q_factor.norm(dim=-1).max() <= 2**8 * 1.001 and k_factor.norm(dim=-1).max() <= 2**8 * 1.001
 
 
@@ -597,7 +605,7 @@ def test_xpos_without_bca_far_past_float32s_range_matches_float64():
     T, d = 2560, 16
     cfg = GPTConfig(n_head=1, n_embd=d, block_size=32, pos="xpos", xpos_scale_base=16.0)
     q, k, v = torch.randn(1, 1, T, d), torch.randn(1, 1, T, d), torch.randn(1, 1, T, d)
-    y = model.attend(q, k, v, PositionTable(cfg, T, "causal"), range(T), range(T))
+    y = model.attend(q, k, v, AttentionPlan(cfg, T, "causal"), range(T), range(T))
     pos, want = torch.arange(T, dtype=torch.float64), []
     for rows in torch.arange(T).split(256):  # 256 queries against every key at a time, masked causally
         s = complex_reference(q[0, 0, rows, None], k[0, 0, None], pos[rows, None, None], pos[None, :, None],
@@ -631,8 +639,8 @@ def test_sinks_attend_in_chunks_like_the_other_rules(monkeypatch):
         assert torch.isfinite(m.hidden_states(idx, "sinks")).all()
         m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=4.0)
         chunked = m.hidden_states(idx, "sinks")
-        assert PositionTable(m.config, 300, "sinks").chunk < 128  # the window's queries do go in chunks
-        monkeypatch.setattr(model, "PositionTable", unchunked)
+        assert AttentionPlan(m.config, 300, "sinks").chunk < 128  # the window's queries do go in chunks
+        monkeypatch.setattr(model, "AttentionPlan", unchunked)
         torch.testing.assert_close(chunked, m.hidden_states(idx, "sinks"), rtol=1e-4, atol=1e-5)
         m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=0.5)
         assert not torch.isfinite(m.hidden_states(idx, "sinks")).all()  # the overflow the chunks avoid
@@ -716,8 +724,8 @@ def test_cached_decoding_matches_full_forward(pos, rule, prompt):
     cache = m.new_cache(total, rule)
     cached, _ = m(seq[:, :prompt], cache=cache)
     buffers = cache[0].k.data_ptr(), cache[0].v.data_ptr()
-    table = PositionTable(m.config, total, rule)
-    resolved, b = table.rule, table.b
+    table = AttentionPlan(m.config, total, rule)
+    resolved, b = table.rule, table.segment
     for t in range(prompt, total + 1):
         full, _ = m(seq[:, :t], attention=resolved)
         torch.testing.assert_close(cached[:, -1], full[:, -1], rtol=1e-5, atol=1e-5, msg=f"step {t}")
@@ -743,7 +751,7 @@ def test_chunked_prefill_matches_full_forward(pos, rule):
         cache, logits, t = m.new_cache(total, rule), [], 0
         for size in chunks:
             if t < total:
-                logits.append(m.head(m.hidden_states(seq[:, t : t + size], cache=cache)))
+                logits.append(m.logits(m.hidden_states(seq[:, t : t + size], cache=cache)))
                 t += size
         got = torch.cat(logits, dim=1)
         torch.testing.assert_close(got, full[:, : got.size(1)], rtol=1e-5, atol=1e-5, msg=str(chunks))

@@ -127,9 +127,49 @@ def test_commands_run_in_order(tmp_path):
         assert "Traceback" not in result.stderr, f"{page}: {' '.join(command)}\n{result.stderr[-2000:]}"
 
 
-def test_the_tour_of_model_py_points_at_the_read_path():
-    """Each [`name`](model.py#Ln) of the README's tour points at the line that defines name, and the path's table
-    holds at most 8 definitions whose lines add up to the count the README gives (at most 250)."""
+def read_path():
+    """Traced, not counted by hand: every model.py definition entered from GPT.forward until its first attention
+    call (F.scaled_dot_product_attention), in order, on xPos past block_size (so under BCA), and the most model.py
+    frames on the stack at any attention call of the pass (the call depth; GPT.forward is 1). A closure or
+    comprehension on the path would show here under its own name."""
+    import torch
+    from torch.nn import functional as F
+    import model
+    torch.manual_seed(0)
+    config = model.GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=16, pos="xpos")
+    gpt = model.GPT(config).eval()
+    idx = torch.randint(0, 11, (1, 40))
+    path = str(Path(model.__file__).resolve())
+    entered, depths = [], []
+
+    def frames_in_model_py(frame):
+        n = 0
+        while frame is not None:
+            n += frame.f_code.co_filename == path
+            frame = frame.f_back
+        return n
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == path and not depths:
+            if frame.f_code.co_qualname not in entered:
+                entered.append(frame.f_code.co_qualname)
+        if event == "c_call" and arg is F.scaled_dot_product_attention:
+            depths.append(frames_in_model_py(frame))
+
+    sys.setprofile(profile)
+    try:
+        with torch.no_grad():
+            gpt(idx)
+    finally:
+        sys.setprofile(None)
+    assert depths, "the pass never called F.scaled_dot_product_attention"
+    return entered, max(depths)
+
+
+def test_the_tour_of_model_py_is_the_traced_read_path():
+    """Each [`name`](model.py#Ln) of the README's tour points at the line that defines name; the path's table lists
+    exactly the definitions a traced pass runs before attention, and the README gives their number, their unique
+    lines and the call depth as traced."""
     import ast
     readme = (ROOT / "README.md").read_text()
     tree = ast.parse((ROOT / "model.py").read_text())
@@ -140,10 +180,18 @@ def test_the_tour_of_model_py_points_at_the_read_path():
             if isinstance(node, ast.ClassDef):
                 defs.update({f"{node.name}.{n.name}": n for n in node.body if isinstance(n, ast.FunctionDef)})
     links = re.findall(r"\[`([\w.]+)`\]\(model\.py#L(\d+)\)", readme)
-    assert len(links) >= 8
     for name, line in links:
         assert name in defs and defs[name].lineno == int(line), f"README: {name} is not defined at model.py line {line}"
-    path = re.findall(r"^\| \d+ \| \[`([\w.]+)`\]", readme, flags=re.M)
-    lines = sum(defs[name].end_lineno - defs[name].lineno + 1 for name in path)
-    assert len(path) <= 8 and lines <= 250
-    assert f"These {len(path)} definitions hold {lines} lines" in readme
+    entered, depth = read_path()
+    table = re.findall(r"^\| \d+ \| \[`([\w.]+)`\]", readme, flags=re.M)
+    assert sorted(table) == sorted(entered), f"the README's path {table} is not the traced one {entered}"
+    lines = set()
+    for name in entered:
+        lines |= set(range(defs[name].lineno, defs[name].end_lineno + 1))
+    assert f"These {len(entered)} definitions hold {len(lines)} lines" in readme
+    assert f"call depth {depth}" in readme
+    n_lines = len((ROOT / "model.py").read_text().splitlines())
+    assert f"`model.py` ({n_lines} lines)" in readme
+    marked = sum("# alternatives:" in line for line in (ROOT / "model.py").read_text().splitlines())
+    words = ["Six", "Seven", "Eight", "Nine", "Ten", "Eleven", "Twelve"]
+    assert f"{words[marked - 6]} lines marked `alternatives:`" in readme

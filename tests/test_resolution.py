@@ -9,7 +9,7 @@ import torch
 import resolution
 from common import save_checkpoint
 from conftest import make_checkpoint
-from model import AttentionRule, PositionTable, RopeScaling, alibi_slopes
+from model import AttentionRule, AttentionPlan, RopeScaling, alibi_slopes
 
 
 def test_resolution_hand_computed():
@@ -47,9 +47,8 @@ def test_measured_scores_match_a_full_score_matrix(tiny_data, tmp_path, pos):
         x = model.transformer.h[0].ln_1(model.transformer.wte(idx))
         q, k, _ = model.transformer.h[0].attn.c_attn(x).view(1, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
     if pos == "xpos":  # at absolute positions: every score depends on the distance only
-        table = PositionTable(model.config, T, "causal")
-        q_factor, k_factor = table.factors(range(T), range(T))
-        q, k = resolution.rotated(q, q_factor), resolution.rotated(k, k_factor)
+        table = AttentionPlan(model.config, T, "causal")
+        q, k = table.rotate(q, k, range(T), range(T))
     s = (q @ k.transpose(-1, -2))[0] / math.sqrt(8)
     if pos == "alibi":
         p = torch.arange(T)
