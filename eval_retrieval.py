@@ -30,7 +30,7 @@ Remember it." at each depth (0 = the start, 1 = just before the question), then 
 key is". The model decodes greedily as many tokens as the answer has; a document counts when they spell the key.
 Accuracy over the length x depth grid: printed, as JSON, and as a heatmap (--plot).
 
-Task probe (a model trained on the long-range task suite, prepare_data.py --dataset task; tasks.py): per task,
+Task probe (a model trained on the long-range task suite, prepare_data.py --dataset task; retrieval_tasks.py): per task,
 accuracy at the answers by distance (default 1/4 .. 16 x block_size) and by total length (1 .. 16 x block_size,
 the answers at a distance of block_size/2), --sequences instances a cell. The retrieval reach is the largest
 distance up to which accuracy stays at least 90% of its value at 1 x (the mean over the distances whose whole
@@ -70,11 +70,11 @@ from common import (ArgumentParser, UserError, autocast, check_seed, exit_interr
                     model_config, output_path, pyplot, resolve_device, resolve_dtype, write_json)
 from data import (checked, checkpoint_dataset, documents, passkey_document, passkey_parts, read_tokens,
                   tokenizer_from_meta)
-from evaluation import (RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure, default_batch_tokens,
+from inference_options import (RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure, default_batch_tokens,
                         finish_curves, learned_length_check, lex_documents, plan_runs, rule_fields, rule_label,
                         save_figure)
 from model import RopeScaling
-import tasks
+import retrieval_tasks
 
 PROBES = ("repeat", "passkey", "task", "context")
 DIGITS = 5  # the passkey's digits, as prepare_data.py --passkey writes them by default
@@ -444,7 +444,7 @@ def plan(args, path, rules, scalings):
                             f"span, filler, control{' and prefix' if args.sweep else ''} apart, but {data_dir} has "
                             f"{n_tokens}: lower --distances or --span")
     elif args.probe == "task":
-        if meta.get("chars") != tasks.CHARS:
+        if meta.get("chars") != retrieval_tasks.CHARS:
             raise UserError(f"{path} was not trained on the task suite ({data_dir} is not a prepare_data.py --dataset "
                             "task dataset): --probe task scores task models only")
     if args.probe == "context":
@@ -458,15 +458,15 @@ def plan(args, path, rules, scalings):
         sizes = (lengths[0], lex_documents(documents(data_dir, "val", meta), lengths[0], str(args.sequences))[0])
         longest = lengths[0]
     elif args.probe == "task" and args.sweep:
-        sizes = args.task or meta.get("tasks") or list(tasks.TASKS)
-        longest = max(2 * l + sweep_distances(args, config, t)[-1] + tasks.layout(t)[1] + l // 2 - 1 for t in sizes)
+        sizes = args.task or meta.get("tasks") or list(retrieval_tasks.TASKS)
+        longest = max(2 * l + sweep_distances(args, config, t)[-1] + retrieval_tasks.layout(t)[1] + l // 2 - 1 for t in sizes)
         if longest > MAX_TASK_TOKENS:
             raise UserError(f"--distances {args.distances}: the sweep's instances would hold {longest:,} tokens, past "
                             f"the task probe's {MAX_TASK_TOKENS:,}")
     elif args.probe == "task":
-        sizes = task_sizes(args, l, args.task or meta.get("tasks") or list(tasks.TASKS),
+        sizes = task_sizes(args, l, args.task or meta.get("tasks") or list(retrieval_tasks.TASKS),
                            l if config.pos == "learned" else None)
-        ends = [tasks.PREFIX + distances[-1] + tasks.layout(task)[1] for task, (distances, _, _) in sizes.items()
+        ends = [retrieval_tasks.PREFIX + distances[-1] + retrieval_tasks.layout(task)[1] for task, (distances, _, _) in sizes.items()
                 if distances]  # the longest instance by distance, and by length
         longest = max(ends + [lengths[-1] for _, lengths, _ in sizes.values() if lengths], default=0)
         if not longest:
@@ -491,19 +491,19 @@ def task_sizes(args, l, names, limit=None):
     limit (learned positions stop at block_size), only what fits in it."""
     sizes = {}
     for task in names:
-        shortest, extra = tasks.layout(task)
+        shortest, extra = retrieval_tasks.layout(task)
         even = (lambda d: d + d % 2) if task == "flipflop" else (lambda d: d)
         distances = parse_list(args.distances, "--distances", int, [round(k * l) for k in DISTANCES])
         distances = sorted({even(max(d, shortest)) for d in distances})
         lengths = parse_list(args.lengths, "--lengths", int, [l * k for k in (1, 2, 4, 8, 16)])
-        for flag, too_long in (("--distances", [d for d in distances if tasks.PREFIX + d + extra > MAX_TASK_TOKENS]),
+        for flag, too_long in (("--distances", [d for d in distances if retrieval_tasks.PREFIX + d + extra > MAX_TASK_TOKENS]),
                                ("--lengths", [n for n in lengths if n > MAX_TASK_TOKENS])):
             if too_long:
                 raise UserError(f"{flag} {too_long[-1]} is not allowed: the task probe's instances hold at most "
                                 f"{MAX_TASK_TOKENS:,} tokens")
         at = even(max(l // 2, shortest))
         if limit:
-            distances = [d for d in distances if tasks.PREFIX + d + extra <= limit]
+            distances = [d for d in distances if retrieval_tasks.PREFIX + d + extra <= limit]
             lengths = [n for n in lengths if n <= limit]
         if lengths and lengths[0] < at + extra:
             raise UserError(f"--lengths {lengths[0]} cannot hold {task} at distance {at} (it needs {at + extra} "
@@ -538,13 +538,13 @@ def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
     l, rows = config.block_size, []
 
     def drawn(task, kind, size, make):  # seeded by the task's name and the cell: the same for any --task list
-        rng = np.random.default_rng([args.seed, tasks.TASKS.index(task), kind, size])
+        rng = np.random.default_rng([args.seed, retrieval_tasks.TASKS.index(task), kind, size])
         return [make(rng) for _ in range(args.sequences)]
 
     for task, (distances, lengths, at) in sizes.items():
-        cells = [("distance", d, drawn(task, 0, d, lambda rng: tasks.at_distance(task, rng, d)))
+        cells = [("distance", d, drawn(task, 0, d, lambda rng: retrieval_tasks.at_distance(task, rng, d)))
                  for d in distances]
-        cells += [("length", at, drawn(task, 1, n, lambda rng: tasks.at_length(task, rng, n, at)))
+        cells += [("length", at, drawn(task, 1, n, lambda rng: retrieval_tasks.at_length(task, rng, n, at)))
                   for n in lengths]
         if not cells:
             notes.append(f"{path}: {task}: skipped: no distance or length of it fits in {l} positions")
@@ -555,19 +555,19 @@ def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
             mine = []
             for kind, d, instances in cells:
                 n = len(instances[0][0])
-                scored = [tasks.accuracy(model, task, instances[i : i + max(1, per_batch // n)], rule, scaling,
+                scored = [retrieval_tasks.accuracy(model, task, instances[i : i + max(1, per_batch // n)], rule, scaling,
                                          device, ctx)
                           for i in range(0, len(instances), max(1, per_batch // n))]
                 count = sum(c for _, c, _ in scored)
                 mine.append(dict(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, l, n), probe="task",
                                  task=task, kind=kind, d=d, length=n, n=count, label=label,
                                  accuracy=sum(a * c for a, c, _ in scored) / count))
-                if task == "mqar":  # which queries are right tells lookup from elimination (tasks.by_elimination)
+                if task == "mqar":  # which queries are right tells lookup from elimination (retrieval_tasks.by_elimination)
                     per_query = zip(*(places for _, _, places in scored))  # each query's (right, scored) by batch
                     mine[-1]["by_query"] = [sum(r for r, _ in q) / sum(c for _, c in q) for q in per_query]
                 if args.verbose:
                     print(f"{label:>32} {task} {kind} d={d} length {n}: {mine[-1]['accuracy']:.2f}", file=sys.stderr)
-            reach, at_1x = retrieval_reach([r for r in mine if r["kind"] == "distance"], l, tasks.CHANCE[task])
+            reach, at_1x = retrieval_reach([r for r in mine if r["kind"] == "distance"], l, retrieval_tasks.CHANCE[task])
             bound = reach_bound(config, rule.resolve(max(r["length"] for r in mine), l))
             for row in mine:
                 row.update(accuracy_1x=at_1x, retrieval_reach=reach, reach_bound=bound)
@@ -582,7 +582,7 @@ def task_probe(args, path, config, model, sizes, runs, device, ctx, notes):
             if within:  # weighted alike: every distance scores the same number of instances
                 notes.append(f"{label}: mqar: accuracy by query, 1st to last, at 1 x: "
                              + " ".join(f"{a:.2f}" for a in np.mean(within, axis=0)) + " (picking among the values "
-                             "not yet asked for: " + " ".join(f"{a:.2f}" for a in tasks.by_elimination(len(within[0])))
+                             "not yet asked for: " + " ".join(f"{a:.2f}" for a in retrieval_tasks.by_elimination(len(within[0])))
                              + ")")
             rows += mine
     return rows
@@ -598,7 +598,7 @@ def sweep_distances(args, config, task):
     H = config.block_size // 2
     step = max(1, H // 8)
     default = list(range(step, (config.n_layer + 1) * H + H // 2 + 1, step))
-    shortest = tasks.layout(task)[0]
+    shortest = retrieval_tasks.layout(task)[0]
     even = (lambda d: d + d % 2) if task == "flipflop" else (lambda d: d)
     return sorted({even(max(d, shortest)) for d in parse_list(args.distances, "--distances", int, default)})
 
@@ -611,12 +611,12 @@ def sweep_probe(args, path, config, model, names, runs, device, ctx, notes):
     l, H, rows = config.block_size, config.block_size // 2, []
     for task in names:
         for d in sweep_distances(args, config, task):
-            rng = np.random.default_rng([args.seed, tasks.TASKS.index(task), 2, d])
-            instances = [tasks.at_phase(task, rng, d, 2 * l, H, int(rng.integers(0, H))) for _ in range(args.sequences)]
+            rng = np.random.default_rng([args.seed, retrieval_tasks.TASKS.index(task), 2, d])
+            instances = [retrieval_tasks.at_phase(task, rng, d, 2 * l, H, int(rng.integers(0, H))) for _ in range(args.sequences)]
             n = len(instances[0][0])
             for rule, scaling in runs:
                 per_batch = max(1, (args.batch_tokens or default_batch_tokens(config, scaling)) // n)
-                right = [r for i in range(0, len(instances), per_batch) for r in tasks.right_answers(
+                right = [r for i in range(0, len(instances), per_batch) for r in retrieval_tasks.right_answers(
                     model, task, instances[i : i + per_batch], rule, scaling, device, ctx)]
                 rows.append(sweep_row(config, rule.resolve(n, l), task, d, instances, right))
                 rows[-1].update(ckpt=str(path), pos=config.pos, **rule_fields(rule, scaling, l, n), probe="task",
@@ -631,7 +631,7 @@ def sweep_row(config, rule, task, d, instances, right):
     H = config.block_size // 2
     zones, phases = {z: [0, 0] for z in ZONES}, [[0, 0] for _ in range(PHASE_BINS)]
     for (text, answers), marks in zip(instances, right):
-        found = tasks.sources(task, text, answers, d)
+        found = retrieval_tasks.sources(task, text, answers, d)
         places = [zone(config, rule, (p - 1) % H, p - 1 - s) for p, s in zip(answers, found)]
         if len(marks) < len(places):  # the passkey's one mark needs every digit: it counts where its worst one lies
             places = [max(places, key=ZONES.index)]
@@ -829,7 +829,7 @@ def evaluate(args):
         raise UserError(f"--sweep applies to --probe task and repeat only, not --probe {args.probe}")
     if args.task is not None:
         try:
-            args.task = tasks.parse_tasks(args.task)
+            args.task = retrieval_tasks.parse_tasks(args.task)
         except ValueError as e:
             raise UserError(str(e)) from None
     args.span = 32 if args.span is None else args.span
@@ -985,7 +985,7 @@ def parse_args(argv=None):
     p.add_argument("--ckpt", action="append", required=True, help="a checkpoint; repeat to compare several")
     p.add_argument("--probe", default="repeat", choices=PROBES)
     p.add_argument("--span", type=int, help="repeat: tokens in each copy (default: 32)")
-    p.add_argument("--task", help="task: comma-separated, of " + ", ".join(tasks.TASKS) + " (default: those the "
+    p.add_argument("--task", help="task: comma-separated, of " + ", ".join(retrieval_tasks.TASKS) + " (default: those the "
                    "checkpoint's dataset holds)")
     p.add_argument("--distances", help="repeat: filler lengths d (default: 0 and block_size/8 .. 16 x block_size); "
                    "task: distances from answer to source (default: 1/4 .. 16 x block_size)")

@@ -8,7 +8,7 @@ Prepare a corpus for train.py and eval_extrapolate.py: documents -> tokens on di
     python prepare_data.py --dataset nanogpt --path nanoGPT/data/openwebtext             # its train.bin, val.bin
     python prepare_data.py --dataset url --url https://example.org/a.txt https://example.org/b.txt
     python prepare_data.py --dataset tiny_shakespeare | pg19              # named downloads, cached
-    python prepare_data.py --dataset task --tasks all --block_size 128    # the long-range task suite (tasks.py)
+    python prepare_data.py --dataset task --tasks all --block_size 128    # retrieval_tasks.py's suite
 
 Documents are streamed in and tokenized by --workers processes, in order, so the output is the same for any number
 of workers, in bounded memory: tokens go to a temporary file as they come, and only the documents' offsets (16
@@ -55,7 +55,7 @@ import numpy as np
 from common import ArgumentParser, UserError, die_with_parent, exit_interrupted, writable_dir
 from data import (PASSKEY_CHARS, SPLITS, Tokenizer, ends_sha256, load_meta, meta_problem, passkey_document,
                   passkey_fixed_tokens)
-import tasks
+import retrieval_tasks
 
 TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 # A few books of PG-19's test split (Rae et al. 2019; public-domain Project Gutenberg books published before 1919).
@@ -914,27 +914,29 @@ def check_split_sizes(sizes, args):
 
 
 def build_tasks(args, out_dir, registry):
-    """The long-range task suite's records (tasks.py): --records for training and a tenth as many (or
+    """The long-range task suite's records (retrieval_tasks.py): --records for training and a tenth as many (or
     --val_documents) for validation, each block_size + 1 characters, the tasks in turn, drawn from --seed."""
-    names, length = tasks.parse_tasks(args.tasks), args.block_size + 1
-    short = [n for n in names if tasks.shortest_record(n) > length]
+    names, length = retrieval_tasks.parse_tasks(args.tasks), args.block_size + 1
+    short = [n for n in names if retrieval_tasks.shortest_record(n) > length]
     if short:
         raise UserError(f"--block_size {args.block_size} is too short for {', '.join(short)}: a record needs at "
-                        f"least {max(tasks.shortest_record(n) for n in short)} characters")
+                        f"least {max(retrieval_tasks.shortest_record(n) for n in short)} characters")
     written = {}
     counts = dict(train=args.records, val=args.val_documents or max(len(names), args.records // 10))
     for i, (split, count) in enumerate(counts.items()):
         writer = SplitWriter(out_dir, split, np.uint16, False, registry)
         for first in range(0, count, 10000):  # in pieces: bounded memory for any --records
             n = min(10000, count - first)
-            writer.add_tokens(*tasks.records(names, length, first, n, np.random.default_rng([args.seed, i, first])))
+            rng = np.random.default_rng([args.seed, i, first])
+            writer.add_tokens(*retrieval_tasks.records(names, length, first, n, rng))
             writer.add_documents(np.arange(first, first + n)[:, None] * length + np.array([0, length]))
         written.update(writer.finish())
-    meta = dict(dataset="task", tokenizer="char", vocab_size=len(tasks.CHARS), dtype="uint16",
-                source=f"tasks.py: {','.join(names)}", seed=args.seed, eot_token=None, chars=tasks.CHARS,
-                tasks=names, record=length)
+    chars = retrieval_tasks.CHARS
+    meta = dict(dataset="task", tokenizer="char", vocab_size=len(chars), dtype="uint16",
+                source=f"retrieval_tasks.py: {','.join(names)}", seed=args.seed, eot_token=None,
+                chars=chars, tasks=names, record=length)
     summary = (f"{out_dir}: {counts['train']:,} train and {counts['val']:,} val records of {length} characters "
-               f"({', '.join(names)}; block_size {args.block_size}); vocab {len(tasks.CHARS)} (char)")
+               f"({', '.join(names)}; block_size {args.block_size}); vocab {len(chars)} (char)")
     return written, meta, summary
 
 
@@ -1135,7 +1137,7 @@ def parse_args(argv=None):
                    "documents (Mohtashami & Jaggi 2023), mixed into train only; validation stays natural text")
     p.add_argument("--passkey_tokens", type=int, default=128, help="tokens per passkey document (fit block_size)")
     p.add_argument("--passkey_digits", type=int, default=5, help="digits in each key")
-    p.add_argument("--tasks", help="--dataset task: comma-separated, of " + ", ".join(tasks.TASKS)
+    p.add_argument("--tasks", help="--dataset task: comma-separated, of " + ", ".join(retrieval_tasks.TASKS)
                    + " (default: all, in turn)")
     p.add_argument("--block_size", type=int, help="--dataset task: the block_size the records are for (each is "
                    "block_size + 1 characters; default 128)")
@@ -1159,7 +1161,8 @@ def parse_args(argv=None):
         p.error(f"--dataset {args.dataset}: --val_fraction does not apply (" + ("it keeps nanoGPT's own split)"
                 if args.dataset == "nanogpt" else "validation: --val_documents records)"))
     if args.dataset == "task" and args.tokenizer not in (None, "char"):
-        p.error(f"--dataset task writes character records (tasks.py): --tokenizer {args.tokenizer} does not apply")
+        p.error(f"--dataset task writes character records (retrieval_tasks.py): "
+                f"--tokenizer {args.tokenizer} does not apply")
     args.val_fraction = 0.1 if args.val_fraction is None else args.val_fraction
     given = [f"--{flag}" for flag in ("tasks", "block_size", "records") if getattr(args, flag) is not None]
     if given and args.dataset != "task":
@@ -1169,7 +1172,7 @@ def parse_args(argv=None):
         args.block_size = 128 if args.block_size is None else args.block_size
         args.records = 100000 if args.records is None else args.records
         try:
-            tasks.parse_tasks(args.tasks)
+            retrieval_tasks.parse_tasks(args.tasks)
         except ValueError as e:
             p.error(str(e))
         if args.val_tokens or args.passkey:
