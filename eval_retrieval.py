@@ -1057,8 +1057,8 @@ def task_sweep_rows(args, path, config, model, names, runs, device, ctx, notes):
                 right = []
                 for i in range(0, len(instances), per_batch):
                     batch = instances[i : i + per_batch]
-                    right += retrieval_tasks.right_answers(model, task, batch, rule, scaling, device,
-                                                           ctx)
+                    right += retrieval_tasks.right_answers(model, task, batch, rule, scaling,
+                                                           device, ctx)
                 label = rule_label(config.pos, rule, scaling, l)
                 cell = sweep_row(config, rule.resolve(n, l), task, d, instances, right)
                 rows.append(result_row(path, config, rule, scaling, n, "task", label, **cell))
