@@ -353,8 +353,8 @@ def get_batch(data, offsets, block_size, device):
 
 def sample_offsets(seed, stream, index, data, count, block_size):
     """Start offsets of `count` sequences in the token file `data` (read_tokens), a pure function of (seed, stream,
-    index): 0 = training, 1/2 = eval. Anywhere in the stream; in a task dataset (tasks.py), whose meta.json gives
-    its record length, at the start of a record: each sequence is one whole instance."""
+    index): 0 = training, 1/2 = eval. Anywhere in the stream; in a task dataset (retrieval_tasks.py),
+    whose meta.json gives its record length, at the start of a record: each sequence is one whole instance."""
     rng, record = np.random.default_rng([seed, stream, index]), getattr(data, "record", None)
     if record:
         if block_size + 1 != record:

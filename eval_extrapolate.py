@@ -39,9 +39,10 @@ from common import ArgumentParser, error_exit, exit_interrupted  # one-line exit
 from common import (UserError, all_reduce_sum, autocast, load_checkpoint, load_model, model_config, output_path,
                     resolve_dtype, setup_distributed, teardown_distributed, write_json)
 from data import checked, checkpoint_dataset, documents, read_tokens
-from evaluation import (BCA_MODES, RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure,
-                        default_batch_tokens, finish_curves, learned_length_check, lex_documents, plan_runs,
-                        rule_fields, rule_label)
+from inference_options import (BCA_MODES, RULE_FIELDS, add_checkpoint_args, attention_options,
+                               curves_figure, default_batch_tokens, finish_curves,
+                               learned_length_check, lex_documents, plan_runs, rule_fields,
+                               rule_label)
 
 
 def parse_lengths(text):

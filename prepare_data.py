@@ -8,7 +8,7 @@ Prepare a corpus for train.py and eval_extrapolate.py: documents -> tokens on di
     python prepare_data.py --dataset nanogpt --path nanoGPT/data/openwebtext             # its train.bin, val.bin
     python prepare_data.py --dataset url --url https://example.org/a.txt https://example.org/b.txt
     python prepare_data.py --dataset tiny_shakespeare | pg19              # named downloads, cached
-    python prepare_data.py --dataset task --tasks all --block_size 128    # the long-range task suite (tasks.py)
+    python prepare_data.py --dataset task --tasks all --block_size 128    # retrieval_tasks.py's suite
 
 Documents are streamed in and tokenized by --workers processes, in order, so the output is the same for any number
 of workers, in bounded memory: tokens go to a temporary file as they come, and only the documents' offsets (16
@@ -44,7 +44,6 @@ import re
 import secrets
 import signal
 import sys
-import time
 import typing
 import unicodedata
 import urllib.parse
@@ -55,7 +54,7 @@ import numpy as np
 from common import ArgumentParser, UserError, die_with_parent, exit_interrupted, writable_dir
 from data import (PASSKEY_CHARS, SPLITS, Tokenizer, ends_sha256, load_meta, meta_problem, passkey_document,
                   passkey_fixed_tokens)
-import tasks
+import retrieval_tasks
 
 TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 # A few books of PG-19's test split (Rae et al. 2019; public-domain Project Gutenberg books published before 1919).
@@ -360,55 +359,95 @@ def file_text_documents(raw, f, errors, separator, start=0, runs=False):
         yield from end(offset)
 
 
-class IncompleteDownload(Exception):
-    pass
+RETRY_STATUSES = (408, 429, *range(500, 600))  # any other 4xx is the server's last word
+
+
+class BrokenBody(Exception):
+    """A body that broke off or fell short of its Content-Length: urllib3 retries a request until
+    its headers arrive, not the body streamed after them."""
 
 
 def download(url, cache_dir, retries=4, backoff=1.0, timeout=30.0):
-    """Stream url into cache_dir (once): timeout, HTTP status checked, retries with exponential backoff, a
-    progress line, and a temporary file renamed only when the whole body (Content-Length) has arrived."""
+    """url streamed into cache_dir once (a cached copy is used as it is, offline too), through a
+    temporary file renamed only when the whole body has come. Up to `retries` tries, with urllib3's
+    Retry on a requests Session: a failed connection, a timeout, HTTP 408, 429 or 5xx are retried,
+    backoff is its backoff_factor; a body that breaks off is fetched again under the same limits.
+    A failure is a one-line UserError naming the URL."""
     import requests
+    from requests.adapters import HTTPAdapter
+    from urllib3.exceptions import MaxRetryError
+    from urllib3.util.retry import Retry
 
-    name = re.sub(r"[^A-Za-z0-9._-]", "_", url.rsplit("/", 1)[-1])[-60:] or "download"
-    dest = Path(cache_dir) / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-{name}"
+    dest = cache_path(url, cache_dir)
     if dest.is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".part")
-    error = None
-    for attempt in range(retries):
-        try:
-            with requests.get(url, stream=True, timeout=timeout) as response:
-                response.raise_for_status()
-                total, got = int(response.headers.get("Content-Length") or 0), 0
-                with open(tmp, "wb") as f:
-                    for chunk in response.iter_content(chunk_size=1 << 16):
-                        f.write(chunk)
-                        got += len(chunk)
-                        print(f"\r{name}: {got / 1e6:.2f}" + (f"/{total / 1e6:.2f}" if total else "") + " MB",
-                              end="", file=sys.stderr, flush=True)
-                print(file=sys.stderr)
-                if total and got != total:
-                    raise IncompleteDownload(f"got {got} of {total} bytes")
-            os.replace(tmp, dest)
-            return dest
-        except requests.HTTPError as e:
-            status = e.response.status_code
-            if 400 <= status < 500 and status not in (408, 429):  # the server said no: retrying will not help
-                raise UserError(f"download of {url} failed: HTTP {status}") from None
-            error = f"HTTP {status}"
-        except (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema,
-                requests.exceptions.MissingSchema) as e:  # not a network error: retrying will not help
-            raise UserError(f"download of {url} failed: {e}") from None
-        except (requests.RequestException, IncompleteDownload) as e:
-            error = f"{type(e).__name__}: {e}"
-        finally:
-            tmp.unlink(missing_ok=True)
-        if attempt + 1 < retries:
-            wait = backoff * 2**attempt
-            print(f"{url}: {error}; retrying in {wait:g}s ({attempt + 1}/{retries})", file=sys.stderr)
-            time.sleep(wait)
-    raise UserError(f"download of {url} failed after {retries} tries: {error}")
+    retry = Retry(total=retries - 1, backoff_factor=backoff, status_forcelist=RETRY_STATUSES,
+                  raise_on_status=False)  # the last response comes back: its status names the error
+    failed = f"download of {url} failed"
+    with requests.Session() as session:
+        session.mount("http://", HTTPAdapter(max_retries=retry))
+        session.mount("https://", HTTPAdapter(max_retries=retry))
+        while True:
+            try:
+                return fetch(session, url, dest, timeout)
+            except BrokenBody as e:
+                try:
+                    retry = retry.increment("GET", url, error=e)
+                except MaxRetryError:
+                    raise UserError(f"{failed} after {retries} tries: {e}") from None
+                print(f"{url}: {e}; retrying", file=sys.stderr)
+                retry.sleep()
+            except requests.HTTPError as e:
+                status = e.response.status_code
+                if status not in RETRY_STATUSES:  # the server said no: retrying will not help
+                    raise UserError(f"{failed}: HTTP {status}") from None
+                raise UserError(f"{failed} after {retries} tries: HTTP {status}") from None
+            except (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema,
+                    requests.exceptions.MissingSchema) as e:  # not a network error: never retried
+                raise UserError(f"{failed}: {e}") from None
+            except requests.RequestException as e:  # what urllib3 retried until it gave up
+                raise UserError(f"{failed} after {retries} tries: {type(e).__name__}: {e}") from None
+
+
+def cache_path(url, cache_dir):
+    """Where url is cached: a hash of it, then the end of its last path segment, made safe."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", url.rsplit("/", 1)[-1])[-60:] or "download"
+    return Path(cache_dir) / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-{name}"
+
+
+def fetch(session, url, dest, timeout):
+    """One GET of url into dest, through dest.part, which never outlives the call."""
+    import requests
+
+    part = dest.with_name(dest.name + ".part")
+    try:
+        with session.get(url, stream=True, timeout=timeout) as response:
+            response.raise_for_status()
+            try:
+                write_body(response, part, dest.name)
+            except requests.RequestException as e:  # the connection broke, or timed out, mid-body
+                raise BrokenBody(f"{type(e).__name__}: {e}") from None
+        os.replace(part, dest)
+        return dest
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def write_body(response, path, name):
+    """The streamed body into path, with a progress line; BrokenBody if it falls short of its
+    Content-Length (urllib3 1.x does not check that itself)."""
+    total = int(response.headers.get("Content-Length") or 0)
+    size = f"/{total / 1e6:.2f}" if total else ""
+    with open(path, "wb") as f:
+        for chunk in response.iter_content(chunk_size=1 << 16):
+            f.write(chunk)
+            got = response.raw.tell()  # bytes off the wire, as Content-Length counts them
+            print(f"\r{name}: {got / 1e6:.2f}{size} MB", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    got = response.raw.tell()
+    if total and got != total:
+        raise BrokenBody(f"got {got} of {total} bytes")
 
 
 def url_documents(urls, args):
@@ -914,27 +953,29 @@ def check_split_sizes(sizes, args):
 
 
 def build_tasks(args, out_dir, registry):
-    """The long-range task suite's records (tasks.py): --records for training and a tenth as many (or
+    """The long-range task suite's records (retrieval_tasks.py): --records for training and a tenth as many (or
     --val_documents) for validation, each block_size + 1 characters, the tasks in turn, drawn from --seed."""
-    names, length = tasks.parse_tasks(args.tasks), args.block_size + 1
-    short = [n for n in names if tasks.shortest_record(n) > length]
+    names, length = retrieval_tasks.parse_tasks(args.tasks), args.block_size + 1
+    short = [n for n in names if retrieval_tasks.shortest_record(n) > length]
     if short:
         raise UserError(f"--block_size {args.block_size} is too short for {', '.join(short)}: a record needs at "
-                        f"least {max(tasks.shortest_record(n) for n in short)} characters")
+                        f"least {max(retrieval_tasks.shortest_record(n) for n in short)} characters")
     written = {}
     counts = dict(train=args.records, val=args.val_documents or max(len(names), args.records // 10))
     for i, (split, count) in enumerate(counts.items()):
         writer = SplitWriter(out_dir, split, np.uint16, False, registry)
         for first in range(0, count, 10000):  # in pieces: bounded memory for any --records
             n = min(10000, count - first)
-            writer.add_tokens(*tasks.records(names, length, first, n, np.random.default_rng([args.seed, i, first])))
+            rng = np.random.default_rng([args.seed, i, first])
+            writer.add_tokens(*retrieval_tasks.records(names, length, first, n, rng))
             writer.add_documents(np.arange(first, first + n)[:, None] * length + np.array([0, length]))
         written.update(writer.finish())
-    meta = dict(dataset="task", tokenizer="char", vocab_size=len(tasks.CHARS), dtype="uint16",
-                source=f"tasks.py: {','.join(names)}", seed=args.seed, eot_token=None, chars=tasks.CHARS,
-                tasks=names, record=length)
+    chars = retrieval_tasks.CHARS
+    meta = dict(dataset="task", tokenizer="char", vocab_size=len(chars), dtype="uint16",
+                source=f"retrieval_tasks.py: {','.join(names)}", seed=args.seed, eot_token=None,
+                chars=chars, tasks=names, record=length)
     summary = (f"{out_dir}: {counts['train']:,} train and {counts['val']:,} val records of {length} characters "
-               f"({', '.join(names)}; block_size {args.block_size}); vocab {len(tasks.CHARS)} (char)")
+               f"({', '.join(names)}; block_size {args.block_size}); vocab {len(chars)} (char)")
     return written, meta, summary
 
 
@@ -1135,7 +1176,7 @@ def parse_args(argv=None):
                    "documents (Mohtashami & Jaggi 2023), mixed into train only; validation stays natural text")
     p.add_argument("--passkey_tokens", type=int, default=128, help="tokens per passkey document (fit block_size)")
     p.add_argument("--passkey_digits", type=int, default=5, help="digits in each key")
-    p.add_argument("--tasks", help="--dataset task: comma-separated, of " + ", ".join(tasks.TASKS)
+    p.add_argument("--tasks", help="--dataset task: comma-separated, of " + ", ".join(retrieval_tasks.TASKS)
                    + " (default: all, in turn)")
     p.add_argument("--block_size", type=int, help="--dataset task: the block_size the records are for (each is "
                    "block_size + 1 characters; default 128)")
@@ -1144,8 +1185,9 @@ def parse_args(argv=None):
     p.add_argument("--errors", default="strict", choices=("strict", "replace"),
                    help="undecodable UTF-8 bytes: stop with an error naming the file, or replace them")
     p.add_argument("--cache_dir", default="data/downloads")
-    p.add_argument("--retries", type=int, default=4)
-    p.add_argument("--backoff", type=float, default=1.0, help="seconds before the first retry; doubles each time")
+    p.add_argument("--retries", type=int, default=4, help="tries of each download, in all")
+    p.add_argument("--backoff", type=float, default=1.0, help="urllib3's backoff_factor: the first "
+                   "retry at once, the k-th after backoff x 2^(k-1) seconds (at most 120)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds without data before a download try fails")
     args = p.parse_args(argv)
     if not 0 <= args.passkey < 1:
@@ -1159,7 +1201,8 @@ def parse_args(argv=None):
         p.error(f"--dataset {args.dataset}: --val_fraction does not apply (" + ("it keeps nanoGPT's own split)"
                 if args.dataset == "nanogpt" else "validation: --val_documents records)"))
     if args.dataset == "task" and args.tokenizer not in (None, "char"):
-        p.error(f"--dataset task writes character records (tasks.py): --tokenizer {args.tokenizer} does not apply")
+        p.error(f"--dataset task writes character records (retrieval_tasks.py): "
+                f"--tokenizer {args.tokenizer} does not apply")
     args.val_fraction = 0.1 if args.val_fraction is None else args.val_fraction
     given = [f"--{flag}" for flag in ("tasks", "block_size", "records") if getattr(args, flag) is not None]
     if given and args.dataset != "task":
@@ -1169,7 +1212,7 @@ def parse_args(argv=None):
         args.block_size = 128 if args.block_size is None else args.block_size
         args.records = 100000 if args.records is None else args.records
         try:
-            tasks.parse_tasks(args.tasks)
+            retrieval_tasks.parse_tasks(args.tasks)
         except ValueError as e:
             p.error(str(e))
         if args.val_tokens or args.passkey:

@@ -49,7 +49,7 @@ from types import ModuleType
 from configurator import run_config_file
 from common import (LIBC, ArgumentParser, OUTPUT_MARK, UserError, die_with_parent, earlier_output, load_checkpoint,
                     run_dir_owner, writable_dir, write_json)
-from tasks import PAIR_COUNT, SPAN, TASKS, by_elimination
+from retrieval_tasks import PAIR_COUNT, SPAN, TASKS, by_elimination
 
 PY = sys.executable
 HERE = Path(__file__).resolve().parent  # the scripts and config files; data, runs and results are under the cwd

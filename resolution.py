@@ -28,8 +28,9 @@ import torch
 from common import (ArgumentParser, UserError, exit_interrupted, load_model, output_path, pyplot, resolve_device,
                     write_json)
 from data import checked, checkpoint_dataset, documents, read_tokens
-from evaluation import (add_checkpoint_args, attention_options, check_rule, learned_length_check, own_scaling,
-                        pointless, rule_fields, rule_label, save_figure)
+from inference_options import (add_checkpoint_args, attention_options, check_rule,
+                               learned_length_check, own_scaling, pointless, rule_fields,
+                               rule_label, save_figure)
 from model import AttentionPlan, GPTConfig
 
 

@@ -22,8 +22,8 @@ import torch
 from common import ArgumentParser, error_exit, exit_interrupted  # one-line exits, printed once under torchrun
 from common import UserError, autocast, check_seed, load_model, resolve_device, resolve_dtype
 from data import checkpoint_dataset, tokenizer_from_meta
-from evaluation import (add_checkpoint_args, attention_options, check_rule, learned_length_check, own_scaling,
-                        pointless)
+from inference_options import (add_checkpoint_args, attention_options, check_rule,
+                               learned_length_check, own_scaling, pointless)
 
 MIN_TEMPERATURE = 1e-4  # logits / temperature stays within float32 for logits up to 10^34
 

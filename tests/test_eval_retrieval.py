@@ -344,9 +344,9 @@ def test_the_repeat_sweep_counts_each_token_in_its_zone():
     from model import AttentionRule, GPTConfig, RopeScaling
     config = GPTConfig(block_size=16, vocab_size=5000, n_layer=2, n_head=2, n_embd=16)
     args = SimpleNamespace(span=6, sequences=16, seed=0, batch_tokens=None, verbose=False)
-    rows = eval_retrieval.repeat_sweep(args, "m.pt", config, Copier(reach=30), np.arange(5000), [2, 40],
-                                       [(AttentionRule("bca"), RopeScaling())], "cpu", "float32",
-                                       contextlib.nullcontext(), [])
+    rows = eval_retrieval.repeat_sweep_rows(args, "m.pt", config, Copier(reach=30), np.arange(5000),
+                                            [2, 40], [(AttentionRule("bca"), RopeScaling())], "cpu",
+                                            "float32", contextlib.nullcontext(), [])
     near, far = rows
     assert near["gain"] == pytest.approx(1 - 0.5 / 2) and far["gain"] == pytest.approx(0)
     assert near["zones"]["direct"] == [pytest.approx(16 * 5 * 0.5), pytest.approx(16 * 5 * 2.0), 16 * 5]

@@ -779,8 +779,8 @@ def test_named_documents_are_held_out_as_every_earlier_version_did(tmp_path, see
     (["--out_dir", " "], "--out_dir is empty: give a path"),
     (["--dataset", "task", "--block_size", "33"], "--block_size 33 is not allowed: train.py trains at an even"),
     # flags that would be ignored (issue 33, finding 27)
-    (["--dataset", "task", "--tokenizer", "gpt2"], "--dataset task writes character records (tasks.py): --tokenizer "
-     "gpt2 does not apply"),
+    (["--dataset", "task", "--tokenizer", "gpt2"], "--dataset task writes character records "
+     "(retrieval_tasks.py): --tokenizer gpt2 does not apply"),
     (["--dataset", "nanogpt", "--path", "x", "--val_fraction", "0.2"], "--dataset nanogpt: --val_fraction does not "
      "apply (it keeps nanoGPT's own split)"),
     (["--dataset", "task", "--val_fraction", "0.2"], "--dataset task: --val_fraction does not apply"),

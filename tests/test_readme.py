@@ -29,8 +29,8 @@ NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test
     "bench.py": "a benchmark, minutes long (tests/test_bench.py runs it at a tiny scale)",
     "[": "a usage synopsis with placeholders",
     "python reproduce.py$": "the whole study takes hours (tests/test_reproduce.py runs it on a toy budget)",
-    "reproduce.py --suite retrieval$": "the whole task suite takes hours (tests/test_tasks.py runs it on a toy "
-                                       "budget)",
+    "reproduce.py --suite retrieval$": "the whole task suite takes hours "
+                                       "(tests/test_retrieval_tasks.py runs it on a toy budget)",
     "reproduce.py --suite extension$": "fine-tunes nine models and scores fifteen: an hour (tests/test_reproduce.py "
                                        "runs it on a toy budget)",
     "--budget toy": "a minute or two (tests/test_reproduce.py runs it)",

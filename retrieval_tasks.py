@@ -153,9 +153,12 @@ def flipflop(rng, length, distance=None):
     return text + "." * (length - len(text)), answers[-1:] if scored else answers
 
 
-GENERATORS = dict(copy=copy, mqar=mqar, passkey=passkey,
-                  passkey_noise=lambda rng, length, distance=None: passkey(rng, length, distance, repeated=False),
-                  flipflop=flipflop)
+def passkey_noise(rng, length, distance=None):
+    """The passkey with random letters as filler."""
+    return passkey(rng, length, distance, repeated=False)
+
+
+GENERATORS = dict(copy=copy, mqar=mqar, passkey=passkey, passkey_noise=passkey_noise, flipflop=flipflop)
 
 
 ANSWER_FROM_END = dict(copy=SPAN, mqar=2 * PAIR_COUNT - 1, passkey=KEY_DIGITS, passkey_noise=KEY_DIGITS,

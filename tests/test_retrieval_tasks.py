@@ -16,7 +16,7 @@ import torch
 import data
 import eval_retrieval
 import prepare_data
-import tasks
+import retrieval_tasks as tasks
 from conftest import make_checkpoint
 from model import GPT, AttentionRule, GPTConfig
 
