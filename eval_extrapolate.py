@@ -10,7 +10,7 @@ against what people use instead: windows (sliding, attention sinks) and RoPE int
 
 Protocols, all on the validation split:
 - lex (paper §4.2, default): every validation document with at least max_len+1 tokens contributes its first
-  max_len predicted tokens, cut into segments of each length (the last one shorter when the length does not
+  max_len predicted tokens, cut into pieces of each length (the last one shorter when the length does not
   divide max_len); every token is scored, so all lengths score the same tokens. Shorter documents are skipped
   and counted. max_len defaults to the largest length. A corpus of few long documents gives the paper's protocol
   too few tokens to tell 1% apart: --spans all takes every whole max_len span of each document instead of its
@@ -23,7 +23,7 @@ BCA: auto uses it only for lengths beyond the checkpoint's block_size (the paper
 both reports every checkpoint and length with and without it (Table 5). --attention and --rope_scaling take
 comma-separated lists instead: one row per checkpoint x attention rule x interpolation, and the combinations that
 make no sense (interpolation on ALiBi or learned positions, or where no query sees past block_size) are skipped
-and listed. Runs under torchrun too: segments are shared out among the ranks and the sums all-reduced. Every
+and listed. Runs under torchrun too: pieces are shared out among the ranks and the sums all-reduced. Every
 checkpoint, dataset, rule and length is checked before the first one is scored; a non-finite NLL stops with an
 error instead of a NaN in the table.
 """
@@ -55,7 +55,7 @@ def parse_lengths(text):
     return sorted(set(lengths))
 
 
-def segments(protocol, length, n_tokens, docs, max_len, stride):
+def cut_pieces(protocol, length, n_tokens, docs, max_len, stride):
     """(start, size, first_scored): inputs stream[start : start+size] predict stream[start+1 : start+size+1], and
     positions first_scored .. size-1 of the window are scored."""
     if protocol == "lex":
@@ -73,12 +73,12 @@ def segments(protocol, length, n_tokens, docs, max_len, stride):
 
 
 @torch.no_grad()
-def score(model, stream, segs, length, rule, scaling, batch_tokens, device, ctx, rank, world, ddp):
-    """Sum of NLL, tokens scored, and per-position sums and counts, over this rank's share of segs. Memory: at most
+def score(model, stream, pieces, length, rule, scaling, batch_tokens, device, ctx, rank, world, ddp):
+    """Sum of NLL, tokens scored, and per-position sums and counts, over this rank's share of pieces. Memory: at most
     batch_tokens tokens per forward pass; a longer sequence is streamed through the KV cache batch_tokens tokens at
     a time, which under BCA keeps memory flat at any length."""
     sums = torch.zeros(2 + 2 * length, dtype=torch.float64, device=device)  # nll, tokens, pos_nll[L], pos_count[L]
-    mine = segs[rank::world]
+    mine = pieces[rank::world]
     by_size = {}
     for seg in mine:
         by_size.setdefault(seg[1], []).append(seg)
@@ -131,7 +131,7 @@ def plot(rows, lengths, block_sizes, path):
 def plot_positions(rows, curves, block_sizes, path):
     """Mean loss against position within the sequence, at the largest length, per row label: does the loss keep
     falling past block_size? Positions are averaged in bins evenly spaced on the log axis (each position alone is
-    a mean over few segments, and noisy)."""
+    a mean over few pieces, and noisy)."""
     labels = list(dict.fromkeys(r["label"] for r in rows))
     fig, ax = curves_figure(len(labels))
     longest = max(c["length"] for c in curves)
@@ -143,7 +143,7 @@ def plot_positions(rows, curves, block_sizes, path):
         centres = [(a + b - 1) / 2 for a, b in zip(edges, edges[1:])]
         ax.plot(centres, [nll[a - 1 : b - 1].mean() for a, b in zip(edges, edges[1:])], label=label)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel(f"position in the sequence (segments of {longest} tokens)")
+    ax.set_xlabel(f"position in the sequence (pieces of {longest} tokens)")
     ax.set_ylabel("mean loss (nats per token)")
     finish_curves(fig, ax, len(labels), block_sizes, path)
 
@@ -157,7 +157,7 @@ def check_args(args):
     max_len = args.max_len or lengths[-1]
     if args.protocol == "lex" and lengths[-1] > max_len:
         raise UserError(f"length {lengths[-1]} is above --max_len {max_len}: the lex protocol cuts each document's "
-                        "first max_len tokens into segments")
+                        "first max_len tokens into pieces")
     if args.spans not in ("first", "all") and not (args.spans.isascii() and args.spans.isdigit()
                                                       and int(args.spans) >= 1):  # isdigit() alone takes "²"
         raise UserError(f"--spans {args.spans!r} is not allowed: first, all, or a whole number >= 1")
@@ -213,9 +213,10 @@ def evaluate(args):
         for rule, scaling in runs:
             label = rule_label(cfg.pos, rule, scaling, cfg.block_size)
             for length in lengths:
-                segs = segments(args.protocol, length, len(stream), docs, max_len, args.stride or max(1, length // 2))
+                stride = args.stride or max(1, length // 2)
+                pieces = cut_pieces(args.protocol, length, len(stream), docs, max_len, stride)
                 batch_tokens = args.batch_tokens or default_batch_tokens(cfg, scaling)
-                sums = score(model, stream, segs, length, rule, scaling, batch_tokens, device, ctx, rank, world, ddp)
+                sums = score(model, stream, pieces, length, rule, scaling, batch_tokens, device, ctx, rank, world, ddp)
                 nll = (sums[0] / sums[1]).item()
                 if not math.isfinite(nll):  # all-reduced: every rank stops here together; the rows so far are kept
                     done = (args, dtype, lengths, max_len, rows, curves, notes, skipped_runs, json_path)

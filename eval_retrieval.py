@@ -21,7 +21,7 @@ the same. The loss is the mean NLL of the second copy's tokens after its first (
 predict by copying); the retrieval gain at distance d is 1 - loss / control loss, with its standard
 error over the sequences (the delta method on the paired losses). The effective context is the
 largest d before the gain first falls below half its value at the shortest distance. Under BCA
-information travels back at most one half-block per layer: changing a token before
+information travels back at most one segment per layer: changing a token before
 (t//H - n_layer)*H cannot change the logits at t, so the gain must vanish by about
 n_layer * block_size / 2, which is printed beside it (n_layer * (W - 1) for a sliding window; sinks
 also keep the first S tokens in sight).
@@ -50,7 +50,7 @@ F_<task>).
 
 Up to T = block_size every window rule is causal attention, so the grids above test BCA only where
 it does not act. --sweep places each instance after 2 x block_size of noise, with the query of its
-first answer at a phase drawn uniformly in its half-block of H = block_size/2, at distances every
+first answer at a phase drawn uniformly in its segment of H = block_size/2, at distances every
 H/8 up to (n_layer + 1.5) x H. Under BCA a query at t sees H + (t mod H) tokens back, and through
 n_layer layers n_layer x H + (t mod H): the reach bound is a range,
 n_layer x H .. (n_layer + 1) x H - 1 over the phases. Each answer is counted in its zone, by where
@@ -102,7 +102,7 @@ MAX_TASK_TOKENS = 2**20
 # reach: accuracy >= 90% of that at 1 x, which must be half way from chance to 1
 REACH_SHARE, RETRIEVES = 0.9, 0.5
 ZONES = ("direct", "relay", "beyond")
-PHASE_BINS = 8  # the sweep's accuracy by phase: the half-block in eighths
+PHASE_BINS = 8  # the sweep's accuracy by phase: the segment in eighths
 NOT_APPLICABLE = {  # the flags a probe does not read: given, they are errors
     "repeat": ("lengths", "depths", "task", "stride", "beyond"),
     "passkey": ("distances", "span", "task", "stride", "beyond"),
@@ -233,7 +233,7 @@ def sight(config, rule, phase):
 
 def reach_bound(config, rule):
     """How far back information can travel through the layers under a window rule, at least
-    (None: unbounded): for BCA n_layer * H, reached by a query at the start of its half-block."""
+    (None: unbounded): for BCA n_layer * H, reached by a query at the start of its segment."""
     return sight(config, rule, 0)[1]
 
 
@@ -285,7 +285,7 @@ def repeat_sequences(stream, span, distance, n, seed):
 def repeat_sweep_sequences(stream, span, distance, n, seed, l):
     """(probe, control, start): as repeat_sequences, each after a prefix of validation text at
     least 2l long and as much longer (< H = l/2) as puts the query of the second copy's first
-    scored token at a phase drawn uniformly in its half-block, then that text continued to one
+    scored token at a phase drawn uniformly in its segment, then that text continued to one
     length for all (what follows cannot change what comes before); start: where each second copy
     begins."""
     H, rng = l // 2, np.random.default_rng([seed, distance, 1])
@@ -1183,7 +1183,7 @@ def last_l_nll(model, x, y, positions, l, batch_tokens, device, ctx):
 
 
 def rule_nll(model, x, y, length, rule, scaling, batch_tokens, device, ctx):
-    """(B, T): the NLL at every position of x cut into segments of `length` (the lex protocol's),
+    """(B, T): the NLL at every position of x cut into pieces of `length` (the lex protocol's),
     under the rule."""
     per_batch, out = max(1, batch_tokens // length), []
     for i in range(0, len(x), per_batch):
@@ -1431,7 +1431,7 @@ def parse_args(argv=None):
                    "x block_size)")
     p.add_argument("--sweep", action="store_true", help="task, repeat: where a window rule acts, "
                    "after 2 x block_size, the first scored token's query at a phase drawn "
-                   "uniformly in its half-block, at distances every H/8 to (n_layer + 1.5) x H; "
+                   "uniformly in its segment, at distances every H/8 to (n_layer + 1.5) x H; "
                    "accuracy (task) or gain (repeat) by zone (direct, relay, beyond); task: "
                    "instead of the distance and length grids")
     p.add_argument("--lengths", help="passkey, task: total lengths in tokens (default: 1 .. 16 x "

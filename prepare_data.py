@@ -1234,7 +1234,7 @@ def parse_args(argv=None):
             p.error(f"--{flag} is empty: give a path")
     if args.dataset == "task" and args.block_size % 2:
         p.error(f"--block_size {args.block_size} is not allowed: train.py trains at an even block_size only (BCA works "
-                "in half-blocks)")
+                "in segments of block_size/2)")
     for url in args.url:
         try:
             parts = urllib.parse.urlsplit(url)

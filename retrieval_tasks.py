@@ -197,7 +197,7 @@ def at_length(task, rng, length, distance):
 
 def at_phase(task, rng, distance, prefix, half, phase):
     """An evaluation instance where a window rule acts: the task at `distance`, after at least `prefix` characters of
-    noise, its first answer predicted by a query (the token before it) at `phase` modulo `half` (BCA's half-block),
+    noise, its first answer predicted by a query (the token before it) at `phase` modulo `half` (BCA's segment),
     then digits up to a length that does not depend on the phase, so that instances of one distance batch together
     (what follows the answers cannot change their causal predictions)."""
     extra, to_end = layout(task)[1], ANSWER_FROM_END[task]

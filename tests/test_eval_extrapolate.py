@@ -267,8 +267,8 @@ def test_rows_scored_before_a_non_finite_one_are_kept_and_the_cause_named(tiny_d
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     real = eval_extrapolate.score
 
-    def overflow_at_8(model, stream, segs, length, *a):
-        sums = real(model, stream, segs, length, *a)
+    def overflow_at_8(model, stream, pieces, length, *a):
+        sums = real(model, stream, pieces, length, *a)
         return sums * float("nan") if length == 8 else sums
     monkeypatch.setattr(eval_extrapolate, "score", overflow_at_8)
     with pytest.raises(SystemExit) as e:
@@ -285,7 +285,7 @@ def test_rows_scored_before_a_non_finite_one_are_kept_and_the_cause_named(tiny_d
 def test_logits_in_chunks_give_the_same_numbers(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     argv = ["--ckpt", tmp_path / "m.pt", "--lengths", "4,32", "--max_len", 32, "--bca", "both"]
-    whole, chunked = run(*argv), run(*argv, "--batch_tokens", 3)  # 32-token segments: 11 chunks of logits
+    whole, chunked = run(*argv), run(*argv, "--batch_tokens", 3)  # 32-token pieces: 11 chunks of logits
     assert [r["tokens"] for r in whole] == [r["tokens"] for r in chunked]
     for a, b in zip(whole, chunked):
         assert a["nll"] == pytest.approx(b["nll"], rel=1e-6)
@@ -336,7 +336,7 @@ def test_one_command_compares_rules_and_interpolations(tiny_data, tmp_path, caps
     sinks = row["rope", "sinks", "none", 32]
     assert (sinks["window"], sinks["sinks"], sinks["bca"], sinks["label"]) == (6, 2, False, "rope + sinks S=2 W=6")
     assert "| rope + sinks S=2 W=6 |" in printed and "| rope + yarn |" in printed
-    tokens = stream(tiny_data)[:33]  # the lex protocol's one 32-token segment (the 40-token document)
+    tokens = stream(tiny_data)[:33]  # the lex protocol's one 32-token piece (the 40-token document)
     for attention, scaling in ((AttentionRule("sinks", 6, 2), None), (AttentionRule("sliding", 6), None),
                                ("causal", "yarn")):
         n, c = nll_of(rope, tokens, attention=attention, rope_scaling=scaling)

@@ -168,7 +168,7 @@ def rule_table(rule, T, block_size=8):
     distance = (t - n).expand(T, T)
     if rule.name == "causal":
         return past, distance
-    if rule.name == "bca":  # the whole previous half-block and its own
+    if rule.name == "bca":  # the whole previous segment and its own
         return past & (n >= ((t // H - 1) * H).clamp(min=0)), distance
     if rule.name == "sliding":
         return past & (t - n < W), distance
@@ -271,7 +271,7 @@ def test_rule_reach_in_one_layer(pos, rule):
 
 @pytest.mark.parametrize("pos", RELATIVE_OR_NONE)
 def test_bca_reach_through_the_layers_is_bounded_exactly(pos):
-    """Information moves back at most one half-block per layer under BCA: a token before (t//H - n_layer)*H cannot
+    """Information moves back at most one segment per layer under BCA: a token before (t//H - n_layer)*H cannot
     change the logits at t, bitwise; the token at that edge does."""
     m = tiny(pos, n_layer=3)  # H = 4
     with torch.no_grad():  # a trained model's attention passes more on than one at initialisation

@@ -500,7 +500,7 @@ def test_distances_and_batch_sizes_that_cannot_be_are_one_line_errors(task_data,
 
 def test_a_passkey_counts_in_the_zone_of_its_worst_digit():
     """The passkey is one mark for five digits: with the first digit's query at phase 62 of 64, the third digit's query
-    starts the next half-block and sees 64 tokens back, not 126: a key 99 back is direct for the first two digits,
+    starts the next segment and sees 64 tokens back, not 126: a key 99 back is direct for the first two digits,
     relayed for the rest, so the instance counts as relayed."""
     config = GPTConfig(block_size=128, vocab_size=len(tasks.CHARS), n_layer=2, n_head=2, n_embd=16)
     rule = AttentionRule("bca").resolve(600, 128)
