@@ -1,7 +1,7 @@
 """
-A training run's directory (out_dir): one process owns it at a time, its log equals the
-uninterrupted run's after any number of kills and resumes, kept checkpoints are put in place by
-renames, and a failed start leaves it as it was.
+A training run's directory (out_dir): one process owns it at a time; its log (log.jsonl, mirrored
+to wandb and the console: Log) equals the uninterrupted run's after any number of kills and
+resumes; kept checkpoints are put in place by renames; and a failed start leaves it as it was.
 """
 
 import fcntl
@@ -164,7 +164,8 @@ def remove_debris(out_dir, made):
         return
     out_dir = Path(out_dir)
     log = out_dir / "log.jsonl"
-    try:  # best effort: an out_dir that cannot be read (a name too long, a loop) has nothing to clean
+    # best effort: an out_dir that cannot be read (a name too long, a loop) has nothing to clean
+    try:
         if log.is_file() and log.stat().st_size == 0 and not (out_dir / "ckpt.pt").exists():
             log.unlink()
         if made and out_dir.is_dir() and not any(out_dir.iterdir()):
@@ -190,15 +191,18 @@ class Log:
             self.wandb.log(wandb_entry)
 
     def evaluation(self, iter_num, losses, lr):
+        if self.file is None:
+            return
         train_loss, val_loss = losses["train"], losses["val"]
         self.write({"iter": iter_num, "val_loss": val_loss, "train_loss": train_loss},
                    {"iter": iter_num, "train/loss": train_loss, "val/loss": val_loss, "lr": lr})
-        if self.file is not None:
-            print(f"iter {iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f}")
+        print(f"iter {iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f}")
 
     def step(self, entry):
         """A training step: a loss or norm that is not finite (a step the GradScaler skipped) is
         logged as null."""
+        if self.file is None:
+            return
         logged = dict(entry, loss=finite(entry["loss"]), grad_norm=finite(entry["grad_norm"]))
         names = ("iter", "loss", "lr", "mfu", "grad_norm", "data_wait", "peak_mem_gib")
         self.write(logged, {k: logged[k] for k in names if k in logged})
@@ -212,7 +216,8 @@ class Log:
             mfu = f"{entry['mfu']:.2%}"
         print(f"iter {entry['iter']}: loss {entry['loss']:.4f}, lr {entry['lr']:.2e}, "
               f"{entry['ms_per_iter']:.0f} ms, {entry['tokens_per_s']:,.0f} tok/s, "
-              f"grad norm {entry['grad_norm']:.3g}, data {entry['data_wait']:.0%}, mfu {mfu}{extra}")
+              f"grad norm {entry['grad_norm']:.3g}, data {entry['data_wait']:.0%}, "
+              f"mfu {mfu}{extra}")
 
     def close(self):
         if self.file is not None:

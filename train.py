@@ -185,7 +185,7 @@ def train_step(model, optimizer, scaler, cfg, run, ctx, iter_num):
     return loss_sum, grad_norm, data_seconds
 
 
-def step_state(run, optimizer, scaler, iter_num):
+def memory_and_scaler(run, optimizer, scaler, iter_num):
     """Peak GPU memory, and the GradScaler's scale and the steps it skipped, which AdamW did not
     count, since the run started."""
     state = {}
@@ -323,11 +323,11 @@ def train(cfg):
                          "data_wait": data_seconds / dt}
                 if peak:  # the global batch ran on world devices, each with this peak
                     entry["mfu"] = flops_per_token * tokens / dt / (run.world * peak)
-                entry.update(step_state(run, optimizer, scaler, iter_num))
+                entry.update(memory_and_scaler(run, optimizer, scaler, iter_num))
                 log.step(entry)
             next_iter = iter_num + 1
             evaluates = next_iter % cfg.eval_interval == 0 or next_iter == cfg.max_iters
-            if stopping or due and not evaluates:  # (else at the evaluation just below)
+            if stopping or (due and not evaluates):  # (else at the evaluation just below)
                 last_save = save(cfg, run, next_iter, *state, best_val_loss)
                 t0 = time.perf_counter()
             if stopping:
@@ -344,9 +344,11 @@ def train(cfg):
 
 def kept(cfg):
     """What a Ctrl-C leaves behind, for its one line: the last checkpoint, to go on from."""
-    if cfg is None or not (Path(cfg.out_dir) / "ckpt.pt").is_file():
+    if cfg is None:
         return "no checkpoint was written"
     path = Path(cfg.out_dir) / "ckpt.pt"
+    if not path.is_file():
+        return "no checkpoint was written"
     try:
         iter_num = load_checkpoint(path, mmap=True)["iter_num"]
     except UserError as e:

@@ -1,7 +1,8 @@
 """
-train.py's setup: the processes, and every check that can fail before any work (the
-configuration, out_dir, the dataset, a checkpoint to resume or to fine-tune from), so that a
-mistake is one line before training starts, never an error hours into it.
+train.py's setup: the processes; every check that can fail before any work (the configuration,
+out_dir, the dataset, a checkpoint to resume or to fine-tune from), so that a mistake is one line
+before training starts, never an error hours into it; then what the first iteration starts from:
+the model, AdamW and the GradScaler (fresh, from a fine-tune's source, or resumed), and the log.
 """
 
 import os
@@ -99,7 +100,8 @@ def check_run(cfg, ddp, rank, world, device):
     steps = cfg.gradient_accumulation_steps
     if steps % world:
         raise UserError(f"gradient_accumulation_steps={steps} must be divisible by the number of "
-                        f"processes ({world}): it is the global number of micro-steps per iteration")
+                        f"processes ({world}): it is the global number of micro-steps per "
+                        "iteration")
     dtype = resolve_dtype(cfg.dtype, device)
     ckpt_path = checkpoint_path(cfg.out_dir)
     torch.backends.cuda.matmul.allow_tf32 = True
