@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-from common import UserError
+from cli import UserError
 
 
 def finite(low, high=math.inf):

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import UserError
+from cli import UserError
 
 
 # ---------------------------------------------------------------------------------------------------------------

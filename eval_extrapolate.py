@@ -35,14 +35,16 @@ import sys
 import numpy as np
 import torch
 
-from common import ArgumentParser, error_exit, exit_interrupted  # one-line exits, printed once under torchrun
-from common import (UserError, all_reduce_sum, autocast, load_checkpoint, load_model, model_config, output_path,
-                    resolve_dtype, setup_distributed, teardown_distributed, write_json)
+from checkpoint import load_checkpoint, load_model, model_config
+from cli import ArgumentParser, error_exit, exit_interrupted  # one-line exits, printed once under torchrun
+from cli import UserError
 from data import checked, checkpoint_dataset, documents, read_tokens
+from distributed import all_reduce_sum, autocast, resolve_dtype, setup_distributed, teardown_distributed
 from inference_options import (BCA_MODES, RULE_FIELDS, add_checkpoint_args, attention_options,
                                curves_figure, default_batch_tokens, finish_curves,
                                learned_length_check, lex_documents, plan_runs, rule_fields,
                                rule_label)
+from outputs import output_path, write_json
 
 
 def parse_lengths(text):

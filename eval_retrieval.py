@@ -79,15 +79,16 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from common import (ArgumentParser, UserError, autocast, check_seed, exit_interrupted,
-                    load_checkpoint, load_model, model_config, output_path, pyplot, resolve_device,
-                    resolve_dtype, write_json)
+from checkpoint import load_checkpoint, load_model, model_config
+from cli import ArgumentParser, UserError, check_seed, exit_interrupted
 from data import (checked, checkpoint_dataset, documents, passkey_document, passkey_parts,
                   read_tokens, tokenizer_from_meta)
+from distributed import autocast, resolve_device, resolve_dtype
 from inference_options import (RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure,
                                default_batch_tokens, finish_curves, learned_length_check,
                                lex_documents, plan_runs, rule_fields, rule_label, save_figure)
 from model import RopeScaling
+from outputs import output_path, pyplot, write_json
 import retrieval_tasks
 
 PROBES = ("repeat", "passkey", "task", "context")

@@ -6,8 +6,10 @@ and labels of their results; and their plots. Extrapolation is judged by these r
 must mean the same thing by the same flags.
 """
 
-from common import DTYPES, UserError, pyplot
+from cli import UserError
+from distributed import DTYPES
 from model import ATTENTION_RULES, ROPE_SCALINGS, AttentionPlan, AttentionRule, RopeScaling
+from outputs import pyplot
 
 
 def learned_length_check(config, length, path):
@@ -72,7 +74,7 @@ def add_checkpoint_args(parser, bca=("auto", "on", "off"), bca_default="auto", d
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     if dtype:
         parser.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on GPUs of compute "
-                            "capability >= 8.0, float16 on older ones, float32 on CPU (see common.resolve_dtype)")
+                            "capability >= 8.0, float16 on older ones, float32 on CPU (see distributed.resolve_dtype)")
 
 
 def parse_names(text, flag, allowed, several):

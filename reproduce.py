@@ -47,8 +47,10 @@ from pathlib import Path
 from types import ModuleType
 
 from configurator import run_config_file
-from common import (LIBC, ArgumentParser, OUTPUT_MARK, UserError, die_with_parent, earlier_output, load_checkpoint,
-                    run_dir_owner, writable_dir, write_json)
+from checkpoint import load_checkpoint
+from cli import LIBC, ArgumentParser, UserError, die_with_parent
+from outputs import OUTPUT_MARK, earlier_output, writable_dir, write_json
+from run_dir import run_dir_owner
 from retrieval_tasks import PAIR_COUNT, SPAN, TASKS, by_elimination
 
 PY = sys.executable
@@ -935,7 +937,7 @@ def sweep_markdown(sweep, curves, names, l):
 def plot_task(summary, task, path, sweep=False):
     """Accuracy against distance, a panel per rule (and one for the interpolations), a curve per scheme (mean over
     seeds); the training length and each rule's reach bound marked."""
-    from common import pyplot
+    from outputs import pyplot
     plt = pyplot()
     prefix = f"{task} " if sweep else f"{task} distance "  # the sweep's curves, or the distance grid's
     rows = {name: sorted((int(k.split()[-1]), v["mean"]) for k, v in row.items() if k.startswith(prefix) and v)
@@ -1071,14 +1073,14 @@ def compact_raw(path):
     compact = compact_json(compacted(result)) + "\n"
     if compact != text:
         stat = path.stat()
-        partial = path.with_name(path.name + ".partial")  # one atomic rename, as common.write_json
+        partial = path.with_name(path.name + ".partial")  # one atomic rename, as outputs.write_json
         partial.write_text(compact)
         os.utime(partial, ns=(stat.st_atime_ns, stat.st_mtime_ns))
         partial.replace(path)
 
 
 def write_summary(path, summary):
-    """summary.json as common.write_json writes it (marked, one atomic rename), one row per line (compact_json)."""
+    """summary.json as outputs.write_json writes it (marked, one atomic rename), one row per line (compact_json)."""
     partial = path.with_name(path.name + ".partial")
     partial.write_text(compact_json({**OUTPUT_MARK, **summary}) + "\n")
     partial.replace(path)
@@ -1265,7 +1267,7 @@ def markdown(title, table, columns, digits=2, header=None):
 def plot_perplexity(summary, path):
     """Perplexity against length, one panel per attention rule (and one for the interpolations, under causal
     attention), the spread over seeds shaded (mean ± std)."""
-    from common import pyplot
+    from outputs import pyplot
     plt = pyplot()
     table, panels = summary["perplexity"], summary["panels"]
     titles = dict(causal="causal", bca="BCA", sliding="sliding window", sinks="attention sinks",
@@ -1293,7 +1295,7 @@ def plot_perplexity(summary, path):
 def plot_effective_context(summary, path):
     """The repeat probe's effective context per row (mean ± std over seeds) against its reach bound (the farthest
     a copy can be seen under the row's attention rule; none for plain causal attention)."""
-    from common import pyplot
+    from outputs import pyplot
     plt = pyplot()
     rows = summary["effective_context"]
     names = list(rows)

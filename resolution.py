@@ -25,13 +25,15 @@ import sys
 
 import torch
 
-from common import (ArgumentParser, UserError, exit_interrupted, load_model, output_path, pyplot, resolve_device,
-                    write_json)
+from checkpoint import load_model
+from cli import ArgumentParser, UserError, exit_interrupted
 from data import checked, checkpoint_dataset, documents, read_tokens
+from distributed import resolve_device
 from inference_options import (add_checkpoint_args, attention_options, check_rule,
                                learned_length_check, own_scaling, pointless, rule_fields,
                                rule_label, save_figure)
 from model import AttentionPlan, GPTConfig
+from outputs import output_path, pyplot, write_json
 
 
 def resolution(curve):

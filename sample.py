@@ -19,9 +19,11 @@ from pathlib import Path
 
 import torch
 
-from common import ArgumentParser, error_exit, exit_interrupted  # one-line exits, printed once under torchrun
-from common import UserError, autocast, check_seed, load_model, resolve_device, resolve_dtype
+from checkpoint import load_model
+from cli import ArgumentParser, error_exit, exit_interrupted  # one-line exits, printed once under torchrun
+from cli import UserError, check_seed
 from data import checkpoint_dataset, tokenizer_from_meta
+from distributed import autocast, resolve_device, resolve_dtype
 from inference_options import (add_checkpoint_args, attention_options, check_rule,
                                learned_length_check, own_scaling, pointless)
 

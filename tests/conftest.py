@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from common import CHECKPOINT_FORMAT, save_checkpoint
+from checkpoint import CHECKPOINT_FORMAT, save_checkpoint
 from data import load_meta, tokenizer_identity
 from model import GPT, GPTConfig
 from prepare_data import write_dataset

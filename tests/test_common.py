@@ -1,11 +1,17 @@
-"""Tests for common.py: checkpoints checked on load, devices, output paths, MFU."""
+"""Tests for the shared helper modules: checkpoints checked on load (checkpoint.py), devices and torchrun
+(distributed.py), one-line errors (cli.py), output paths (outputs.py), run directories (run_dir.py), MFU (mfu.py)."""
 
 import os
 
 import pytest
 import torch
 
-import common
+import checkpoint
+import cli
+import distributed
+import mfu
+import outputs
+import run_dir
 from conftest import make_checkpoint
 from test_data import dataset, error
 
@@ -22,39 +28,39 @@ def test_checkpoint_errors(tmp_path):
     }
     for name, (ckpt, message) in cases.items():
         torch.save(ckpt, tmp_path / f"{name}.pt")
-        assert message in error(common.load_model, tmp_path / f"{name}.pt")
+        assert message in error(checkpoint.load_model, tmp_path / f"{name}.pt")
 
 
 def test_sinusoidal_checkpoint_from_before_the_input_scale_is_refused(tmp_path):
     data = dataset(tmp_path / "a")
     make_checkpoint(tmp_path / "new.pt", data, pos="sinusoidal")
-    common.load_model(tmp_path / "new.pt")
+    checkpoint.load_model(tmp_path / "new.pt")
     old = torch.load(tmp_path / "new.pt", weights_only=True)
     del old["format"]
     torch.save(old, tmp_path / "old.pt")
-    assert "from before token embeddings were scaled" in error(common.load_model, tmp_path / "old.pt")
+    assert "from before token embeddings were scaled" in error(checkpoint.load_model, tmp_path / "old.pt")
     make_checkpoint(tmp_path / "rope.pt", data, pos="rope")
     rope = torch.load(tmp_path / "rope.pt", weights_only=True)
     del rope["format"]
     torch.save(rope, tmp_path / "old_rope.pt")
-    common.load_model(tmp_path / "old_rope.pt")  # other schemes did not change
+    checkpoint.load_model(tmp_path / "old_rope.pt")  # other schemes did not change
 
 
 @pytest.mark.parametrize("device,message", [("bogus", "device='bogus' is not allowed"),
                                             ("tpu", "device='tpu' is not allowed"),
                                             ("cuda:7", "device='cuda:7' but")])
 def test_bad_devices(device, message):
-    assert message in error(common.resolve_device, device)
+    assert message in error(distributed.resolve_device, device)
 
 
 def test_output_paths(tmp_path):
-    assert common.output_path(tmp_path / "new" / "r.json", "--json") == tmp_path / "new" / "r.json"
+    assert outputs.output_path(tmp_path / "new" / "r.json", "--json") == tmp_path / "new" / "r.json"
     assert (tmp_path / "new").is_dir()
-    assert common.output_path(tmp_path / "plot", "--plot", plot=True) == tmp_path / "plot.png"
-    assert "is a directory" in error(common.output_path, tmp_path, "--json")
+    assert outputs.output_path(tmp_path / "plot", "--plot", plot=True) == tmp_path / "plot.png"
+    assert "is a directory" in error(outputs.output_path, tmp_path, "--json")
     (tmp_path / "file").write_text("")
-    assert "is a file, not a directory" in error(common.output_path, tmp_path / "file" / "r.json", "--json")
-    assert "cannot write .xyz" in error(common.output_path, tmp_path / "p.xyz", "--plot", plot=True)
+    assert "is a file, not a directory" in error(outputs.output_path, tmp_path / "file" / "r.json", "--json")
+    assert "cannot write .xyz" in error(outputs.output_path, tmp_path / "p.xyz", "--plot", plot=True)
 
 
 def test_unwritable_folder(tmp_path, monkeypatch):
@@ -64,8 +70,8 @@ def test_unwritable_folder(tmp_path, monkeypatch):
     if os.geteuid() == 0:  # root writes through permissions: make the probe fail as it would for a user
         def refuse(*args, **kwargs):
             raise PermissionError(13, "Permission denied")
-        monkeypatch.setattr(common.tempfile, "TemporaryFile", refuse)
-    assert "is not writable: Permission denied" in error(common.writable_dir, folder, "out_dir")
+        monkeypatch.setattr(outputs.tempfile, "TemporaryFile", refuse)
+    assert "is not writable: Permission denied" in error(outputs.writable_dir, folder, "out_dir")
 
 
 @pytest.mark.parametrize("pos", ["learned", "xpos", "alibi"])
@@ -78,7 +84,7 @@ def test_train_flops_per_token_counts_the_models_parameters(pos, bias):
     n_params = sum(p.numel() for p in model.parameters())  # the tied embedding once
     if pos == "learned":  # a lookup, not a matmul
         n_params -= model.transformer.wpe.weight.numel()
-    assert common.train_flops_per_token(config) == 6 * n_params + 12 * 3 * 4 * 6 * 32
+    assert mfu.train_flops_per_token(config) == 6 * n_params + 12 * 3 * 4 * 6 * 32
 
 
 @pytest.mark.parametrize("name,dtype,tf32,peak", [
@@ -97,18 +103,18 @@ def test_gpu_peak_flops(monkeypatch, name, dtype, tf32, peak):
     before = torch.backends.cuda.matmul.allow_tf32  # a settings object monkeypatch cannot undo
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
-        assert common.peak_flops("cuda:0", dtype) == peak
+        assert mfu.peak_flops("cuda:0", dtype) == peak
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def test_cpu_peak_flops_is_measured_once_and_never_an_mfu_peak():
     """bench.py measures a CPU's matmul speed once per process; train.py gets no CPU peak (MFU not reported there)."""
-    common.cpu_matmul_flops.cache_clear()
-    peak = common.cpu_matmul_flops("float32")
-    assert 1e8 < peak < 1e14 and common.cpu_matmul_flops("float32") == peak
-    assert common.cpu_matmul_flops.cache_info().hits == 1
-    assert common.peak_flops("cpu", "float32") is None and common.peak_flops("mps", "float32") is None
+    mfu.cpu_matmul_flops.cache_clear()
+    peak = mfu.cpu_matmul_flops("float32")
+    assert 1e8 < peak < 1e14 and mfu.cpu_matmul_flops("float32") == peak
+    assert mfu.cpu_matmul_flops.cache_info().hits == 1
+    assert mfu.peak_flops("cpu", "float32") is None and mfu.peak_flops("mps", "float32") is None
 
 
 def damage_record(path, record="data/0", at=5):
@@ -128,10 +134,10 @@ def test_a_damaged_tensor_record_is_refused_and_an_old_checkpoint_still_loads(tm
     make_checkpoint(tmp_path / "m.pt", data)
     old = {k: v for k, v in torch.load(tmp_path / "m.pt", weights_only=True).items() if k != "checksums"}
     torch.save(old, tmp_path / "old.pt")  # as written before checksums were recorded
-    common.load_model(tmp_path / "old.pt")
-    common.load_model(tmp_path / "m.pt")
+    checkpoint.load_model(tmp_path / "old.pt")
+    checkpoint.load_model(tmp_path / "m.pt")
     damage_record(tmp_path / "m.pt")
-    assert "is damaged: the checksum of its model tensors does not match" in error(common.load_model,
+    assert "is damaged: the checksum of its model tensors does not match" in error(checkpoint.load_model,
                                                                                    tmp_path / "m.pt")
 
 
@@ -139,7 +145,7 @@ def test_checkpoint_iter_num_must_be_an_integer(tmp_path):
     data = dataset(tmp_path / "a")
     make_checkpoint(tmp_path / "m.pt", data)
     torch.save(dict(torch.load(tmp_path / "m.pt", weights_only=True), iter_num="20"), tmp_path / "s.pt")
-    assert "its iter_num '20' is not an integer >= 0" in error(common.load_checkpoint, tmp_path / "s.pt")
+    assert "its iter_num '20' is not an integer >= 0" in error(checkpoint.load_checkpoint, tmp_path / "s.pt")
 
 
 @pytest.mark.parametrize("refusal, said", [
@@ -150,47 +156,47 @@ def test_checkpoint_iter_num_must_be_an_integer(tmp_path):
 ])
 def test_a_failed_checkpoint_write_is_one_line_and_keeps_the_previous(tmp_path, monkeypatch, refusal, said):
     path = tmp_path / "ckpt.pt"
-    common.save_checkpoint({"model": {"w": torch.ones(3)}}, path)
+    checkpoint.save_checkpoint({"model": {"w": torch.ones(3)}}, path)
     before = path.read_bytes()
 
     def refused(obj, f):
         open(f, "wb").write(b"half")
         raise refusal
-    monkeypatch.setattr(common.torch, "save", refused)
-    message = error(common.save_checkpoint, {"model": {"w": torch.zeros(3)}}, path)
+    monkeypatch.setattr(checkpoint.torch, "save", refused)
+    message = error(checkpoint.save_checkpoint, {"model": {"w": torch.zeros(3)}}, path)
     assert all(part in message for part in said)
     assert path.read_bytes() == before and not (tmp_path / "ckpt.pt.tmp").exists()
 
 
 def test_checkpoint_path_is_checked_before_any_work(tmp_path):
-    assert common.checkpoint_path(tmp_path / "run") == tmp_path / "run" / "ckpt.pt"
+    assert checkpoint.checkpoint_path(tmp_path / "run") == tmp_path / "run" / "ckpt.pt"
     (tmp_path / "d" / "ckpt.pt").mkdir(parents=True)
-    assert "ckpt.pt is a directory" in error(common.checkpoint_path, tmp_path / "d")
-    assert "File name too long" in error(common.checkpoint_path, tmp_path / ("x" * 300))
+    assert "ckpt.pt is a directory" in error(checkpoint.checkpoint_path, tmp_path / "d")
+    assert "File name too long" in error(checkpoint.checkpoint_path, tmp_path / ("x" * 300))
 
 
 def test_outputs_replace_only_earlier_outputs_of_their_kind(tmp_path):
     data = dataset(tmp_path / "a")
     make_checkpoint(tmp_path / "ckpt.pt", data)
-    checkpoint = (tmp_path / "ckpt.pt").read_bytes()
-    assert "exists and is not an earlier JSON output" in error(common.output_path, tmp_path / "ckpt.pt", "--json")
-    assert (tmp_path / "ckpt.pt").read_bytes() == checkpoint
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    assert "exists and is not an earlier JSON output" in error(outputs.output_path, tmp_path / "ckpt.pt", "--json")
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
     (tmp_path / "theirs.json").write_text('{"rows": []}')  # JSON, but not ours
-    assert "is not an earlier JSON output" in error(common.output_path, tmp_path / "theirs.json", "--json")
-    common.write_json(tmp_path / "ours.json", {"rows": []}, quiet=True)
-    assert common.output_path(tmp_path / "ours.json", "--json") == tmp_path / "ours.json"
-    plt = common.pyplot()
+    assert "is not an earlier JSON output" in error(outputs.output_path, tmp_path / "theirs.json", "--json")
+    outputs.write_json(tmp_path / "ours.json", {"rows": []}, quiet=True)
+    assert outputs.output_path(tmp_path / "ours.json", "--json") == tmp_path / "ours.json"
+    plt = outputs.pyplot()
     plt.figure().savefig(tmp_path / "ours.png")
-    assert common.output_path(tmp_path / "ours.png", "--plot", plot=True) == tmp_path / "ours.png"
+    assert outputs.output_path(tmp_path / "ours.png", "--plot", plot=True) == tmp_path / "ours.png"
     (tmp_path / "notes.png").write_text("my notes")
-    assert "is not an earlier plot" in error(common.output_path, tmp_path / "notes.png", "--plot", plot=True)
+    assert "is not an earlier plot" in error(outputs.output_path, tmp_path / "notes.png", "--plot", plot=True)
     os.symlink(tmp_path / "ours.json", tmp_path / "link.json")
-    assert "is not an earlier JSON output" in error(common.output_path, tmp_path / "link.json", "--json")
+    assert "is not an earlier JSON output" in error(outputs.output_path, tmp_path / "link.json", "--json")
 
 
 @pytest.mark.parametrize("seed", [-1, 10**23, 2**63])
 def test_seeds_outside_what_torch_and_numpy_take_are_refused(seed):
-    assert f"--seed {seed} is not allowed: must be an integer from 0 to 2**63 - 1" in error(common.check_seed, seed)
+    assert f"--seed {seed} is not allowed: must be an integer from 0 to 2**63 - 1" in error(cli.check_seed, seed)
 
 def free_port():
     import socket
@@ -209,20 +215,20 @@ def test_rank_without_the_other_torchrun_variables_is_a_one_line_error(monkeypat
     monkeypatch.setenv("RANK", "0")  # `RANK=0 python train.py`: torch's ValueError before
     for k in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
-    assert "RANK='0' is set but not WORLD_SIZE, MASTER_ADDR, MASTER_PORT" in error(common.setup_distributed, "cpu")
+    assert "RANK='0' is set but not WORLD_SIZE, MASTER_ADDR, MASTER_PORT" in error(distributed.setup_distributed, "cpu")
     torchrun_vars(monkeypatch, "x")
-    assert "RANK='x'" in error(common.setup_distributed, "cpu")
+    assert "RANK='x'" in error(distributed.setup_distributed, "cpu")
     torchrun_vars(monkeypatch, 2, world=2)
-    assert "0 <= RANK < WORLD_SIZE" in error(common.setup_distributed, "cpu")
+    assert "0 <= RANK < WORLD_SIZE" in error(distributed.setup_distributed, "cpu")
 
 
 def test_rendezvous_timeout_names_the_missing_ranks(monkeypatch):
     """RANK=0 WORLD_SIZE=2 without a rank 1 waited torch's 30 minutes; now rendezvous_minutes, then who is missing."""
     torchrun_vars(monkeypatch, 0)
-    message = error(common.setup_distributed, "cpu", rendezvous_minutes=0.01)
+    message = error(distributed.setup_distributed, "cpu", rendezvous_minutes=0.01)
     assert "rank(s) 1 of WORLD_SIZE=2 did not join" in message and "ddp_rendezvous_minutes" in message
     torchrun_vars(monkeypatch, 1)  # and a rank 1 with nobody at MASTER_ADDR:MASTER_PORT
-    assert "nothing answers at MASTER_ADDR:MASTER_PORT=127.0.0.1:" in error(common.setup_distributed, "cpu",
+    assert "nothing answers at MASTER_ADDR:MASTER_PORT=127.0.0.1:" in error(distributed.setup_distributed, "cpu",
                                                                            rendezvous_minutes=0.01)
 
 
@@ -230,35 +236,35 @@ def test_one_rank_prints_the_error(monkeypatch):
     """Under torchrun every rank checks the same inputs: rank 0 prints the error, the others exit 1 quietly, unless
     the error is one rank's alone (rank_error)."""
     torchrun_vars(monkeypatch, 1)
-    monkeypatch.setattr(common, "QUIET_EXIT_SECONDS", 0)
+    monkeypatch.setattr(cli, "QUIET_EXIT_SECONDS", 0)
     with pytest.raises(SystemExit) as e:
-        common.error_exit("x.py", common.UserError("bad"))
+        cli.error_exit("x.py", cli.UserError("bad"))
     assert e.value.code == 1
     with pytest.raises(SystemExit) as e:
-        common.error_exit("x.py", common.rank_error("mine"))
+        cli.error_exit("x.py", cli.rank_error("mine"))
     assert e.value.code == "x.py: error: mine"
     torchrun_vars(monkeypatch, 0)
     with pytest.raises(SystemExit) as e:
-        common.error_exit("x.py", common.UserError("bad"))
+        cli.error_exit("x.py", cli.UserError("bad"))
     assert e.value.code == "x.py: error: bad"
 
 
 def test_a_run_directory_has_one_owner(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    common.own_run_dir(out)
+    run_dir.own_run_dir(out)
     try:
-        assert f"pid {os.getpid()} on host" in common.run_dir_owner(out)
-        message = error(common.own_run_dir, out)  # a second open of the lock conflicts, even in one process
+        assert f"pid {os.getpid()} on host" in run_dir.run_dir_owner(out)
+        message = error(run_dir.own_run_dir, out)  # a second open of the lock conflicts, even in one process
         assert f"out_dir {out} is in use by pid {os.getpid()} on host" in message
     finally:
-        common.release_run_dirs()
-    assert common.run_dir_owner(out) is None and not (out / "lock").exists()
+        run_dir.release_run_dirs()
+    assert run_dir.run_dir_owner(out) is None and not (out / "lock").exists()
     (out / "lock").write_text("pid 99999999 on host gone (train.py)\n")  # a dead owner's: no flock holds it
-    assert common.run_dir_owner(out) is None
-    common.own_run_dir(out)
+    assert run_dir.run_dir_owner(out) is None
+    run_dir.own_run_dir(out)
     assert f"pid {os.getpid()}" in (out / "lock").read_text()
-    common.release_run_dirs()
+    run_dir.release_run_dirs()
 
 
 def test_rendezvous_meets_and_catches_a_disagreement_on_world_size():
@@ -269,11 +275,11 @@ def test_rendezvous_meets_and_catches_a_disagreement_on_world_size():
     def meet(worlds, port=None):
         port = port or free_port()
         with ThreadPoolExecutor(2) as pool:
-            futures = [pool.submit(common.rendezvous, rank, world, "127.0.0.1", port, 0.02)
+            futures = [pool.submit(distributed.rendezvous, rank, world, "127.0.0.1", port, 0.02)
                        for rank, world in enumerate(worlds)]
             return [f.exception() or f.result() for f in futures]
 
-    assert all(isinstance(r, common.dist.TCPStore) for r in meet((2, 2)))
+    assert all(isinstance(r, distributed.dist.TCPStore) for r in meet((2, 2)))
     rank0, _ = meet((2, 3))
     assert str(rank0) == "the processes disagree on WORLD_SIZE (rank 0: 2, rank 1: 3): give every one the same"
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from common import UserError
+from cli import UserError
 from configurator import AT_LEAST_ONE, FRACTION, POSITIVE, configure
 
 DEFAULTS = dict(name="run", n_layer=6, lr=1e-3, flag=False, mode="a")

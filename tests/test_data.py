@@ -6,9 +6,9 @@ import shutil
 import numpy as np
 import pytest
 
-import common
+import checkpoint
 import data
-from common import UserError
+from cli import UserError
 from conftest import make_checkpoint
 from prepare_data import write_dataset
 
@@ -82,7 +82,7 @@ def test_tokenizer_mismatch_names_both(tmp_path):
     small = dataset(tmp_path / "small", vocab="abcdefghijklmnop")  # 16 characters
     ckpt_path = tmp_path / "m.pt"
     make_checkpoint(ckpt_path, a)
-    ckpt = common.load_checkpoint(ckpt_path)
+    ckpt = checkpoint.load_checkpoint(ckpt_path)
     assert ckpt["tokenizer"]["vocab_size"] == 11
     message = error(data.checkpoint_dataset, ckpt, ckpt_path, small)
     assert "vocab_size 11" in message and "vocab_size 16" in message and "--data_dir" in message

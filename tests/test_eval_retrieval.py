@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import common
+import checkpoint
 import data
 import eval_retrieval
 import prepare_data
@@ -278,7 +278,7 @@ def test_context_gain_against_each_window_scored_alone(tiny_data, tmp_path, atte
                         + (["--beyond", str(beyond)] if beyond else []))
     row = json.loads(out.read_text())["rows"][0]
     assert row["beyond"] == L
-    model, _ = common.load_model(ckpt, "cpu")
+    model, _ = checkpoint.load_model(ckpt, "cpu")
     stream = data.read_tokens(tiny_data, "val", data.load_meta(tiny_data))
     span = torch.from_numpy(np.asarray(stream[:33]).astype(np.int64))[None]  # the first document's only 33-token span
     x, y = span[:, :-1], span[:, 1:]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import reproduce
-from common import load_checkpoint
+from checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -484,7 +484,8 @@ def test_each_training_job_names_its_settings_as_train_py_reads_them(tmp_path, s
     for job in jobs:
         config = train.load_config(job.command[2:])
         for key, value in job.settings.items():
-            assert config[key] == value and type(config[key]) is type(value), (job.name, key, config[key], value)
+            got = getattr(config, key)
+            assert got == value and type(got) is type(value), (job.name, key, got, value)
 
 
 def test_a_results_directory_holds_one_recipe(tmp_path, capsys):

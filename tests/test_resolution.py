@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import resolution
-from common import save_checkpoint
+from checkpoint import save_checkpoint
 from conftest import make_checkpoint
 from model import AttentionRule, AttentionPlan, RopeScaling, alibi_slopes
 
@@ -78,7 +78,7 @@ def test_theory_rope_curve_is_a_cosine_sum(tmp_path):
     out = tmp_path / "theory.json"
     resolution.main(["--theory", "--head_dim", "16", "--max_dist", "300", "--json", str(out)])
     result = json.loads(out.read_text())
-    assert set(result) == {"rope", "xpos", "head_dim", "gamma", "scale_base", "written_by"}  # common.OUTPUT_MARK
+    assert set(result) == {"rope", "xpos", "head_dim", "gamma", "scale_base", "written_by"}  # outputs.OUTPUT_MARK
     theta = [10000 ** (-2 * j / 16) for j in range(8)]
     for n in (0, 1, 17, 300):
         assert result["rope"]["g"][n] == pytest.approx(sum(math.cos(n * t) for t in theta), abs=1e-4)

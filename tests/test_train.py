@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 
 import prepare_data
 import train
+import train_setup
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,13 +139,13 @@ def test_non_finite_loss_stops_and_keeps_checkpoint(data_dir, tmp_path, monkeypa
     out = tmp_path / "nan"
     train.main(tiny_args(data_dir, out, max_iters=3))
     good = (out / "ckpt.pt").read_bytes()
-    forward = train.GPT.forward
+    forward = GPT.forward
 
     def poisoned(self, idx, targets=None, **kw):
         logits, loss = forward(self, idx, targets, **kw)
         return logits, (loss * float("nan") if self.training else loss)
 
-    monkeypatch.setattr(train.GPT, "forward", poisoned)
+    monkeypatch.setattr(GPT, "forward", poisoned)
     with pytest.raises(SystemExit) as e:
         train.main(tiny_args(data_dir, out, init_from="resume"))
     assert "non-finite loss at iter 3" in str(e.value.code)
@@ -151,14 +153,14 @@ def test_non_finite_loss_stops_and_keeps_checkpoint(data_dir, tmp_path, monkeypa
 
 
 def test_lr_schedule():
-    c = dict(train.DEFAULTS, learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=110)
+    c = train.TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=110)
     lrs = [train.get_lr(i, c) for i in range(120)]
     assert 0 < lrs[0] < lrs[5] < lrs[9] < 1.0  # non-zero at step 0, warming up
     assert lrs[10] == pytest.approx(1.0) and lrs[60] == pytest.approx(0.55)  # cosine: halfway at the middle
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[110] == lrs[119] == 0.1
-    poly = dict(c, lr_schedule="polynomial", lr_power=1.0)
+    poly = replace(c, lr_schedule="polynomial", lr_power=1.0)
     assert train.get_lr(60, poly) == pytest.approx(0.55) and train.get_lr(35, poly) == pytest.approx(0.775)
-    assert train.get_lr(50, dict(c, decay_lr=False)) == 1.0
+    assert train.get_lr(50, replace(c, decay_lr=False)) == 1.0
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -183,9 +185,9 @@ def test_config_file_keys_are_checked(tmp_path):
         train.main([str(bad)])
     assert f"unknown config key 'learnig_rate' (from {bad})" in str(e.value.code)
     config = train.load_config(["config/shakespeare_char_rope.py", "--max_iters=7"])
-    assert config["pos"] == "rope" and config["n_embd"] == 128 and config["max_iters"] == 7
+    assert config.pos == "rope" and config.n_embd == 128 and config.max_iters == 7
     paper = train.load_config(["config/paper_lex_350m.py"])
-    assert paper["batch_size"] * paper["gradient_accumulation_steps"] * paper["block_size"] == 524288
+    assert paper.batch_size * paper.gradient_accumulation_steps * paper.block_size == 524288
 
 
 def test_missing_and_corrupt_checkpoint(data_dir, tmp_path):
@@ -386,13 +388,13 @@ def test_out_dir_that_cannot_take_checkpoints_fails_before_training(data_dir, tm
         with pytest.raises(SystemExit) as e:
             train.main(tiny_args(data_dir, out))
         assert "is a file, not a directory" in str(e.value.code)
-    monkeypatch.setattr(train, "GPT", None)  # proves no model is built before the error
-    import common
+    monkeypatch.setattr(train_setup, "GPT", None)  # proves no model is built before the error
+    import outputs
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(common.tempfile, "TemporaryFile", refuse)
+    monkeypatch.setattr(outputs.tempfile, "TemporaryFile", refuse)
     with pytest.raises(SystemExit) as e:
         train.main(tiny_args(data_dir, tmp_path / "locked"))
     assert "out_dir" in str(e.value.code) and "is not writable: Permission denied" in str(e.value.code)
@@ -402,7 +404,7 @@ def test_out_dir_that_cannot_take_checkpoints_fails_before_training(data_dir, tm
 
 
 def test_mfu_is_the_model_flops_over_time_and_peak(data_dir, tmp_path, monkeypatch, capsys):
-    from common import train_flops_per_token
+    from mfu import train_flops_per_token
 
     monkeypatch.setattr(train, "peak_flops", lambda device, dtype: 1e9)
     train.main(tiny_args(data_dir, tmp_path / "run"))
@@ -434,11 +436,12 @@ def test_gradient_norm_and_data_wait_are_logged(data_dir, tmp_path):
     train.main(tiny_args(data_dir, tmp_path / "run", max_iters=2, grad_clip=0.5))
     first = read_log(tmp_path / "run")[0][0]
     c = train.load_config(tiny_args(data_dir, tmp_path / "run"))
-    torch.manual_seed(c["seed"])
-    model = GPT(GPTConfig(vocab_size=load_meta(data_dir)["vocab_size"], **{k: c[k] for k in train.MODEL_KEYS}))
+    torch.manual_seed(c.seed)
+    model = GPT(GPTConfig(vocab_size=load_meta(data_dir)["vocab_size"],
+                          **{k: getattr(c, k) for k in train_setup.MODEL_KEYS}))
     tokens = read_tokens(data_dir, "train", load_meta(data_dir))
-    offsets = train.sample_offsets(c["seed"], 0, 0, tokens, c["batch_size"], c["block_size"])
-    model(*train.get_batch(tokens, offsets, c["block_size"], "cpu"))[1].backward()
+    offsets = train.sample_offsets(c.seed, 0, 0, tokens, c.batch_size, c.block_size)
+    model(*train.get_batch(tokens, offsets, c.block_size, "cpu"))[1].backward()
     want = torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item()
     assert first["iter"] == 0 and first["grad_norm"] == pytest.approx(want, rel=1e-5) and want > 0.5  # clipped after
     assert all(0 <= r["data_wait"] <= 1 for r in read_log(tmp_path / "run")[0])
@@ -552,13 +555,13 @@ def test_non_finite_loss_between_log_steps_stops_at_the_next(data_dir, tmp_path,
     out = tmp_path / "nan"
     train.main(tiny_args(data_dir, out, max_iters=3, log_interval=2))
     good = (out / "ckpt.pt").read_bytes()
-    forward = train.GPT.forward
+    forward = GPT.forward
 
     def poisoned(self, idx, targets=None, **kw):  # from iter 3 on (the resumed run's first step)
         logits, loss = forward(self, idx, targets, **kw)
         return logits, (loss * float("nan") if self.training else loss)
 
-    monkeypatch.setattr(train.GPT, "forward", poisoned)
+    monkeypatch.setattr(GPT, "forward", poisoned)
     with pytest.raises(SystemExit) as e:
         train.main(tiny_args(data_dir, out, init_from="resume", log_interval=2))
     assert "non-finite loss at iter 3" in str(e.value.code)  # iter 3 is not a log step: caught at iter 4
@@ -568,14 +571,14 @@ def test_non_finite_loss_between_log_steps_stops_at_the_next(data_dir, tmp_path,
 def test_float16_skipped_steps_are_counted_over_the_whole_run(data_dir, tmp_path, monkeypatch):
     """An inf loss at iter 1 (not a log step): the GradScaler skips that step (fused AdamW applies no update), halves
     its scale, and training goes on. skipped_steps counts from the run's start, across a resume."""
-    forward, calls = train.GPT.forward, []
+    forward, calls = GPT.forward, []
 
     def inf_at_iter_1(self, idx, targets=None, **kw):
         logits, loss = forward(self, idx, targets, **kw)
         calls.append(self.training)
         return logits, (loss * float("inf") if self.training and calls.count(True) == 2 else loss)
 
-    monkeypatch.setattr(train.GPT, "forward", inf_at_iter_1)
+    monkeypatch.setattr(GPT, "forward", inf_at_iter_1)
     args = dict(dtype="float16", log_interval=2)
     train.main(tiny_args(data_dir, tmp_path / "straight", **args))
     steps = read_log(tmp_path / "straight")[0]
@@ -659,7 +662,7 @@ def test_unusable_out_dirs_are_one_line_errors(data_dir, tmp_path):
 
 
 def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(data_dir, tmp_path, monkeypatch):
-    import common
+    import checkpoint
     out = tmp_path / "run"
     train.main(tiny_args(data_dir, out, max_iters=3))
     before = (out / "ckpt.pt").read_bytes()
@@ -667,14 +670,14 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(data_dir, tmp_pa
     def disk_full(obj, f):
         open(f, "wb").write(b"part of a checkpoint")
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(common.torch, "save", disk_full)
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
     message = train_error(tiny_args(data_dir, out, init_from="resume"))
     assert "could not write checkpoint" in message and "No space left on device" in message
     assert (out / "ckpt.pt").read_bytes() == before and not (out / "ckpt.pt.tmp").exists()
 
 
 def test_resume_refuses_a_damaged_checkpoint(data_dir, tmp_path):
-    from common import save_checkpoint
+    from checkpoint import save_checkpoint
     from test_common import damage_record
     out = tmp_path / "run"
     train.main(tiny_args(data_dir, out, max_iters=3))
@@ -786,7 +789,8 @@ def test_under_torchrun_an_error_is_printed_once(data_dir, tmp_path):
     finally:
         os.close(fd)
     assert done.returncode != 0 and done.stderr.count(f"train.py: error: out_dir {out} is in use by pid 4242") == 1
-    assert not any(f'{name}", line' in done.stderr for name in ("train.py", "common.py")), done.stderr  # (torchrun's
+    ours = ("train.py", "train_setup.py", "distributed.py", "run_dir.py", "cli.py")
+    assert not any(f'{name}", line' in done.stderr for name in ours), done.stderr  # (torchrun's
     # own traceback, ChildFailedError, is torchrun's)
 
 
