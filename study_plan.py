@@ -62,13 +62,13 @@ PASSKEY_MIX = ["--passkey", "0.5", "--passkey_tokens", str(PASSKEY_TOKENS)]
 # differ from each other and from BCA by far more than 1%. The repeat probe takes 32
 # sequences per distance (8 interpolated): the study stays within about 2.5 hours on 2 CPU
 # cores, and its standard error (about 0.01) far below the gain of a model that copies.
-TOY_MODEL = dict(max_iters=2, lr_decay_iters=2, warmup_iters=1, n_head=2, n_embd=16,
-                 batch_size=2, eval_iters=1, eval_interval=2, log_interval=1)
 BUDGETS = {
     "full": dict(train={}, multiples=(0.25, 0.5, 1, 2, 4, 8, 16), spans="64",
                  repeat_sequences=32, scaled_spans="16", scaled_sequences=8,
                  passkey_sequences=20, texts=8, context_spans=64),
-    "toy": dict(train=dict(TOY_MODEL, n_layer=2, block_size=16, gradient_accumulation_steps=1),
+    "toy": dict(train=dict(max_iters=2, lr_decay_iters=2, warmup_iters=1, n_layer=2, n_head=2,
+                           n_embd=16, block_size=16, batch_size=2, gradient_accumulation_steps=1,
+                           eval_iters=1, eval_interval=2, log_interval=1),
                 multiples=(0.25, 1, 2, 4), spans="2", repeat_sequences=2, scaled_spans="2",
                 scaled_sequences=2, passkey_sequences=1, texts=1, context_spans=1),
 }
@@ -85,7 +85,9 @@ SWEEP_RULES = "bca,sliding,sinks"
 RETRIEVAL_CONFIG = "config/retrieval.py"
 RETRIEVAL_BUDGETS = {
     "full": dict(train={}, records=200000, sequences=32, sweep_sequences=128),
-    "toy": dict(train=dict(TOY_MODEL, n_layer=1, block_size=96),
+    "toy": dict(train=dict(max_iters=2, lr_decay_iters=2, warmup_iters=1, n_layer=1, n_head=2,
+                           n_embd=16, block_size=96, batch_size=2, eval_iters=1, eval_interval=2,
+                           log_interval=1),
                 records=50, sequences=2, sweep_sequences=2),
 }
 # Settings that do not change the weights trained: where the run and its data lie (which
@@ -489,12 +491,13 @@ EXTENSION_RULES = {
 # pre-training's 4.1M. YaRN's paper fine-tuned on about 0.1% of pre-training's tokens, which
 # here is 2 iterations: too few to mean anything. The rate starts at pre-training's last
 # (min_lr) after a short warmup and decays tenfold.
-FINE_TUNE_RATE = dict(gradient_accumulation_steps=1, learning_rate=4e-4, min_lr=4e-5)
 FINE_TUNE_BUDGETS = {
-    "full": dict(FINE_TUNE_RATE, multiple=4, batch_size=8, max_iters=50, lr_decay_iters=50,
-                 warmup_iters=5, eval_interval=25, eval_iters=10, log_interval=5),
-    "toy": dict(FINE_TUNE_RATE, multiple=4, batch_size=2, max_iters=2, lr_decay_iters=2,
-                warmup_iters=1, eval_interval=2, eval_iters=1, log_interval=1),
+    "full": dict(multiple=4, batch_size=8, gradient_accumulation_steps=1, max_iters=50,
+                 lr_decay_iters=50, warmup_iters=5, learning_rate=4e-4, min_lr=4e-5,
+                 eval_interval=25, eval_iters=10, log_interval=5),
+    "toy": dict(multiple=4, batch_size=2, gradient_accumulation_steps=1, max_iters=2,
+                lr_decay_iters=2, warmup_iters=1, learning_rate=4e-4, min_lr=4e-5,
+                eval_interval=2, eval_iters=1, log_interval=1),
 }
 EXTENSION_MULTIPLES = (1, 4, 8, 16)  # x l: to the fine-tuning length 4l and past it
 EXTENSION_SPANS = {"full": "32", "toy": "1"}
