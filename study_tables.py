@@ -162,7 +162,7 @@ def context_markdown(context):
     """The context probe's table: the gain from context beyond l with its interval and by
     bin, and the lex fall split."""
     bins = {k for row in context.values() for k in row if k.startswith("gain ") and ".." in k}
-    bins = sorted(bins, key=lambda k: int(k.split()[1].split("..")[0]))
+    bins = sorted(bins, key=bin_start)
     columns = ["gain", "gain interval", *bins, "fall", "used", "early"]
     titles = {"gain": "gain, l .. T", "gain interval": "95% interval (seeds, spans)",
               "fall": "lex fall l -> T", "used": "of it: context used",
@@ -180,6 +180,11 @@ def context_markdown(context):
                 cells.append(cell(row.get(c), 4))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def bin_start(column):
+    """The first position of a "gain <start>..<end>" column."""
+    return int(column.split()[1].split("..")[0])
 
 
 def plot_perplexity(summary, path):
