@@ -14,6 +14,10 @@ import pytest
 import torch
 
 import reproduce
+import study_files
+import study_plan
+import study_report
+import study_tables
 from checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,9 +112,9 @@ def test_resumes_only_what_is_missing(toy_study):
     # a training run stopped halfway: its checkpoint at iteration 1 of 2, written by the job's own command
     args = reproduce.parse_args(["--budget", "toy", "--schemes", "learned,rope", "--results", str(tmp / "results"),
                                  "--runs", str(tmp / "runs"), "--data", str(tmp / "data")])
-    budget = dict(reproduce.BUDGETS["toy"], schemes=["learned", "rope"])
-    budget["recipe"] = dict(reproduce.read_recipe(ROOT / "config" / "study_char.py"), **budget["train"])
-    job = next(j for j in reproduce.plan(args, budget) if j.name == "train rope_s1338")
+    budget = dict(study_plan.BUDGETS["toy"], schemes=["learned", "rope"])
+    budget["recipe"] = dict(study_plan.read_recipe(ROOT / "config" / "study_char.py"), **budget["train"])
+    job = next(j for j in study_plan.plan(args, budget) if j.name == "train rope_s1338")
     job.output.unlink()
     subprocess.run([*job.command, "--max_iters=1"], cwd=ROOT, check=True, capture_output=True)
     again = study(tmp)
@@ -143,7 +147,7 @@ def test_raw_results_are_stored_compact(toy_study):
     assert all("s_hat" not in mode and "pairs" not in mode and "R_shared" in mode for mode in resolution["modes"])
     for path in raw.glob("*.json"):
         text = path.read_text()
-        assert reproduce.compact_json(reproduce.compacted(json.loads(text))) + "\n" == text, path.name
+        assert study_files.compact_json(study_files.compacted(json.loads(text))) + "\n" == text, path.name
 
 
 def test_compact_raw_keeps_the_time_a_result_is_judged_by(tmp_path):
@@ -151,12 +155,12 @@ def test_compact_raw_keeps_the_time_a_result_is_judged_by(tmp_path):
     path.write_text(json.dumps({"rows": [{"ppl": 1 / 3, "length": 8}], "curves": [{"mean_nll": [0.5] * 8}]},
                                indent=1))
     os.utime(path, ns=(10**18, 10**18))
-    reproduce.compact_raw(path)
+    study_files.compact_raw(path)
     assert path.read_text() == '{\n "rows": [\n  {"ppl": 0.3333333333, "length": 8}\n ]\n}\n'
     assert path.stat().st_mtime_ns == 10**18
     path.write_text('{"rows": [')  # cut short
     with pytest.raises(reproduce.UserError, match="x.ppl.json is not JSON"):
-        reproduce.compact_raw(path)
+        study_files.compact_raw(path)
 
 
 def flat_numbers(value, key=""):
@@ -224,18 +228,18 @@ def test_rows_of_another_results_directory_are_left_out(tmp_path, capsys):
 
 
 def test_spread():
-    assert reproduce.spread([1.0, 2.0, 4.0]) == {"mean": pytest.approx(7 / 3), "std": pytest.approx(1.5275252),
+    assert study_report.spread([1.0, 2.0, 4.0]) == {"mean": pytest.approx(7 / 3), "std": pytest.approx(1.5275252),
                                                  "n": 3, "of": 3, "values": [1.0, 2.0, 4.0]}
-    assert reproduce.spread([2.0]) == {"mean": 2.0, "std": None, "n": 1, "of": 1, "values": [2.0]}
-    assert reproduce.spread([None, 3.0]) == {"mean": 3.0, "std": None, "n": 1, "of": 2, "values": [3.0]}
-    assert reproduce.spread([None]) is None
+    assert study_report.spread([2.0]) == {"mean": 2.0, "std": None, "n": 1, "of": 1, "values": [2.0]}
+    assert study_report.spread([None, 3.0]) == {"mean": 3.0, "std": None, "n": 1, "of": 2, "values": [3.0]}
+    assert study_report.spread([None]) is None
 
 
 def test_cell_says_how_many_checkpoints_a_partial_value_rests_on():
-    assert reproduce.cell(reproduce.spread([1.0, 2.0, 4.0])) == "2.33 ± 1.53 [1.00 / 2.00 / 4.00]"
-    assert reproduce.cell(reproduce.spread([None, 64.0, None]), 0) == "64 (1 of 3)"
-    assert reproduce.cell(reproduce.spread([None, 16.0, 48.0]), 0) == "32 ± 23 [16 / 48] (2 of 3)"
-    assert reproduce.cell(None) == "–"
+    assert study_tables.cell(study_report.spread([1.0, 2.0, 4.0])) == "2.33 ± 1.53 [1.00 / 2.00 / 4.00]"
+    assert study_tables.cell(study_report.spread([None, 64.0, None]), 0) == "64 (1 of 3)"
+    assert study_tables.cell(study_report.spread([None, 16.0, 48.0]), 0) == "32 ± 23 [16 / 48] (2 of 3)"
+    assert study_tables.cell(None) == "–"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -263,9 +267,9 @@ def test_tune_reports_the_last_validation_loss_of_each_run(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     tuning = json.loads((tmp_path / "results" / "tuning.json").read_text())
     lr = tuning["recipe"]["learning_rate"]
-    assert set(tuning["val_loss"]) == set(reproduce.TUNE_SCHEMES)
+    assert set(tuning["val_loss"]) == set(study_plan.TUNE_SCHEMES)
     for scheme, row in tuning["val_loss"].items():
-        assert list(row) == [f"{lr * f:g}" for f in reproduce.TUNE_FACTORS]
+        assert list(row) == [f"{lr * f:g}" for f in study_plan.TUNE_FACTORS]
         # the recipe's own learning rate is the study's first-seed run: its log's last evaluation
         log = tmp_path / "runs" / f"{scheme}_s1337" / "log.jsonl"
         last = [json.loads(line) for line in log.read_text().splitlines() if "val_loss" in line][-1]
@@ -292,7 +296,7 @@ def test_results_pages_match_the_committed_summary():
     number = r"(?<![\d.])\d+\.\d+(?![\d.]|e-?\d)"  # a result; not a setting in scientific notation (1.5e-3)
     page = (ROOT / "docs" / "results.md").read_text()
     study, suite = page.split(SUITE_HEADING)
-    sources = {"char": reproduce.tables_markdown, "retrieval": reproduce.retrieval_markdown}
+    sources = {"char": study_tables.tables_markdown, "retrieval": study_tables.retrieval_markdown}
     checks = [("char", "docs/results.md (the study)", study, 20), ("char", "README.md", readme_results_section(), 5),
               ("retrieval", "docs/results.md (the task suite)", suite, 4)]
     for results, page, section, least in checks:
@@ -324,10 +328,10 @@ def test_a_damaged_result_counts_as_missing(tmp_path):
     ckpt.write_bytes(b"")
     output = tmp_path / "raw" / "rope.ppl.json"
     output.parent.mkdir()
-    job = reproduce.Job("perplexity rope", "extrapolate", output, inputs=[ckpt])
+    job = study_plan.Job("perplexity rope", "extrapolate", output, inputs=[ckpt])
     for damaged in ("{", "[]", '{"rows": 3}', '{"rows": [{"x": 1}]}'):
         output.write_text(damaged)  # newer than its checkpoint
-        assert not job.done() and reproduce.read_result(output) is None
+        assert not job.done() and study_plan.read_result(output) is None
     output.write_text(json.dumps({"rows": [{"ckpt": "c", "pos": "rope", "label": "rope"}]}))
     assert job.done()
 
@@ -341,7 +345,7 @@ def test_report_leaves_a_damaged_result_out_and_a_damaged_timings_file_is_a_note
     assert "rope.ppl.json is damaged, left out of the tables" in out and "timings.json is not readable JSON" in out
     summary = json.loads((tmp_path / "char" / "summary.json").read_text())
     assert "rope" not in summary["perplexity"] and "alibi" in summary["perplexity"]
-    assert reproduce.read_timings(tmp_path / "char" / "timings.json") == {}
+    assert study_plan.read_timings(tmp_path / "char" / "timings.json") == {}
     # the right keys with a value that is no number: that row left out with a note, the rest of its file kept
     raw = tmp_path / "char" / "raw" / "alibi.ppl.json"
     result = json.loads(raw.read_text())
@@ -364,7 +368,7 @@ def test_a_damaged_result_newer_than_its_checkpoints_is_measured_again(toy_study
     assert again.returncode == 0, again.stderr
     ran = [line.split("] ")[1].split(" (")[0] for line in again.stdout.splitlines() if line.startswith("[")]
     assert ran == ["repeat probe learned", "tables and plots"] and "timings.json is not readable JSON" in again.stdout
-    assert reproduce.read_result(raw / "learned.repeat.json")["rows"]
+    assert study_plan.read_result(raw / "learned.repeat.json")["rows"]
 
 def one_job_study(tmp, job):
     """reproduce.run_jobs on one job, with the arguments it reads."""
@@ -384,7 +388,7 @@ def test_a_train_job_whose_run_is_owned_is_not_started(tmp_path):
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.write(fd, b"pid 4242 on host elsewhere (train.py)\n")
     marker = tmp_path / "started"
-    job = reproduce.Job("train rope_s1337", "train", out / "ckpt.pt",
+    job = study_plan.Job("train rope_s1337", "train", out / "ckpt.pt",
                         [sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
     try:
         with pytest.raises(reproduce.UserError) as e:
@@ -406,8 +410,8 @@ def test_a_job_dies_with_reproduce(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", f"""
 import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]
 from pathlib import Path
-import reproduce, test_reproduce
-test_reproduce.one_job_study(Path({str(tmp_path)!r}), reproduce.Job("job", "extrapolate", Path({str(tmp_path)!r}) /
+import reproduce, study_plan, test_reproduce
+test_reproduce.one_job_study(Path({str(tmp_path)!r}), study_plan.Job("job", "extrapolate", Path({str(tmp_path)!r}) /
                              "out.json", [sys.executable, "-c", {job!r}]))
 """], cwd=ROOT, stdout=subprocess.DEVNULL)
     try:
@@ -435,9 +439,9 @@ def alive(pid):
 def test_a_checkpoint_trained_with_another_recipe_is_neither_finished_nor_resumed(tmp_path):
     argv = ["--suite", "retrieval", "--budget", "toy", "--schemes", "rope", "--results", str(tmp_path / "results"),
             "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data")]
-    budget = dict(reproduce.RETRIEVAL_BUDGETS["toy"], schemes=["rope"])
-    budget["recipe"] = dict(reproduce.read_recipe(ROOT / reproduce.RETRIEVAL_CONFIG), **budget["train"])
-    job = next(j for j in reproduce.retrieval_plan(reproduce.parse_args(argv), budget) if j.name == "train rope_s1337")
+    budget = dict(study_plan.RETRIEVAL_BUDGETS["toy"], schemes=["rope"])
+    budget["recipe"] = dict(study_plan.read_recipe(ROOT / study_plan.RETRIEVAL_CONFIG), **budget["train"])
+    job = next(j for j in study_plan.retrieval_plan(reproduce.parse_args(argv), budget) if j.name == "train rope_s1337")
     assert job.settings["learning_rate"] == budget["recipe"]["learning_rate"] and job.settings["pos"] == "rope"
     job.output.parent.mkdir(parents=True)
 
@@ -491,8 +495,8 @@ def test_each_training_job_names_its_settings_as_train_py_reads_them(tmp_path, s
 def test_a_results_directory_holds_one_recipe(tmp_path, capsys):
     argv = ["--suite", "retrieval", "--budget", "toy", "--results", str(tmp_path / "results"), "--runs",
             str(tmp_path / "runs"), "--data", str(tmp_path / "data")]
-    recipe = dict(reproduce.read_recipe(ROOT / reproduce.RETRIEVAL_CONFIG),
-                  **reproduce.RETRIEVAL_BUDGETS["toy"]["train"])
+    recipe = dict(study_plan.read_recipe(ROOT / study_plan.RETRIEVAL_CONFIG),
+                  **study_plan.RETRIEVAL_BUDGETS["toy"]["train"])
     reproduce.main(argv + ["--plan"])
     assert not (tmp_path / "results" / "recipe.json").exists()  # --plan writes nothing
     other = dict(recipe, learning_rate=2 * recipe["learning_rate"], device="cuda")  # the device does not count
@@ -549,9 +553,9 @@ def test_mqar_by_query_is_each_checkpoints_mean_at_1x_under_causal_attention(tmp
             row("xpos_sb512_s1337", "xpos", 64, 128, [0.0, 0.0], kind="length")]
     (tmp_path / "raw" / "xpos_sb512.tasks.json").write_text(json.dumps({"rows": rows}))
     (tmp_path / "raw" / "rope.tasks.json").write_text("{")  # damaged: left out
-    found = reproduce.mqar_by_query(reproduce.parse_args(["--results", str(tmp_path), "--runs", "out"]), 128)
+    found = study_report.mqar_by_query(reproduce.parse_args(["--results", str(tmp_path), "--runs", "out"]), 128)
     assert found == {"xpos_sb512_s1337": pytest.approx([0.3, 0.6]), "xpos_sb512_s1338": [1.0, 1.0]}
-    tables = reproduce.retrieval_markdown({"recipe": {"block_size": 128}, "wall_time": {"seconds": 60, "measured": 1,
+    tables = study_tables.retrieval_markdown({"recipe": {"block_size": 128}, "wall_time": {"seconds": 60, "measured": 1,
                                            "jobs": 1}, "budget": "toy", "seeds": [1], "machine": "m", "tasks": [],
                                            "reach": {}, "accuracy": {}, "mqar_by_query": found})
     assert "| picking among the values not yet asked for | 0.50 | 1.00 |" in tables
@@ -561,7 +565,7 @@ def test_mqar_by_query_is_each_checkpoints_mean_at_1x_under_causal_attention(tmp
 def test_a_result_whose_checkpoint_is_missing_is_measured_again(tmp_path):
     ckpt, output = tmp_path / "ckpt.pt", tmp_path / "rope.tasks.json"
     output.write_text(json.dumps({"rows": [{"ckpt": str(ckpt), "pos": "rope", "label": "rope"}]}))
-    job = reproduce.Job("tasks rope", "tasks", output, inputs=[ckpt])
+    job = study_plan.Job("tasks rope", "tasks", output, inputs=[ckpt])
     assert not job.done()  # this run trains the checkpoint: the result it has is of another one
     ckpt.write_bytes(b"")
     os.utime(output)  # the result newer than its checkpoint
@@ -570,20 +574,20 @@ def test_a_result_whose_checkpoint_is_missing_is_measured_again(tmp_path):
 
 def test_area_bootstrap_and_t_interval_by_hand():
     # the trapezoids over log2 distance, divided by the width: x = 1, 2, 4 -> (1 + 1)/2 * 1 + (1 + 0)/2 * 2 = 2 of 3
-    assert reproduce.area([(2, 1.0, 8), (4, 1.0, 8), (16, 0.0, 8)]) == pytest.approx(2 / 3)
-    assert reproduce.area([(1, 0.25, 8), (4, 0.75, 8)]) == pytest.approx(0.5)
+    assert study_report.area([(2, 1.0, 8), (4, 1.0, 8), (16, 0.0, 8)]) == pytest.approx(2 / 3)
+    assert study_report.area([(1, 0.25, 8), (4, 0.75, 8)]) == pytest.approx(0.5)
     # a cell at 0 or 1 stays there in every bootstrap draw; one at 1/2 spreads as a binomial of its instances
     rng = np.random.default_rng(0)
-    assert set(reproduce.area([(2, 1.0, 8), (4, 0.0, 8)], rng, 50)) == {0.5}
-    drawn = reproduce.area([(2, 0.5, 400), (4, 0.5, 400)], rng, 4000)
+    assert set(study_report.area([(2, 1.0, 8), (4, 0.0, 8)], rng, 50)) == {0.5}
+    drawn = study_report.area([(2, 0.5, 400), (4, 0.5, 400)], rng, 4000)
     assert drawn.mean() == pytest.approx(0.5, abs=0.01) and drawn.std() == pytest.approx((0.25 / 400 / 2) ** 0.5, rel=0.1)
     # seeds and units drawn again: identical values give a point; the interval of two seeds lies between them
-    assert reproduce.bootstrap([[0.3, 0.3], [0.3]]) == pytest.approx([0.3, 0.3])
-    low, high = reproduce.bootstrap([[0.1, 0.2, 0.3], [0.5, 0.6, 0.7]])
+    assert study_report.bootstrap([[0.3, 0.3], [0.3]]) == pytest.approx([0.3, 0.3])
+    low, high = study_report.bootstrap([[0.1, 0.2, 0.3], [0.5, 0.6, 0.7]])
     assert 0.1 <= low < 0.4 < high <= 0.7
     # Student's t at 2 degrees of freedom: 2 ± 4.303 / sqrt(3)
-    assert reproduce.t_interval([1.0, 2.0, 3.0]) == pytest.approx([2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5])
-    assert reproduce.t_interval([1.0]) is None
+    assert study_report.t_interval([1.0, 2.0, 3.0]) == pytest.approx([2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5])
+    assert study_report.t_interval([1.0]) is None
 
 
 def test_a_report_writes_over_nothing_it_did_not_write(tmp_path):
@@ -652,7 +656,7 @@ def test_the_extension_table_is_each_seeds_rows(tmp_path, capsys):
     assert table["context gain"]["values"] == pytest.approx([gain[s] for s in (1337, 1338, 1339)])
     assert table["extra tokens"]["mean"] == summary["extra_tokens"] == 50 * 8 * 512
     tables = (tmp_path / "results" / "tables.md").read_text()
-    assert tables == reproduce.extension_markdown(summary)
+    assert tables == study_tables.extension_markdown(summary)
     line = next(x for x in tables.splitlines() if x.startswith("| fine-tuned at 4l: rope + pi s=4 |"))
     assert "| 204,800 |" in line and f"{np.mean([ppl[s][1] for s in ppl]):.3f} ± " in line
 
@@ -677,7 +681,7 @@ def test_toy_extension_end_to_end(tmp_path):
         assert (args["block_size"], args["rope_scaling"], args["rope_factor"], args["rope_original_length"]) == \
             (64, method, 4.0, 16)
         assert ckpt["init"]["path"] == str((tmp_path / "runs" / "rope_s1338" / "ckpt.pt").resolve())
-    assert (tmp_path / "results" / "tables.md").read_text() == reproduce.extension_markdown(summary)
+    assert (tmp_path / "results" / "tables.md").read_text() == study_tables.extension_markdown(summary)
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     jobs = 1 + 3 + 6 + 2 * 3 + 1  # data, rope's seeds, the fine-tunes, perplexity and context of 3 models, report
     assert again.returncode == 0 and f"{jobs - 1} of {jobs} jobs finished already" in again.stdout, again.stdout[-2000:]
