@@ -85,6 +85,13 @@ def parse_args(argv=None):
     p.add_argument("--schemes", help="comma-separated: a part of the study (default: all of "
                    "it; the suite also has xpos_4layer)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--task_runs", help="--suite extension: the task suite's checkpoints, and "
+                   "its fine-tunes under extension/ (default: out/retrieval[_toy])")
+    p.add_argument("--task_data", help="--suite extension: the task suite's data (default: "
+                   "data/task_char[_toy])")
+    p.add_argument("--task_results", help="--suite extension: the task suite's results, for "
+                   "its zero-shot rows (default: results/retrieval; toy: "
+                   "out/retrieval_toy/results)")
     p.add_argument("--plan", action="store_true",
                    help="list the jobs and which are finished; run nothing")
     factors = ", ".join(f"{f:g}" for f in TUNE_FACTORS)
@@ -117,6 +124,12 @@ def set_folders(args):
         args.data = args.data or f"data/task_char{toy}"
     if args.suite == "extension":
         args.results = args.results or default_results("extension", toy)
+        args.task_runs = args.task_runs or f"out/retrieval{toy}"
+        args.task_data = args.task_data or f"data/task_char{toy}"
+        args.task_results = args.task_results or default_results("retrieval", toy)
+    elif args.task_runs or args.task_data or args.task_results:
+        raise UserError("--task_runs, --task_data and --task_results are for --suite "
+                        "extension (its task-suite part)")
     if toy:
         args.results = args.results or f"out/study_{args.variant}_toy/results"
     args.results = args.results or f"results/{args.variant}"
@@ -149,6 +162,11 @@ def budget_for(args):
         budget = dict(BUDGETS[args.budget], schemes=schemes, suite=args.suite)
         config = VARIANTS[args.variant]["config"]
     budget["recipe"] = dict(read_recipe(HERE / config), **budget["train"])
+    if args.suite == "extension":  # its part on the task suite's models
+        task_budget = dict(RETRIEVAL_BUDGETS[args.budget], suite="retrieval")
+        task_recipe = read_recipe(HERE / RETRIEVAL_CONFIG)
+        task_budget["recipe"] = dict(task_recipe, **task_budget["train"])
+        budget["task_budget"] = task_budget
     return budget
 
 

@@ -38,7 +38,8 @@ def check_outputs(results, suite):
                   "give --suite extension") for name, _, _ in FINE_TUNES]
     others = {"study": [tasks, *extension],
               "retrieval": [("ppl", study.format("ppl", "retrieval"))],
-              "extension": [tasks, ("repeat", study.format("repeat", "extension"))]}
+              "extension": [("sweep", "the task suite's (raw/*.sweep.json): give --suite "
+                             "retrieval"), ("repeat", study.format("repeat", "extension"))]}
     for kind, whose in others[suite]:
         pattern = f"{kind}.json" if "." in kind else f"*.{kind}.json"
         if any(raw.glob(pattern)):

@@ -540,7 +540,8 @@ def extension_plan(args, budget):
     for job in plan(args, budget):  # the study's own training jobs, not the passkey mix's
         if job.kind == "train" and not job.name.endswith("_passkey"):
             jobs.append(job)
-    return jobs + fine_tune_jobs(args, budget) + extension_score_jobs(args, budget)
+    jobs += fine_tune_jobs(args, budget) + extension_score_jobs(args, budget)
+    return jobs + suite_jobs(args, budget)
 
 
 def fine_tune_jobs(args, budget):
@@ -581,6 +582,93 @@ def extension_score_jobs(args, budget):
                         [PY, "eval_retrieval.py", *common, "--probe", "context",
                          "--beyond", str(l), "--lengths", str(EXTENSION_MULTIPLES[-1] * l),
                          "--sequences", spans, "--json", str(context)], inputs=ckpts))
+    return jobs
+
+
+# The suite part: the task suite's rope and xpos, one seed, fine-tuned the same way (at 4l,
+# the same scalings) for the same share of their pre-training tokens, 5%: 400 iterations of
+# 16 sequences of 512 tokens, 3.3M of the suite's 65.5M. The rate starts at the suite's
+# min_lr and decays tenfold. Scored on copy, MQAR and the passkey at every distance of the
+# task probe, within 4l and past it; the zero-shot rows are the suite's own, of the same seed.
+SUITE_SEEDS = SEEDS[:1]
+SUITE_SOURCES = ("rope", "xpos")
+SUITE_TASKS = "copy,mqar,passkey"
+SUITE_FINE_TUNE_BUDGETS = {
+    "full": dict(multiple=4, batch_size=16, gradient_accumulation_steps=1, max_iters=400,
+                 lr_decay_iters=400, warmup_iters=20, learning_rate=1.5e-4, min_lr=1.5e-5,
+                 eval_interval=200, eval_iters=10, log_interval=50),
+    "toy": FINE_TUNE_BUDGETS["toy"],
+}
+# The zero-shot rows of the suite's own results (raw/<scheme>.tasks.json, by label)
+SUITE_ZERO_SHOT = {"rope": ("rope + BCA", "rope + yarn"), "xpos": ("xpos + BCA",),
+                   "alibi": ("alibi",)}
+
+
+def suite_fine_tune_settings(args, task_budget):
+    settings = dict(SUITE_FINE_TUNE_BUDGETS[args.budget])
+    settings["block_size"] = settings.pop("multiple") * task_budget["recipe"]["block_size"]
+    return settings
+
+
+def suite_extra_tokens(args, task_budget):
+    s = suite_fine_tune_settings(args, task_budget)
+    sequences = s["batch_size"] * s["gradient_accumulation_steps"]
+    return s["max_iters"] * sequences * s["block_size"]
+
+
+def suite_models(args, budget):
+    """{fine-tune name: its checkpoints}: the task suite's sources fine-tuned, under
+    --task_runs/extension."""
+    runs = Path(args.task_runs) / "extension"
+    models = {}
+    for name, source, _ in FINE_TUNES:
+        if source in SUITE_SOURCES and source in budget["schemes"]:
+            models[name] = [runs / f"{name}_s{seed}" / "ckpt.pt" for seed in SUITE_SEEDS]
+    return models
+
+
+def suite_jobs(args, budget):
+    """The task data and the suite's sources (the task suite's own jobs: a finished one is
+    kept), the fine-tunes from them, and the task probe of each fine-tune."""
+    task_budget = budget["task_budget"]
+    recipe = task_budget["recipe"]
+    data, runs = Path(args.task_data), Path(args.task_runs)
+    raw = Path(args.results) / "raw"
+    jobs = [Job("prepare task data", "prepare", data / "meta.json",
+                [PY, "prepare_data.py", "--dataset", "task", "--tasks", "all",
+                 "--block_size", str(recipe["block_size"]), "--records",
+                 str(task_budget["records"]), "--out_dir", str(data)])]
+    overrides = {}
+    for name, settings, _ in schemes_of("retrieval"):
+        overrides[name] = scheme_settings(settings, recipe)
+    models = suite_models(args, budget)
+    sources = [s for s in SUITE_SOURCES if s in budget["schemes"]]
+    for source in sources:
+        for seed in SUITE_SEEDS:
+            ckpt = runs / f"{source}_s{seed}" / "ckpt.pt"
+            settings = dict(overrides[source], **task_budget["train"], seed=seed,
+                            out_dir=str(ckpt.parent), data_dir=str(data), device=args.device)
+            jobs.append(train_job(f"train suite {source}_s{seed}", RETRIEVAL_CONFIG, ckpt,
+                                  settings, recipe, max_iters=recipe["max_iters"]))
+    tuned = suite_fine_tune_settings(args, task_budget)
+    for name, source, scaling in FINE_TUNES:
+        if name not in models:
+            continue
+        for seed, ckpt in zip(SUITE_SEEDS, models[name]):
+            src = runs / f"{source}_s{seed}" / "ckpt.pt"
+            settings = dict(overrides[source], **task_budget["train"])
+            settings.update(tuned, **scaling, seed=seed, init_from=str(src),
+                            out_dir=str(ckpt.parent), data_dir=str(data), device=args.device)
+            jobs.append(train_job(f"fine-tune suite {name}_s{seed}", RETRIEVAL_CONFIG, ckpt,
+                                  settings, recipe, inputs=[src],
+                                  max_iters=tuned["max_iters"]))
+        out = raw / f"{name}.tasks.json"
+        jobs.append(Job(f"tasks {name}", "tasks", out,
+                        [PY, "eval_retrieval.py", *ckpt_flags(models[name]), "--data_dir",
+                         str(data), "--device", args.device, "--probe", "task", "--task",
+                         SUITE_TASKS, "--sequences", str(task_budget["sequences"]),
+                         *EXTENSION_RULES[name], "--json", str(out)],
+                        inputs=models[name]))
     return jobs
 
 

@@ -16,9 +16,11 @@ from checkpoint import load_checkpoint
 from cli import UserError
 from study_files import check_outputs, check_raw, write_summary
 from study_plan import (EXTENSION_MULTIPLES, EXTENSION_SOURCES, SEEDS, SUITE_SCHEMES,
-                        expected_seconds, extension_models, extra_tokens, fine_tune_settings,
+                        SUITE_SEEDS, SUITE_TASKS, SUITE_ZERO_SHOT, expected_seconds,
+                        extension_models, extra_tokens, fine_tune_settings,
                         fine_tunes_and_scores, plan, read_result, read_timings,
-                        retrieval_plan, study_lengths, study_runs)
+                        retrieval_plan, study_lengths, study_runs, suite_extra_tokens,
+                        suite_fine_tune_settings, suite_models)
 from study_tables import (extension_markdown, plot_effective_context, plot_perplexity,
                           plot_task, retrieval_markdown, tables_markdown)
 from retrieval_tasks import PAIR_COUNT, SPAN, TASKS
@@ -575,12 +577,65 @@ def extension_report(args, budget, measured=True):
                 table[row][column] = spread(list(by_seed.values()))
             else:
                 table[row][column] = spread([by_seed.get(s) for s in seeds])
+    task_budget = budget["task_budget"]
+    task_suite = {"recipe": task_budget["recipe"], "seeds": list(SUITE_SEEDS),
+             "fine_tune": suite_fine_tune_settings(args, task_budget),
+             "extra_tokens": suite_extra_tokens(args, task_budget),
+             "table": suite_table(args, budget)}
     summary = {"suite": "extension", "budget": args.budget, "recipe": budget["recipe"],
                "fine_tune": fine_tune_settings(args, budget),
                "extra_tokens": extra_tokens(args, budget), "seeds": list(SEEDS),
                "lengths": [m * l for m in EXTENSION_MULTIPLES],
                "wall_time": wall_time(args, budget, fine_tunes_and_scores),
-               "machine": machine_of(args, measured), "table": table}
+               "machine": machine_of(args, measured), "table": table, "task_suite": task_suite}
     summary = write_summary(results / "summary.json", summary)
     (results / "tables.md").write_text(extension_markdown(summary))
     print(f"wrote {results / 'tables.md'}")
+
+
+def suite_rows(path, ckpt, labels=None):
+    """The rows of one checkpoint in a task probe's raw result (by label, if given)."""
+    result = read_result(path) if Path(path).exists() else None
+    rows = []
+    for row in (result or {}).get("rows", []):
+        same = os.path.normpath(str(row["ckpt"])) == os.path.normpath(str(ckpt))
+        if same and (labels is None or row["label"] in labels):
+            rows.append(row)
+    return rows
+
+
+def suite_table(args, budget):
+    """{row: {task: {"within": acc, "past": acc}}}: each model's mean task accuracy over the
+    task probe's distances up to the fine-tuning length 4l and past it, on the suite's first
+    seed. Zero-shot rows come from the task suite's own results (--task_results)."""
+    l = budget["task_budget"]["recipe"]["block_size"]
+    seed = SUITE_SEEDS[0]
+    found = []  # (row name, rows)
+    for scheme, labels in SUITE_ZERO_SHOT.items():
+        if scheme not in budget["schemes"]:
+            continue
+        ckpt = Path(args.task_runs) / f"{scheme}_s{seed}" / "ckpt.pt"
+        rows = suite_rows(Path(args.task_results) / "raw" / f"{scheme}.tasks.json", ckpt, labels)
+        for label in labels:
+            found.append((f"zero-shot: {label}", [r for r in rows if r["label"] == label]))
+    for name, ckpts in suite_models(args, budget).items():
+        rows = suite_rows(Path(args.results) / "raw" / f"{name}.tasks.json", ckpts[0])
+        for label in dict.fromkeys(r["label"] for r in rows):
+            found.append((f"fine-tuned at 4l: {label}", [r for r in rows if r["label"] == label]))
+    table = {}
+    for name, rows in found:
+        cells = {}
+        for task in SUITE_TASKS.split(","):
+            by_distance = [r for r in rows if r["task"] == task and r["kind"] == "distance"]
+            within = [r["accuracy"] for r in by_distance if r["d"] <= 4 * l]
+            past = [r["accuracy"] for r in by_distance if r["d"] > 4 * l]
+            if within or past:
+                cells[task] = {"within": mean_or_none(within), "past": mean_or_none(past),
+                               "distances": sorted(r["d"] for r in by_distance)}
+        if cells:
+            table[name] = cells
+    return table
+
+
+def mean_or_none(values):
+    return sum(values) / len(values) if values else None

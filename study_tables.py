@@ -469,4 +469,33 @@ def extension_markdown(summary):
         cells = [tokens, *(cell(row.get(c), 3) for c in columns),
                  cell(row.get("context gain"), 4)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return head + "\n" + "\n".join(lines) + "\n"
+    text = head + "\n" + "\n".join(lines) + "\n"
+    if summary.get("task_suite"):
+        text += "\n" + suite_markdown(summary["task_suite"])
+    return text
+
+
+def suite_markdown(suite):
+    """The task-suite part of the extension: accuracy within the fine-tuning length and
+    past it."""
+    l, tuned = suite["recipe"]["block_size"], suite["fine_tune"]
+    seeds = ", ".join(map(str, suite["seeds"]))
+    sequences = tuned["batch_size"] * tuned["gradient_accumulation_steps"]
+    tasks = sorted({t for row in suite["table"].values() for t in row},
+                   key=["copy", "mqar", "passkey"].index)
+    title = (f"The task suite's models (training length l = {l}, seed {seeds}) zero-shot, and "
+             f"fine-tuned at {tuned['block_size']} tokens for {tuned['max_iters']} iterations "
+             f"of {sequences} sequences ({suite['extra_tokens']:,} tokens, learning rate "
+             f"{tuned['learning_rate']:g} to {tuned['min_lr']:g}): mean accuracy over the "
+             f"task probe's distances up to 4l = {4 * l} and past it")
+    columns = [f"{t} {where}" for t in tasks for where in ("<= 4l", "> 4l")]
+    lines = table_head(title, columns)
+    for name, row in suite["table"].items():
+        cells = []
+        for t in tasks:
+            for where in ("within", "past"):
+                value = row.get(t, {}).get(where)
+                cells.append("–" if value is None else f"{value:.3f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+

@@ -661,13 +661,55 @@ def test_the_extension_table_is_each_seeds_rows(tmp_path, capsys):
     assert "| 204,800 |" in line and f"{np.mean([ppl[s][1] for s in ppl]):.3f} ± " in line
 
 
+def test_the_extension_task_table_is_accuracy_within_and_past_4l(tmp_path):
+    """The extension's task-suite table from raw rows written by hand: each model's mean accuracy over the task
+    probe's distances up to 4l and past it, per task; the zero-shot rows are the task suite's own, of its first
+    seed's checkpoint and the labels asked for (another seed's rows and another rule's are left out)."""
+    l = 128
+    task_runs, results, task_results = tmp_path / "task_runs", tmp_path / "results", tmp_path / "task_results"
+    (results / "raw").mkdir(parents=True)
+    (task_results / "raw").mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    distances = [32, 256, 512, 768, 2048]
+
+    def rows(ckpt, label, task):
+        acc = {d: float(rng.uniform(0, 1)) for d in distances}
+        return acc, [dict(ckpt=str(ckpt), pos=label.split()[0], label=label, task=task, kind="distance", d=d,
+                          accuracy=acc[d]) for d in distances]
+
+    zero, zero_rows = rows(task_runs / "xpos_s1337" / "ckpt.pt", "xpos + BCA", "copy")
+    _, other_seed = rows(task_runs / "xpos_s1338" / "ckpt.pt", "xpos + BCA", "copy")
+    _, other_rule = rows(task_runs / "xpos_s1337" / "ckpt.pt", "xpos + sliding W=128", "copy")
+    (task_results / "raw" / "xpos.tasks.json").write_text(
+        json.dumps({"rows": zero_rows + other_seed + other_rule}))
+    tuned, tuned_rows = rows(task_runs / "extension" / "xpos_long_s1337" / "ckpt.pt", "xpos", "mqar")
+    (results / "raw" / "xpos_long.tasks.json").write_text(json.dumps({"rows": tuned_rows}))
+    reproduce.main(["--suite", "extension", "--report", "--schemes", "xpos", "--results", str(results),
+                    "--runs", str(tmp_path / "runs"), "--task_runs", str(task_runs), "--task_results",
+                    str(task_results)])
+    summary = json.loads((results / "summary.json").read_text())
+    table = summary["task_suite"]["table"]
+    assert set(table) == {"zero-shot: xpos + BCA", "fine-tuned at 4l: xpos"}
+    for name, task, acc in (("zero-shot: xpos + BCA", "copy", zero), ("fine-tuned at 4l: xpos", "mqar", tuned)):
+        assert set(table[name]) == {task}
+        assert table[name][task]["within"] == pytest.approx(np.mean([acc[d] for d in distances if d <= 4 * l]))
+        assert table[name][task]["past"] == pytest.approx(np.mean([acc[d] for d in distances if d > 4 * l]))
+    assert summary["task_suite"]["extra_tokens"] == 400 * 16 * 512
+    tables = (results / "tables.md").read_text()
+    assert tables == study_tables.extension_markdown(summary)
+    line = next(x for x in tables.splitlines() if x.startswith("| fine-tuned at 4l: xpos |"))
+    assert f"| {np.mean([tuned[d] for d in (768, 2048)]):.3f} |" in line
+
+
 @pytest.mark.slow
 def test_toy_extension_end_to_end(tmp_path):
     """--suite extension on a toy budget (RoPE only): the study's models, then each fine-tuned at 4l with PI and
     YaRN (the scaling, its original length and the source in the checkpoint), every model scored, the table drawn;
     a second run has nothing to do."""
     argv = [sys.executable, "reproduce.py", "--suite", "extension", "--budget", "toy", "--schemes", "rope",
-            "--results", str(tmp_path / "results"), "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data")]
+            "--results", str(tmp_path / "results"), "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data"),
+            "--task_runs", str(tmp_path / "task_runs"), "--task_data", str(tmp_path / "task_data"),
+            "--task_results", str(tmp_path / "task_results")]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "results" / "summary.json").read_text())
@@ -683,5 +725,11 @@ def test_toy_extension_end_to_end(tmp_path):
         assert ckpt["init"]["path"] == str((tmp_path / "runs" / "rope_s1338" / "ckpt.pt").resolve())
     assert (tmp_path / "results" / "tables.md").read_text() == study_tables.extension_markdown(summary)
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    jobs = 1 + 3 + 6 + 2 * 3 + 1  # data, rope's seeds, the fine-tunes, perplexity and context of 3 models, report
+    suite = summary["task_suite"]["table"]  # the suite's part: rope's first seed fine-tuned, its task probe
+    assert {"fine-tuned at 4l: rope + pi s=4 from 96", "fine-tuned at 4l: rope + yarn s=4 from 96"} <= set(suite)
+    ckpt = torch.load(tmp_path / "task_runs" / "extension" / "rope_yarn_s1337" / "ckpt.pt", weights_only=False)
+    assert (ckpt["model_args"]["block_size"], ckpt["model_args"]["rope_scaling"]) == (384, "yarn")
+    # data, rope's seeds, the fine-tunes, perplexity and context of 3 models; the task data, the suite's rope, its
+    # two fine-tunes and their task probes; the report
+    jobs = 1 + 3 + 6 + 2 * 3 + 1 + 1 + 2 + 2 + 1
     assert again.returncode == 0 and f"{jobs - 1} of {jobs} jobs finished already" in again.stdout, again.stdout[-2000:]
