@@ -269,7 +269,7 @@ def predictions(model, idx, first, attention, rope_scaling):
         x = torch.cat(states, dim=1)
     else:
         x = model.hidden_states(idx[:, :-1], attention, rope_scaling)[:, first - 1 :]
-    return model.head(x).argmax(-1)
+    return model.logits(x).argmax(-1)
 
 
 def right_answers(model, task, instances, attention, rope_scaling, device, ctx):

@@ -287,19 +287,24 @@ def readme_results_section():
 
 
 SUITE_HEADING = "\n## The long-range task suite"  # docs/results.md: the study above it, the task suite from it on
+EXTENSION_HEADING = "\n## Context extension by fine-tuning"  # and from here on, the context extension
 
 
 def test_results_pages_match_the_committed_summary():
     """Every table row and every decimal number of the full results page (docs/results.md) and of the README's
     headline results is in the tables drawn from the committed summary.json: the study's part from results/char's
-    (which also carry the paper's numbers beside ours), the task suite's part from results/retrieval's."""
+    (which also carry the paper's numbers beside ours), the task suite's part from results/retrieval's, the context
+    extension's from results/extension's."""
     import re
     number = r"(?<![\d.])\d+\.\d+(?![\d.]|e-?\d)"  # a result; not a setting in scientific notation (1.5e-3)
     page = (ROOT / "docs" / "results.md").read_text()
     study, suite = page.split(SUITE_HEADING)
-    sources = {"char": study_tables.tables_markdown, "retrieval": study_tables.retrieval_markdown}
+    suite, extension = suite.split(EXTENSION_HEADING)
+    sources = {"char": study_tables.tables_markdown, "retrieval": study_tables.retrieval_markdown,
+               "extension": study_tables.extension_markdown}
     checks = [("char", "docs/results.md (the study)", study, 20), ("char", "README.md", readme_results_section(), 5),
-              ("retrieval", "docs/results.md (the task suite)", suite, 4)]
+              ("retrieval", "docs/results.md (the task suite)", suite, 4),
+              ("extension", "docs/results.md (the context extension)", extension, 10)]
     for results, page, section, least in checks:
         summary = json.loads((ROOT / "results" / results / "summary.json").read_text())
         tables = sources[results](summary)
