@@ -270,10 +270,14 @@ class AttentionPlan:
             fq = fq * self.decay[queries.start + rows : queries.stop + rows]
             fk = fk / self.decay[keys.start + rows : keys.stop + rows]  # 1 / inf: 0
         rotated = []
-        for x, f in ((q, fq), (k, fk)):  # real arithmetic, which Inductor fuses
-            re, im = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # (..., T, d/2) each
-            cos, sin = f.unbind(-1)  # times xPos's decay
-            y = torch.stack((re * cos - im * sin, re * sin + im * cos), -1)
+        for x, f in ((q, fq), (k, fk)):
+            x = x.float().unflatten(-1, (-1, 2))  # (..., T, d/2, 2)
+            if torch.compiler.is_compiling():  # real arithmetic, which Inductor fuses
+                re, im = x.unbind(-1)
+                cos, sin = f.unbind(-1)  # times xPos's decay
+                y = torch.stack((re * cos - im * sin, re * sin + im * cos), -1)
+            else:  # the same product as complex numbers: one kernel in eager mode
+                y = torch.view_as_real(torch.view_as_complex(x) * torch.view_as_complex(f))
             rotated.append(y.flatten(-2))  # (..., T, d)
         return rotated
 

@@ -50,11 +50,11 @@ from checkpoint import load_checkpoint
 from cli import ArgumentParser, UserError, die_with_parent
 from outputs import OUTPUT_MARK, earlier_output, writable_dir, write_json
 from run_dir import run_dir_owner
-from study_plan import (BUDGETS, EXTENSION_SOURCES, NOT_RECIPE, PY, RETRIEVAL_BUDGETS,
-                        RETRIEVAL_CONFIG, SCHEMES, SEEDS, SUITES, TUNE_FACTORS, TUNE_SCHEMES,
-                        VARIANTS, Job, expected_seconds, extension_plan, plan, prepare_job,
-                        read_recipe, read_timings, retrieval_plan, scheme_settings,
-                        schemes_of, settings_text, train_job)
+from study_extension import EXTENSION_SOURCES, extension_plan
+from study_plan import (BUDGETS, NOT_RECIPE, PY, RETRIEVAL_BUDGETS, RETRIEVAL_CONFIG, SCHEMES,
+                        SEEDS, SUITES, TUNE_FACTORS, TUNE_SCHEMES, VARIANTS, Job, expected_seconds,
+                        plan, prepare_job, read_recipe, read_timings, retrieval_plan,
+                        scheme_settings, schemes_of, settings_text, train_job)
 from study_files import check_outputs, compact_raw
 from study_report import extension_report, report, retrieval_report
 from study_tables import clock

@@ -15,12 +15,12 @@ import numpy as np
 from checkpoint import load_checkpoint
 from cli import UserError
 from study_files import check_outputs, check_raw, write_summary
-from study_plan import (EXTENSION_MULTIPLES, EXTENSION_SOURCES, SEEDS, SUITE_SCHEMES,
-                        SUITE_SEEDS, SUITE_TASKS, SUITE_ZERO_SHOT, expected_seconds,
-                        extension_models, extra_tokens, fine_tune_settings,
-                        fine_tunes_and_scores, plan, read_result, read_timings,
-                        retrieval_plan, study_lengths, study_runs, suite_extra_tokens,
-                        suite_fine_tune_settings, suite_models)
+from study_extension import (EXTENSION_MULTIPLES, EXTENSION_SOURCES, SUITE_SEEDS, SUITE_TASKS,
+                             SUITE_ZERO_SHOT, extension_models, extra_tokens, fine_tune_settings,
+                             fine_tunes_and_scores, suite_extra_tokens, suite_fine_tune_settings,
+                             suite_models)
+from study_plan import (SEEDS, SUITE_SCHEMES, expected_seconds, plan, read_result, read_timings,
+                        retrieval_plan, study_lengths, study_runs)
 from study_tables import (extension_markdown, plot_effective_context, plot_perplexity,
                           plot_task, retrieval_markdown, tables_markdown)
 from retrieval_tasks import PAIR_COUNT, SPAN, TASKS

@@ -1,0 +1,237 @@
+"""
+What reproduce.py --suite extension runs: the study's models (and one seed of the task
+suite's) fine-tuned at 4l with PI, YaRN and no scaling, and the jobs that score them against
+the zero-shot methods.
+"""
+
+from pathlib import Path
+
+from study_plan import (PY, RETRIEVAL_CONFIG, SEEDS, VARIANTS, Job, ckpt_flags, plan,
+                        prepare_job, scheme_settings, schemes_of, study_runs, train_job)
+
+
+# ------------------------------------------------------------------------------------------
+# --suite extension: context extension by fine-tuning the study's models, against the
+# zero-shot methods. RoPE is fine-tuned at 4l with PI and with YaRN (s = 4), xPos at 4l with
+# no scaling (fine-tuning at a longer length helps any scheme, so xPos gets it too), each
+# for the same budget (FINE_TUNE_BUDGETS).
+FINE_TUNES = (  # (name, source scheme, train.py overrides)
+    ("rope_pi", "rope", dict(rope_scaling="pi", rope_factor=4.0)),
+    ("rope_yarn", "rope", dict(rope_scaling="yarn", rope_factor=4.0)),
+    ("xpos_long", "xpos", {}),
+)
+EXTENSION_SOURCES = ("rope", "xpos", "alibi")
+# The rules of each model (its perplexity and context probe alike): the sources zero-shot
+# (RoPE + YaRN at inference too), the fine-tunes under causal attention with their own
+# scaling (the checkpoint's, by default), and xPos with BCA past its new length too
+EXTENSION_RULES = {
+    "rope": ["--attention", "causal,bca", "--rope_scaling", "none,yarn"],
+    "xpos": ["--attention", "causal,bca"],
+    "alibi": ["--attention", "causal"],
+    "rope_pi": ["--attention", "causal"],
+    "rope_yarn": ["--attention", "causal"],
+    "xpos_long": ["--attention", "causal,bca"],
+}
+# The fine-tuning budget: 50 iterations of 8 sequences of 4l = 512 tokens, 205k tokens, 5% of
+# pre-training's 4.1M. YaRN's paper fine-tuned on about 0.1% of pre-training's tokens, which
+# here is 2 iterations: too few to mean anything. The rate starts at pre-training's last
+# (min_lr) after a short warmup and decays tenfold.
+FINE_TUNE_BUDGETS = {
+    "full": dict(multiple=4, batch_size=8, gradient_accumulation_steps=1, max_iters=50,
+                 lr_decay_iters=50, warmup_iters=5, learning_rate=4e-4, min_lr=4e-5,
+                 eval_interval=25, eval_iters=10, log_interval=5),
+    "toy": dict(multiple=4, batch_size=2, gradient_accumulation_steps=1, max_iters=2,
+                lr_decay_iters=2, warmup_iters=1, learning_rate=4e-4, min_lr=4e-5,
+                eval_interval=2, eval_iters=1, log_interval=1),
+}
+EXTENSION_MULTIPLES = (1, 4, 8, 16)  # x l: to the fine-tuning length 4l and past it
+EXTENSION_SPANS = {"full": "32", "toy": "1"}
+
+
+def fine_tune_settings(args, budget):
+    """train.py's settings of every fine-tune: FINE_TUNE_BUDGETS, block_size = multiple x l."""
+    settings = dict(FINE_TUNE_BUDGETS[args.budget])
+    settings["block_size"] = settings.pop("multiple") * budget["recipe"]["block_size"]
+    return settings
+
+
+def extra_tokens(args, budget):
+    """The tokens a fine-tune trains on: iterations x sequences x length."""
+    s = fine_tune_settings(args, budget)
+    sequences = s["batch_size"] * s["gradient_accumulation_steps"]
+    return s["max_iters"] * sequences * s["block_size"]
+
+
+def extension_models(args, budget):
+    """{model name: its checkpoints, in seed order}: the sources' study runs, the fine-tunes
+    under runs/extension."""
+    runs = Path(args.runs)
+    sources = [s for s in EXTENSION_SOURCES if s in budget["schemes"]]
+    models = {}
+    for scheme in sources:
+        models[scheme] = [runs / f"{scheme}_s{seed}" / "ckpt.pt" for seed in SEEDS]
+    for name, source, _ in FINE_TUNES:
+        if source in sources:
+            models[name] = [runs / "extension" / f"{name}_s{seed}" / "ckpt.pt" for seed in SEEDS]
+    return models
+
+
+def extension_plan(args, budget):
+    """--suite extension: the study's data and its rope, xpos and alibi models (the study's own
+    training jobs: a finished one is kept), the fine-tunes from them, then perplexity from l
+    to 16l and the context probe at 16l of every model."""
+    jobs = [prepare_job(args, Path(args.data))]
+    for job in plan(args, budget):  # the study's own training jobs, not the passkey mix's
+        if job.kind == "train" and not job.name.endswith("_passkey"):
+            jobs.append(job)
+    jobs += fine_tune_jobs(args, budget) + extension_score_jobs(args, budget)
+    return jobs + suite_jobs(args, budget)
+
+
+def fine_tune_jobs(args, budget):
+    models = extension_models(args, budget)
+    overrides = {scheme: runs[0][3] for scheme, runs in study_runs(budget).items()}
+    tuned = fine_tune_settings(args, budget)
+    config = VARIANTS[args.variant]["config"]
+    jobs = []
+    for name, source, scaling in FINE_TUNES:
+        if name not in models:  # its source is not among --schemes
+            continue
+        for seed, src, ckpt in zip(SEEDS, models[source], models[name]):
+            # the source's model, then the fine-tune's own settings
+            settings = dict(overrides[source], **budget["train"])
+            settings.update(tuned, **scaling, seed=seed, init_from=str(src),
+                            out_dir=str(ckpt.parent), data_dir=str(Path(args.data)),
+                            device=args.device)
+            jobs.append(train_job(f"fine-tune {name}_s{seed}", config, ckpt, settings,
+                                  budget["recipe"], inputs=[src], max_iters=tuned["max_iters"]))
+    return jobs
+
+
+def extension_score_jobs(args, budget):
+    """Perplexity at l .. 16l and the context probe at 16l (beyond l, fine-tuned or not)."""
+    l = budget["recipe"]["block_size"]
+    raw = Path(args.results) / "raw"
+    lengths = ",".join(str(m * l) for m in EXTENSION_MULTIPLES)
+    spans = EXTENSION_SPANS[args.budget]
+    jobs = []
+    for name, ckpts in extension_models(args, budget).items():
+        common = [*ckpt_flags(ckpts), "--data_dir", str(Path(args.data)),
+                  "--device", args.device, *EXTENSION_RULES[name]]
+        ppl, context = raw / f"{name}.ppl.json", raw / f"{name}.context.json"
+        jobs.append(Job(f"perplexity {name}", "extrapolate", ppl,
+                        [PY, "eval_extrapolate.py", *common, "--lengths", lengths,
+                         "--spans", spans, "--json", str(ppl)], inputs=ckpts))
+        jobs.append(Job(f"context {name}", "context", context,
+                        [PY, "eval_retrieval.py", *common, "--probe", "context",
+                         "--beyond", str(l), "--lengths", str(EXTENSION_MULTIPLES[-1] * l),
+                         "--sequences", spans, "--json", str(context)], inputs=ckpts))
+    return jobs
+
+
+# The suite part: the task suite's rope and xpos, one seed, fine-tuned the same way (at 4l,
+# the same scalings) for the same share of their pre-training tokens, 5%: 400 iterations of
+# 16 sequences of 512 tokens, 3.3M of the suite's 65.5M. The rate starts at the suite's
+# min_lr and decays tenfold. Scored on copy, MQAR and the passkey at every distance of the
+# task probe, within 4l and past it; the zero-shot rows are the suite's own, of the same seed.
+SUITE_SEEDS = SEEDS[:1]
+SUITE_SOURCES = ("rope", "xpos")
+SUITE_TASKS = "copy,mqar,passkey"
+SUITE_DISTANCES = (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 12, 16)  # x l, the task probe's own
+SUITE_FINE_TUNE_BUDGETS = {
+    "full": dict(multiple=4, batch_size=16, gradient_accumulation_steps=1, max_iters=400,
+                 lr_decay_iters=400, warmup_iters=20, learning_rate=1.5e-4, min_lr=1.5e-5,
+                 eval_interval=200, eval_iters=10, log_interval=50),
+    "toy": FINE_TUNE_BUDGETS["toy"],
+}
+# The zero-shot rows of the suite's own results (raw/<scheme>.tasks.json, by label)
+SUITE_ZERO_SHOT = {"rope": ("rope + BCA", "rope + yarn"), "xpos": ("xpos + BCA",),
+                   "alibi": ("alibi",)}
+
+
+def suite_fine_tune_settings(args, task_budget):
+    settings = dict(SUITE_FINE_TUNE_BUDGETS[args.budget])
+    settings["block_size"] = settings.pop("multiple") * task_budget["recipe"]["block_size"]
+    return settings
+
+
+def suite_extra_tokens(args, task_budget):
+    s = suite_fine_tune_settings(args, task_budget)
+    sequences = s["batch_size"] * s["gradient_accumulation_steps"]
+    return s["max_iters"] * sequences * s["block_size"]
+
+
+def suite_models(args, budget):
+    """{fine-tune name: its checkpoints}: the task suite's sources fine-tuned, under
+    --task_runs/extension."""
+    runs = Path(args.task_runs) / "extension"
+    models = {}
+    for name, source, _ in FINE_TUNES:
+        if source in SUITE_SOURCES and source in budget["schemes"]:
+            models[name] = [runs / f"{name}_s{seed}" / "ckpt.pt" for seed in SUITE_SEEDS]
+    return models
+
+
+def suite_jobs(args, budget):
+    """The task data and the suite's sources (the task suite's own jobs: a finished one is
+    kept), the task records again at 4l for the fine-tunes (train.py trains on records of its
+    own block_size), the fine-tunes, and the task probe of each at the suite's distances."""
+    task_budget = budget["task_budget"]
+    recipe = task_budget["recipe"]
+    l = recipe["block_size"]
+    data, runs = Path(args.task_data), Path(args.task_runs)
+    long_data = Path(f"{args.task_data}_{4 * l}")
+    raw = Path(args.results) / "raw"
+    jobs = []
+    for folder, length, records in ((data, l, task_budget["records"]),
+                                    (long_data, 4 * l, task_budget["records"] // 4)):
+        name = "prepare task data" if length == l else f"prepare task data at {length}"
+        jobs.append(Job(name, "prepare", folder / "meta.json",
+                        [PY, "prepare_data.py", "--dataset", "task", "--tasks", "all",
+                         "--block_size", str(length), "--records", str(records),
+                         "--out_dir", str(folder)]))
+    overrides = {}
+    for name, settings, _ in schemes_of("retrieval"):
+        overrides[name] = scheme_settings(settings, recipe)
+    models = suite_models(args, budget)
+    sources = [s for s in SUITE_SOURCES if s in budget["schemes"]]
+    for source in sources:
+        for seed in SUITE_SEEDS:
+            ckpt = runs / f"{source}_s{seed}" / "ckpt.pt"
+            settings = dict(overrides[source], **task_budget["train"], seed=seed,
+                            out_dir=str(ckpt.parent), data_dir=str(data), device=args.device)
+            jobs.append(train_job(f"train suite {source}_s{seed}", RETRIEVAL_CONFIG, ckpt,
+                                  settings, recipe, max_iters=recipe["max_iters"]))
+    tuned = suite_fine_tune_settings(args, task_budget)
+    # the suite's own grid (eval_retrieval.py's DISTANCES x l, lengths l .. 16l), not the
+    # fine-tune's, whose block_size is 4l
+    distances = ",".join(str(round(k * l)) for k in SUITE_DISTANCES)
+    lengths = ",".join(str(k * l) for k in (1, 2, 4, 8, 16))
+    for name, source, scaling in FINE_TUNES:
+        if name not in models:
+            continue
+        for seed, ckpt in zip(SUITE_SEEDS, models[name]):
+            src = runs / f"{source}_s{seed}" / "ckpt.pt"
+            settings = dict(overrides[source], **task_budget["train"])
+            settings.update(tuned, **scaling, seed=seed, init_from=str(src),
+                            out_dir=str(ckpt.parent), data_dir=str(long_data),
+                            device=args.device)
+            jobs.append(train_job(f"fine-tune suite {name}_s{seed}", RETRIEVAL_CONFIG, ckpt,
+                                  settings, recipe, inputs=[src],
+                                  max_iters=tuned["max_iters"]))
+        out = raw / f"{name}.tasks.json"
+        jobs.append(Job(f"tasks {name}", "tasks", out,
+                        [PY, "eval_retrieval.py", *ckpt_flags(models[name]), "--data_dir",
+                         str(long_data), "--device", args.device, "--probe", "task",
+                         "--task", SUITE_TASKS, "--distances", distances, "--lengths",
+                         lengths, "--sequences", str(task_budget["sequences"]),
+                         *EXTENSION_RULES[name], "--json", str(out)],
+                        inputs=models[name]))
+    return jobs
+
+
+def fine_tunes_and_scores(args, budget):
+    """The extension's own jobs: its plan less the study's training jobs (the study counts
+    those)."""
+    jobs = extension_plan(args, budget)
+    return [job for job in jobs if not job.name.startswith("train ")]
