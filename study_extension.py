@@ -203,10 +203,10 @@ def suite_jobs(args, budget):
             jobs.append(train_job(f"train suite {source}_s{seed}", RETRIEVAL_CONFIG, ckpt,
                                   settings, recipe, max_iters=recipe["max_iters"]))
     tuned = suite_fine_tune_settings(args, task_budget)
-    # the suite's own grid (eval_retrieval.py's DISTANCES x l, lengths l .. 16l), not the
-    # fine-tune's, whose block_size is 4l
+    # the suite's own distances (eval_retrieval.py's DISTANCES x l), not the fine-tune's, whose
+    # block_size is 4l; lengths from 4l on, since the probe scores a length at half its l
     distances = ",".join(str(round(k * l)) for k in SUITE_DISTANCES)
-    lengths = ",".join(str(k * l) for k in (1, 2, 4, 8, 16))
+    lengths = ",".join(str(k * l) for k in (4, 8, 16))
     for name, source, scaling in FINE_TUNES:
         if name not in models:
             continue

@@ -735,7 +735,7 @@ def test_toy_extension_end_to_end(tmp_path):
     assert {"fine-tuned at 4l: rope + pi s=4 from 96", "fine-tuned at 4l: rope + yarn s=4 from 96"} <= set(suite)
     ckpt = torch.load(tmp_path / "task_runs" / "extension" / "rope_yarn_s1337" / "ckpt.pt", weights_only=False)
     assert (ckpt["model_args"]["block_size"], ckpt["model_args"]["rope_scaling"]) == (384, "yarn")
-    # data, rope's seeds, the fine-tunes, perplexity and context of 3 models; the task data, the suite's rope, its
-    # two fine-tunes and their task probes; the report
-    jobs = 1 + 3 + 6 + 2 * 3 + 1 + 1 + 2 + 2 + 1
+    # data, rope's seeds, the fine-tunes, perplexity and context of 3 models; the task data at l and at 4l, the
+    # suite's rope, its two fine-tunes and their task probes; the report
+    jobs = 1 + 3 + 6 + 2 * 3 + 2 + 1 + 2 + 2 + 1
     assert again.returncode == 0 and f"{jobs - 1} of {jobs} jobs finished already" in again.stdout, again.stdout[-2000:]
