@@ -50,13 +50,13 @@ from checkpoint import load_checkpoint
 from cli import ArgumentParser, UserError, die_with_parent
 from outputs import OUTPUT_MARK, earlier_output, writable_dir, write_json
 from run_dir import run_dir_owner
-from study_extension import EXTENSION_SOURCES, extension_plan
+from study_extension import EXTENSION_SOURCES, extension_plan, extension_report
 from study_plan import (BUDGETS, NOT_RECIPE, PY, RETRIEVAL_BUDGETS, RETRIEVAL_CONFIG, SCHEMES,
                         SEEDS, SUITES, TUNE_FACTORS, TUNE_SCHEMES, VARIANTS, Job, expected_seconds,
                         plan, prepare_job, read_recipe, read_timings, retrieval_plan,
                         scheme_settings, schemes_of, settings_text, train_job)
 from study_files import check_outputs, compact_raw
-from study_report import extension_report, report, retrieval_report
+from study_report import report, retrieval_report
 from study_tables import clock
 
 HERE = Path(__file__).resolve().parent  # the scripts and config files; the rest under the cwd

@@ -1,13 +1,18 @@
 """
-What reproduce.py --suite extension runs: the study's models (and one seed of the task
-suite's) fine-tuned at 4l with PI, YaRN and no scaling, and the jobs that score them against
-the zero-shot methods.
+reproduce.py --suite extension: the study's models (and one seed of the task suite's)
+fine-tuned at 4l with PI, YaRN and no scaling, the jobs that score them against the zero-shot
+methods, and the report that tables them.
 """
 
+import os
 from pathlib import Path
 
-from study_plan import (PY, RETRIEVAL_CONFIG, SEEDS, VARIANTS, Job, ckpt_flags, plan,
-                        prepare_job, scheme_settings, schemes_of, study_runs, train_job)
+from study_files import check_outputs, check_raw, write_summary
+from study_plan import (FINE_TUNES, PY, RETRIEVAL_CONFIG, SEEDS, VARIANTS, Job, ckpt_flags,
+                        plan, prepare_job, read_result, scheme_settings, schemes_of,
+                        study_runs, train_job)
+from study_report import machine_of, note, spread, wall_time
+from study_tables import extension_markdown
 
 
 # ------------------------------------------------------------------------------------------
@@ -15,11 +20,6 @@ from study_plan import (PY, RETRIEVAL_CONFIG, SEEDS, VARIANTS, Job, ckpt_flags, 
 # zero-shot methods. RoPE is fine-tuned at 4l with PI and with YaRN (s = 4), xPos at 4l with
 # no scaling (fine-tuning at a longer length helps any scheme, so xPos gets it too), each
 # for the same budget (FINE_TUNE_BUDGETS).
-FINE_TUNES = (  # (name, source scheme, train.py overrides)
-    ("rope_pi", "rope", dict(rope_scaling="pi", rope_factor=4.0)),
-    ("rope_yarn", "rope", dict(rope_scaling="yarn", rope_factor=4.0)),
-    ("xpos_long", "xpos", {}),
-)
 EXTENSION_SOURCES = ("rope", "xpos", "alibi")
 # The rules of each model (its perplexity and context probe alike): the sources zero-shot
 # (RoPE + YaRN at inference too), the fine-tunes under causal attention with their own
@@ -235,3 +235,121 @@ def fine_tunes_and_scores(args, budget):
     those)."""
     jobs = extension_plan(args, budget)
     return [job for job in jobs if not job.name.startswith("train ")]
+
+
+# ------------------------------------------------------------------------------------------
+# The context extension
+
+
+def extension_rows(args, budget, name, suffix):
+    """The rows of raw/<name><suffix> measured on the model's own checkpoints
+    (extension_models), each with its seed's place; the others are noted and left out."""
+    path = Path(args.results) / "raw" / f"{name}{suffix}"
+    result = read_result(path) if path.exists() else None
+    ckpts = extension_models(args, budget)[name]
+    own = {os.path.normpath(c): i for i, c in enumerate(ckpts)}
+    rows = []
+    for row in (result or {}).get("rows", []):
+        where = own.get(os.path.normpath(str(row["ckpt"])))
+        if where is None:
+            note(f"note: {path}: the rows of {row['ckpt']} are left out: "
+                 "not one of this suite's checkpoints")
+            continue
+        rows.append((where, row))
+    return rows
+
+
+def extension_report(args, budget, measured=True):
+    """results/extension/summary.json and tables.md: each model and rule's extra training
+    tokens, perplexity at each length and gain from context beyond its training length, mean
+    ± std over seeds with each seed's value."""
+    results = Path(args.results)
+    check_outputs(results, "extension")
+    check_raw(results)
+    l = budget["recipe"]["block_size"]
+    values = {}  # row name: column: {seed place: value}
+    for name in extension_models(args, budget):
+        tuned = name not in EXTENSION_SOURCES
+        prefix = "fine-tuned at 4l: " if tuned else "zero-shot: "
+        for suffix, field in ((".ppl.json", "ppl"), (".context.json", "gain")):
+            for seed, row in extension_rows(args, budget, name, suffix):
+                value = row.get(field)
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    continue
+                column = str(row["length"]) if field == "ppl" else "context gain"
+                by_column = values.setdefault(prefix + row["label"], {})
+                by_column.setdefault(column, {})[seed] = value
+        tokens = extra_tokens(args, budget) if tuned else 0
+        for label in [k for k in values if k.startswith(prefix)]:
+            values[label].setdefault("extra tokens", {0: tokens})
+    seeds = range(len(SEEDS))  # a seed without a value shows as "(n of N)"
+    table = {}
+    for row, columns in values.items():
+        table[row] = {}
+        for column, by_seed in columns.items():
+            if column == "extra tokens":
+                table[row][column] = spread(list(by_seed.values()))
+            else:
+                table[row][column] = spread([by_seed.get(s) for s in seeds])
+    task_budget = budget["task_budget"]
+    task_suite = {"recipe": task_budget["recipe"], "seeds": list(SUITE_SEEDS),
+             "fine_tune": suite_fine_tune_settings(args, task_budget),
+             "extra_tokens": suite_extra_tokens(args, task_budget),
+             "table": suite_table(args, budget)}
+    summary = {"suite": "extension", "budget": args.budget, "recipe": budget["recipe"],
+               "fine_tune": fine_tune_settings(args, budget),
+               "extra_tokens": extra_tokens(args, budget), "seeds": list(SEEDS),
+               "lengths": [m * l for m in EXTENSION_MULTIPLES],
+               "wall_time": wall_time(args, budget, fine_tunes_and_scores),
+               "machine": machine_of(args, measured), "table": table, "task_suite": task_suite}
+    summary = write_summary(results / "summary.json", summary)
+    (results / "tables.md").write_text(extension_markdown(summary))
+    print(f"wrote {results / 'tables.md'}")
+
+
+def suite_rows(path, ckpt, labels=None):
+    """The rows of one checkpoint in a task probe's raw result (by label, if given)."""
+    result = read_result(path) if Path(path).exists() else None
+    rows = []
+    for row in (result or {}).get("rows", []):
+        same = os.path.normpath(str(row["ckpt"])) == os.path.normpath(str(ckpt))
+        if same and (labels is None or row["label"] in labels):
+            rows.append(row)
+    return rows
+
+
+def suite_table(args, budget):
+    """{row: {task: {"within": acc, "past": acc}}}: each model's mean task accuracy over the
+    task probe's distances up to the fine-tuning length 4l and past it, on the suite's first
+    seed. Zero-shot rows come from the task suite's own results (--task_results)."""
+    l = budget["task_budget"]["recipe"]["block_size"]
+    seed = SUITE_SEEDS[0]
+    found = []  # (row name, rows)
+    for scheme, labels in SUITE_ZERO_SHOT.items():
+        if scheme not in budget["schemes"]:
+            continue
+        ckpt = Path(args.task_runs) / f"{scheme}_s{seed}" / "ckpt.pt"
+        rows = suite_rows(Path(args.task_results) / "raw" / f"{scheme}.tasks.json", ckpt, labels)
+        for label in labels:
+            found.append((f"zero-shot: {label}", [r for r in rows if r["label"] == label]))
+    for name, ckpts in suite_models(args, budget).items():
+        rows = suite_rows(Path(args.results) / "raw" / f"{name}.tasks.json", ckpts[0])
+        for label in dict.fromkeys(r["label"] for r in rows):
+            found.append((f"fine-tuned at 4l: {label}", [r for r in rows if r["label"] == label]))
+    table = {}
+    for name, rows in found:
+        cells = {}
+        for task in SUITE_TASKS.split(","):
+            by_distance = [r for r in rows if r["task"] == task and r["kind"] == "distance"]
+            within = [r["accuracy"] for r in by_distance if r["d"] <= 4 * l]
+            past = [r["accuracy"] for r in by_distance if r["d"] > 4 * l]
+            if within or past:
+                cells[task] = {"within": mean_or_none(within), "past": mean_or_none(past),
+                               "distances": sorted(r["d"] for r in by_distance)}
+        if cells:
+            table[name] = cells
+    return table
+
+
+def mean_or_none(values):
+    return sum(values) / len(values) if values else None

@@ -14,8 +14,7 @@ from pathlib import Path
 
 from cli import UserError
 from outputs import OUTPUT_MARK, earlier_output
-from study_extension import FINE_TUNES
-from study_plan import read_result
+from study_plan import FINE_TUNES, read_result
 from retrieval_tasks import TASKS
 
 # Compact raw results: the fields dropped (per-position curves that no table or plot reads),

@@ -79,6 +79,12 @@ BUDGETS = {
 # eval_retrieval.py --probe task under every rule and, for the rotary schemes, every
 # interpolation.
 SUITES = ("study", "retrieval", "extension")
+# the context extension's fine-tunes (study_extension.py)
+FINE_TUNES = (  # (name, source scheme, train.py overrides)
+    ("rope_pi", "rope", dict(rope_scaling="pi", rope_factor=4.0)),
+    ("rope_yarn", "rope", dict(rope_scaling="yarn", rope_factor=4.0)),
+    ("xpos_long", "xpos", {}),
+)
 # The sweep, where the windows act: the three retrieval tasks under the three window rules
 # (flip-flop and the passkey's second filler are left out for time)
 SWEEP_TASKS = "copy,mqar,passkey"
