@@ -48,18 +48,18 @@ EXTENSION_MULTIPLES = (1, 4, 8, 16)  # x l: to the fine-tuning length 4l and pas
 EXTENSION_SPANS = {"full": "32", "toy": "1"}
 
 
-def fine_tune_settings(args, budget):
-    """train.py's settings of every fine-tune: FINE_TUNE_BUDGETS, block_size = multiple x l."""
-    settings = dict(FINE_TUNE_BUDGETS[args.budget])
+def fine_tune_settings(args, budget, budgets=FINE_TUNE_BUDGETS):
+    """train.py's settings of every fine-tune: the budget's (FINE_TUNE_BUDGETS, or the task
+    suite's SUITE_FINE_TUNE_BUDGETS), block_size = multiple x l."""
+    settings = dict(budgets[args.budget])
     settings["block_size"] = settings.pop("multiple") * budget["recipe"]["block_size"]
     return settings
 
 
-def extra_tokens(args, budget):
-    """The tokens a fine-tune trains on: iterations x sequences x length."""
-    s = fine_tune_settings(args, budget)
-    sequences = s["batch_size"] * s["gradient_accumulation_steps"]
-    return s["max_iters"] * sequences * s["block_size"]
+def extra_tokens(settings):
+    """The tokens a fine-tune with these settings trains on: iterations x sequences x length."""
+    sequences = settings["batch_size"] * settings["gradient_accumulation_steps"]
+    return settings["max_iters"] * sequences * settings["block_size"]
 
 
 def extension_models(args, budget):
@@ -149,18 +149,6 @@ SUITE_ZERO_SHOT = {"rope": ("rope + BCA", "rope + yarn"), "xpos": ("xpos + BCA",
                    "alibi": ("alibi",)}
 
 
-def suite_fine_tune_settings(args, task_budget):
-    settings = dict(SUITE_FINE_TUNE_BUDGETS[args.budget])
-    settings["block_size"] = settings.pop("multiple") * task_budget["recipe"]["block_size"]
-    return settings
-
-
-def suite_extra_tokens(args, task_budget):
-    s = suite_fine_tune_settings(args, task_budget)
-    sequences = s["batch_size"] * s["gradient_accumulation_steps"]
-    return s["max_iters"] * sequences * s["block_size"]
-
-
 def suite_models(args, budget):
     """{fine-tune name: its checkpoints}: the task suite's sources fine-tuned, under
     --task_runs/extension."""
@@ -202,7 +190,7 @@ def suite_jobs(args, budget):
                             out_dir=str(ckpt.parent), data_dir=str(data), device=args.device)
             jobs.append(train_job(f"train suite {source}_s{seed}", RETRIEVAL_CONFIG, ckpt,
                                   settings, recipe, max_iters=recipe["max_iters"]))
-    tuned = suite_fine_tune_settings(args, task_budget)
+    tuned = fine_tune_settings(args, task_budget, SUITE_FINE_TUNE_BUDGETS)
     # the suite's own distances (eval_retrieval.py's DISTANCES x l), not the fine-tune's, whose
     # block_size is 4l; lengths from 4l on, since the probe scores a length at half its l
     distances = ",".join(str(round(k * l)) for k in SUITE_DISTANCES)
@@ -279,7 +267,7 @@ def extension_report(args, budget, measured=True):
                 column = str(row["length"]) if field == "ppl" else "context gain"
                 by_column = values.setdefault(prefix + row["label"], {})
                 by_column.setdefault(column, {})[seed] = value
-        tokens = extra_tokens(args, budget) if tuned else 0
+        tokens = extra_tokens(fine_tune_settings(args, budget)) if tuned else 0
         for label in [k for k in values if k.startswith(prefix)]:
             values[label].setdefault("extra tokens", {0: tokens})
     seeds = range(len(SEEDS))  # a seed without a value shows as "(n of N)"
@@ -293,12 +281,14 @@ def extension_report(args, budget, measured=True):
                 table[row][column] = spread([by_seed.get(s) for s in seeds])
     task_budget = budget["task_budget"]
     task_suite = {"recipe": task_budget["recipe"], "seeds": list(SUITE_SEEDS),
-             "fine_tune": suite_fine_tune_settings(args, task_budget),
-             "extra_tokens": suite_extra_tokens(args, task_budget),
+             "fine_tune": fine_tune_settings(args, task_budget, SUITE_FINE_TUNE_BUDGETS),
+             "extra_tokens": extra_tokens(fine_tune_settings(args, task_budget,
+                                                             SUITE_FINE_TUNE_BUDGETS)),
              "table": suite_table(args, budget)}
     summary = {"suite": "extension", "budget": args.budget, "recipe": budget["recipe"],
                "fine_tune": fine_tune_settings(args, budget),
-               "extra_tokens": extra_tokens(args, budget), "seeds": list(SEEDS),
+               "extra_tokens": extra_tokens(fine_tune_settings(args, budget)),
+               "seeds": list(SEEDS),
                "lengths": [m * l for m in EXTENSION_MULTIPLES],
                "wall_time": wall_time(args, budget, fine_tunes_and_scores),
                "machine": machine_of(args, measured), "table": table, "task_suite": task_suite}
