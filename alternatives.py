@@ -83,6 +83,19 @@ class RopeScaling:
         return n_keys / block_size
 
 
+def scaling_of(config, rope_scaling=None):
+    """The RopeScaling of a pass: the one asked for (a RopeScaling or its name), or else the
+    one the model was fine-tuned with (GPTConfig.rope_scaling: none for most models)."""
+    if isinstance(rope_scaling, RopeScaling):
+        return rope_scaling
+    if rope_scaling is not None:
+        return RopeScaling(rope_scaling)
+    if config.rope_scaling == "none":
+        return RopeScaling("none")
+    length = config.rope_original_length or None
+    return RopeScaling(config.rope_scaling, config.rope_factor, length)
+
+
 def check_trained_scaling(config, require, is_number):
     """GPTConfig's checks of the scaling a model is fine-tuned with: a fixed factor s > 1
     (dynamic NTK has none), on rotary angles (rope, or xpos with its rotation)."""

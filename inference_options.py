@@ -8,6 +8,7 @@ must mean the same thing by the same flags.
 
 from cli import UserError
 from distributed import DTYPES
+from alternatives import scaling_of
 from model import ATTENTION_RULES, ROPE_SCALINGS, AttentionPlan, AttentionRule, RopeScaling
 from outputs import pyplot
 
@@ -101,7 +102,7 @@ def attention_options(args, several=False):
     for flag, rules in (("--window", ("sliding", "sinks")), ("--sinks", ("sinks",))):
         if getattr(args, flag[2:]) is not None and not set(rules) & set(names):
             raise UserError(f"{flag} {getattr(args, flag[2:])} applies to --attention {' or '.join(rules)} only")
-    own = args.rope_scaling is None  # the checkpoint's own scaling (plan_runs, own_scaling)
+    own = args.rope_scaling is None  # the checkpoint's own scaling (plan_runs, scaling_of)
     methods = [] if own else parse_names(args.rope_scaling, "--rope_scaling", ROPE_SCALINGS, several)
     takes_factor = [m for m in methods if m in ("pi", "ntk", "yarn")]
     if args.rope_factor is not None and not takes_factor:
@@ -113,11 +114,6 @@ def attention_options(args, several=False):
     except ValueError as e:
         raise UserError(str(e)) from None
     return rules, [None] if own else scalings
-
-
-def own_scaling(config, scaling):
-    """scaling, or where it is None (no --rope_scaling given) the one the checkpoint was trained with."""
-    return config.trained_scaling() if scaling is None else scaling
 
 
 def check_rule(rule, length, block_size, path):
@@ -151,7 +147,7 @@ def plan_runs(config, rules, scalings, longest, path):
     runs, skipped = [], []
     for rule in rules:
         check_rule(rule, longest, config.block_size, path)
-        for scaling in (own_scaling(config, s) for s in scalings):
+        for scaling in (scaling_of(config, s) for s in scalings):
             why = pointless(config, rule, scaling)
             if why:
                 skipped.append(f"{path}: skipped {rule_label(config.pos, rule, scaling, config.block_size)}: {why}")

@@ -95,13 +95,6 @@ class GPTConfig:
         # alternatives: the RoPE scaling a model is fine-tuned with
         alternatives.check_trained_scaling(self, require, is_number)
 
-    def trained_scaling(self):
-        """The RopeScaling the model was fine-tuned with (or none)."""
-        if self.rope_scaling == "none":
-            return RopeScaling("none")
-        length = self.rope_original_length or None
-        return RopeScaling(self.rope_scaling, self.rope_factor, length)
-
 
 # Position schemes: learned and sinusoidal add to the token embeddings (GPT.hidden_states);
 # rope, xpos and alibi act inside attention.
@@ -128,31 +121,28 @@ def alibi_slopes(n_head):
 
 
 # Attention rules: which keys query t sees. All are for inference only (training is plain
-# causal attention at length l = block_size), and each window rule costs O(T * W) time and
-# memory.
+# causal attention at length l = block_size); each window rule costs O(T * W).
 #
 #   rule     query t sees                 positions, for relative schemes
 #   causal   0 .. t                       absolute
 #   bca      (t//H - 1)*H .. t, H = l/2   rebased into 0 .. l-1  (§3.3)
 #   sliding  t-W+1 .. t                   rebased: no distance passes W-1
-#   sinks    0 .. S-1, t-(W-S)+1 .. t     sinks at 0 .. S-1, query at W-1
-#                                         (alternatives.py)
+#   sinks    0 .. S-1, t-(W-S)+1 .. t     sinks at 0 .. S-1, query at W-1 (alternatives.py)
 #
 # BCA: a query sees the whole previous segment of H = l/2 tokens (the paper's block) and its
-# own causally, H+1 .. l keys, so no distance reaches the training length l; every layer
-# does this, so information still travels n_layer * H tokens back through depth. The window
-# rules share one mechanism: queries are cut into segments of w tokens (H for bca, W for
-# sliding and sinks); a query in segment i sees keys of segments i-1 and i only, in the
-# frame 0 .. 2w-1, and past the first segment only those within its reach (W for sliding,
-# W-S for the sinks' recent keys). Up to T = w every rule is plain causal attention.
+# own causally, so no distance reaches the training length l; through n_layer layers
+# information still travels n_layer * H tokens back. The window rules share one mechanism:
+# queries are cut into segments of w tokens (H for bca, W for sliding and sinks); segment i
+# sees keys of segments i-1 and i only, in the frame 0 .. 2w-1, and past the first segment
+# only those within its reach (W for sliding, W-S for the sinks' recent keys). Up to T = w
+# every rule is plain causal attention.
 
 ATTENTION_RULES = ("auto", "causal", "bca", "sliding", "sinks")
 
 
 @dataclass(frozen=True)
 class AttentionRule:
-    """One rule of the table above; auto is bca for a sequence longer than block_size, causal
-    otherwise."""
+    """One rule of the table above; auto is bca past block_size, causal up to it."""
     name: str = "auto"
     window: int = None  # W for sliding and sinks (None: block_size)
     sinks: int = 4  # S, the first tokens sinks keep (StreamingLLM's 4)
@@ -166,66 +156,59 @@ class AttentionRule:
             if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
                 raise ValueError(f"{flag}={value!r} is not allowed: must be a positive integer")
         if self.name == "sinks" and self.window is not None and self.sinks >= self.window:
-            raise ValueError(f"sinks={self.sinks} is not allowed with window={self.window}: the "
-                             "window holds the sinks and at least one recent key, so sinks "
-                             "must be < window")
+            raise ValueError(f"sinks={self.sinks} is not allowed with window={self.window}: "
+                             "the window holds the sinks and at least one recent key, so "
+                             "sinks must be < window")
 
     def resolve(self, n_tokens, block_size):
         """The rule for n_tokens: auto decided, W filled in."""
         name = self.name
         if name == "auto":
             name = "bca" if n_tokens > block_size else "causal"
-        if name == "causal":
-            window = None
-        elif name == "bca":
+        window = None
+        if name == "bca":
             window = block_size
-        else:
+        if name in ("sliding", "sinks"):
             window = self.window or block_size
         return AttentionRule(name, window, self.sinks)
 
 
-AUTO = AttentionRule()
-
-
 class AttentionPlan:
-    """What attention needs for one pass over n_tokens, made once and passed to every layer, as
-    gpt-fast does its rotary table (never a buffer in the state_dict): the rule and its
-    segments, xPos's rotation and decay (paper Eq. 10, Algorithm 1; RoPE is xPos with zeta =
-    1), ALiBi's slopes, and the masks made so far.
+    """What attention needs for one pass over n_tokens, made once and passed to every layer,
+    as gpt-fast passes its rotary table (nothing here is in the state_dict): the rule and
+    its segments, xPos's rotation and decay, ALiBi's slopes, and the masks made so far.
 
-    Pair j of a query at m is multiplied by e^(i m theta_j) zeta_j^((m-c)/scale) and of a key
-    at n by e^(i n theta_j) zeta_j^(-(n-c)/scale), with theta_j = rope_base^(-2j/d),
-    zeta_j = (2j + gamma d)/((1 + gamma) d) (Eq. 9) and scale = xpos_scale_base. So q.k
-    carries cos((m-n) theta_j) zeta_j^((m-n)/scale): relative only, decaying with distance.
-    The centre c cancels in q.k; in the middle of the queries (the frame's in training, as in
-    the official code) it halves the largest factor."""
+    xPos (Eq. 10, Algorithm 1) multiplies pair j of a query at m by e^(i m theta_j)
+    zeta_j^((m-c)/scale), and of a key at n by e^(i n theta_j) zeta_j^(-(n-c)/scale), with
+    theta_j = rope_base^(-2j/d), zeta_j = (2j + gamma d)/((1 + gamma) d) (Eq. 9) and scale =
+    xpos_scale_base. So q.k carries cos((m-n) theta_j) zeta_j^((m-n)/scale): relative, and
+    decaying with distance. RoPE is xPos with zeta = 1. The centre c cancels in q.k; in the
+    middle of the queries (as in the official code) it halves the largest factor."""
 
     def __init__(self, config, n_tokens, attention=None, rope_scaling=None, device=None):
-        l, W = config.block_size, None
+        l = config.block_size
         if config.pos == "learned" and n_tokens > l:
-            raise ValueError(f"pos='learned' cannot go past block_size={l} (asked for {n_tokens} "
-                             "positions): learned absolute positions cannot extrapolate")
-        rule = attention or AUTO
-        if not isinstance(rule, AttentionRule):  # a name
-            rule = AttentionRule(rule)
-        self.rule = rule = rule.resolve(n_tokens, l)
-        if rope_scaling is None:  # the model's own: none, unless it was fine-tuned with one
-            rope_scaling = config.trained_scaling()
-        if not isinstance(rope_scaling, RopeScaling):
-            rope_scaling = RopeScaling(rope_scaling)
-        self.scaling = rope_scaling
-        self.masks = {}
-        # the segment length w, and how far back a query sees past the first segment
+            raise ValueError(f"pos='learned' cannot go past block_size={l} (asked for "
+                             f"{n_tokens} positions): learned absolute positions cannot "
+                             "extrapolate")
+        if not isinstance(attention, AttentionRule):  # None or a name
+            attention = AttentionRule(attention or "auto")
+        self.rule = rule = attention.resolve(n_tokens, l)
+        W = rule.window
+        # segment: the length w queries are cut into; reach: how far back a query sees
         self.segment = self.reach = None
-        if rule.name != "causal":
-            W = rule.window
-            self.segment = W // 2 if rule.name == "bca" else W
-        if rule.name in ("sliding", "sinks"):
-            self.reach = W - rule.sinks if rule.name == "sinks" else W
+        if rule.name == "bca":
+            self.segment = W // 2
+        elif W:
+            self.segment = self.reach = W
+        if rule.name == "sinks":
+            self.reach = W - rule.sinks
         self.frame = n_tokens  # positions: the sequence's, or a window's 0 .. 2w-1
         if self.segment and n_tokens > self.segment:
             self.frame = 2 * self.segment
-        # alternatives: s, the interpolation factor, from the most keys one query sees
+        self.masks = {}
+        # alternatives: RoPE interpolation at s, from the most keys one query sees
+        self.scaling = alternatives.scaling_of(config, rope_scaling)
         self.rope_factor = self.scaling.factor_at(min(n_tokens, W or n_tokens), l)
         d, gamma = config.n_embd // config.n_head, config.xpos_gamma
         j = torch.arange(d // 2, device=device, dtype=torch.float32)
@@ -240,82 +223,75 @@ class AttentionPlan:
             if self.scaling.method != "none":  # alternatives: RoPE interpolation
                 theta, sharpen = alternatives.interpolate(theta, self.scaling, self.rope_factor, l)
             angle = torch.arange(self.frame, device=device)[:, None] * theta  # (frame, d/2)
-            # e^(i m theta_j) as (cos, sin): no complex tensor, for torch.compile
             self.rotation = sharpen * torch.stack((angle.cos(), angle.sin()), -1)
         if config.pos == "xpos":
-            # Over n queries centred on c, q and k carry factors up to F = zeta_0^(-n/2/scale)
-            # (3.5^(n/1024) at the paper's defaults): attention takes at most `chunk` queries
-            # at a time, F <= 2^8, so that even float16 holds every factor at any length.
+            # Over n queries centred on c, q and k carry factors up to zeta_0^(-n/2/scale):
+            # at most `chunk` queries at a time keep them <= 2^8, within float16 at any T.
             scale = config.xpos_scale_base
-            half = 8 * math.log(2) * scale / math.log(1 + 1 / gamma)  # the n/2 where F = 2^8
-            self.chunk = self.frame if 2 * half >= self.frame else 2 * int(half) + 1
+            half = 8 * math.log(2) * scale / math.log(1 + 1 / gamma)  # n/2 where it is 2^8
+            if 2 * half < self.frame:
+                self.chunk = 2 * int(half) + 1
             # row i is zeta^(e/scale) at e = i - frame, for e = m - c or n - c
             e = torch.arange(-self.frame, self.frame, device=device, dtype=torch.float32)
-            e = e[:, None, None]
-            self.decay = self.zeta[:, None] ** (e / scale)  # (2 frame, d/2, 1)
+            self.decay = self.zeta[:, None] ** (e[:, None, None] / scale)  # (2 frame, d/2, 1)
         if config.pos == "alibi":
             self.slopes = alibi_slopes(config.n_head).to(device)[:, None, None]  # (nh, 1, 1)
 
     def rotate(self, q, k, queries, keys):
-        """q at frame positions `queries` and k at `keys` in float32, rotated (rope, xpos) by
-        Algorithm 1: each pair a complex number times its factor, e^(i m theta_j) times xPos's
-        zeta^((m-c)/scale) for q and zeta^(-(n-c)/scale) for k. With c in the middle of at
-        most `chunk` queries no factor passes 2^8, and far keys underflow to 0 (decayed)."""
+        """q at frame positions `queries` and k at `keys`, in float32, rotated by Algorithm 1:
+        each pair, a complex number, times e^(i m theta_j) and xPos's zeta^(+-(m-c)/scale),
+        c in the middle of the queries."""
         if self.rotation is None:
             return q, k
         fq = self.rotation[queries.start : queries.stop]  # (Q, d/2, 2)
         fk = self.rotation[keys.start : keys.stop]  # (K, d/2, 2)
         if self.decay is not None:
-            rows = self.frame - (queries.start + queries.stop - 1) // 2  # decay's row of c
-            fq = fq * self.decay[queries.start + rows : queries.stop + rows]
-            fk = fk / self.decay[keys.start + rows : keys.stop + rows]  # 1 / inf: 0
+            shift = self.frame - (queries.start + queries.stop - 1) // 2  # p's row: p + shift
+            fq = fq * self.decay[queries.start + shift : queries.stop + shift]
+            fk = fk / self.decay[keys.start + shift : keys.stop + shift]  # far keys: 1/inf = 0
         rotated = []
         for x, f in ((q, fq), (k, fk)):
             x = x.float().unflatten(-1, (-1, 2))  # (..., T, d/2, 2)
             if torch.compiler.is_compiling():  # real arithmetic, which Inductor fuses
                 re, im = x.unbind(-1)
-                cos, sin = f.unbind(-1)  # times xPos's decay
+                cos, sin = f.unbind(-1)
                 y = torch.stack((re * cos - im * sin, re * sin + im * cos), -1)
-            else:  # the same product as complex numbers: one kernel in eager mode
+            else:  # the same product in complex numbers: one kernel in eager mode
                 y = torch.view_as_real(torch.view_as_complex(x) * torch.view_as_complex(f))
             rotated.append(y.flatten(-2))  # (..., T, d)
         return rotated
 
     def visible(self, queries, keys, device=None):
-        """(Q, K) bool: query i sees key j <= i, and past the first segment only while i - j <
-        reach (sliding, sinks)."""
-        i = torch.arange(queries.start, queries.stop, device=device)
+        """(Q, K) bool: query i sees key j <= i, and past the first segment only while
+        i - j < reach (sliding, sinks)."""
+        i = torch.arange(queries.start, queries.stop, device=device)[:, None]
         j = torch.arange(keys.start, keys.stop, device=device)
-        seen = j <= i[:, None]
+        seen = j <= i
         if self.reach is not None:
-            near = i[:, None] - j < self.reach
-            seen &= near | (i[:, None] < self.segment)
+            seen &= (i - j < self.reach) | (i < self.segment)
         return seen
 
     def mask(self, queries, keys, dtype, device):
-        """(attn_mask, is_causal) for SDPA, made once per pass and shape. A causal mask aligned
-        to the last key needs no tensor (SDPA's fast kernels); otherwise boolean: an additive
-        -inf would turn an overflowed (inf) masked xPos score into NaN. ALiBi's bias,
-        -slope_h * (i - j), is the one float mask: its scores are never amplified."""
+        """(attn_mask, is_causal) for SDPA, made once per pass and shape: no tensor for a
+        causal mask aligned to the last key (SDPA's fast kernels); otherwise boolean, since
+        an additive -inf turns an overflowed xPos score into NaN; ALiBi's -slope * (i - j)
+        the one float mask, its scores never amplified."""
         key = (queries, keys, dtype)
-        if key not in self.masks:
-            if len(self.masks) > 4:  # a KV cache asks for a new shape at every token
-                self.masks.clear()
-            last = queries.stop - 1
-            banded = self.reach is not None and last >= self.segment
-            if self.slopes is None and not (banded and last - keys.start >= self.reach):
-                mask = None
-                if len(queries) > 1 and queries != keys:
-                    mask = causal_lower_right(len(queries), len(keys))
-                self.masks[key] = mask, queries == keys
-            elif self.slopes is None:
-                self.masks[key] = self.visible(queries, keys, device), False
-            else:
-                i = torch.arange(queries.start, queries.stop, device=device)[:, None]
-                j = torch.arange(keys.start, keys.stop, device=device)
-                bias = -self.slopes * (i - j)  # (n_head, Q, K)
-                bias = bias.masked_fill(~self.visible(queries, keys, device), float("-inf"))
-                self.masks[key] = bias.to(dtype), False
+        if key in self.masks:
+            return self.masks[key]
+        if len(self.masks) > 4:  # a KV cache asks for a new shape at every token
+            self.masks.clear()
+        mask, causal = None, queries == keys
+        last = queries.stop - 1
+        if self.slopes is not None:
+            i = torch.arange(queries.start, queries.stop, device=device)[:, None]
+            bias = -self.slopes * (i - torch.arange(keys.start, keys.stop, device=device))
+            mask = bias.masked_fill(~self.visible(queries, keys, device), -math.inf).to(dtype)
+        elif self.reach is not None and last >= self.segment and last - keys.start >= self.reach:
+            mask = self.visible(queries, keys, device)  # a band
+        elif len(queries) > 1 and not causal:
+            mask = causal_lower_right(len(queries), len(keys))
+        self.masks[key] = mask, causal and mask is None
         return self.masks[key]
 
 
@@ -432,11 +408,10 @@ class CausalSelfAttention(nn.Module):
             p = self.config.dropout if self.training else 0.0
             y = attend(q, k, v, plan, range(T), range(T), dropout_p=p)
         else:
-            # BCA (§3.3) and the other windows, vectorised over segments: O(T * w), never
-            # T x T. The first segment is plain causal attention. Segment i > 0 attends to the
-            # window of segments i-1 and i in the frame 0 .. 2w-1, its queries at w .. 2w-1, so
-            # that under BCA no distance reaches l. The last segment is zero-padded: its padded
-            # queries are dropped, its padded keys lie in every query's future.
+            # BCA (§3.3) and the other windows, over all segments at once: segment i > 0
+            # attends to segments i-1 and i in the frame 0 .. 2w-1 (queries at w .. 2w-1), so
+            # under BCA no distance reaches l. Zero padding of the last segment lies in every
+            # query's future.
             sink_kv = None
             if plan.rule.name == "sinks":  # alternatives: the first S keys and values
                 sink_kv = k[:, :, : plan.rule.sinks], v[:, :, : plan.rule.sinks]
@@ -519,10 +494,9 @@ class GPT(nn.Module):
             torch.nn.init.zeros_(module.bias)
 
     def forward(self, idx, targets=None, *, attention=None, rope_scaling=None, cache=None):
-        """(logits, loss) of idx, targets (B, T) (-1: ignored); without targets only the last
-        position's logits. attention: an AttentionRule or its name (None: BCA exactly when
-        the sequence is longer than block_size); rope_scaling: a RopeScaling or its name;
-        cache: from new_cache, which fixes both, idx then continuing the sequence."""
+        """(logits, loss) of idx, targets (B, T) (-1: ignored; None: the last logits only).
+        attention: an AttentionRule or its name (default: BCA past block_size);
+        rope_scaling: a RopeScaling or its name; cache: new_cache's, which fixes both."""
         x = self.hidden_states(idx, attention, rope_scaling, cache)
         if targets is None:
             return self.logits(x[:, [-1], :]), None

@@ -25,12 +25,13 @@ import sys
 
 import torch
 
+from alternatives import scaling_of
 from checkpoint import load_model
 from cli import ArgumentParser, UserError, exit_interrupted
 from data import checked, checkpoint_dataset, documents, read_tokens
 from distributed import resolve_device
 from inference_options import (add_checkpoint_args, attention_options, check_rule,
-                               learned_length_check, own_scaling, pointless, rule_fields,
+                               learned_length_check, pointless, rule_fields,
                                rule_label, save_figure)
 from model import AttentionPlan, GPTConfig
 from outputs import output_path, pyplot, write_json
@@ -250,7 +251,7 @@ def run(args):
         learned_length_check(cfg, args.length, args.ckpt)
         for rule in rules:
             check_rule(rule, args.length, cfg.block_size, args.ckpt)
-        runs = [(rule, own_scaling(cfg, scaling)) for rule in rules for scaling in scalings]
+        runs = [(rule, scaling_of(cfg, scaling)) for rule in rules for scaling in scalings]
         for rule, scaling in runs:
             why = pointless(cfg, rule, scaling)
             if why:

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import torch
 
+from alternatives import scaling_of
 from checkpoint import load_model
 from cli import ArgumentParser, error_exit, exit_interrupted  # one-line exits, printed once under torchrun
 from cli import UserError, check_seed
 from data import checkpoint_dataset, tokenizer_from_meta
 from distributed import autocast, resolve_device, resolve_dtype
 from inference_options import (add_checkpoint_args, attention_options, check_rule,
-                               learned_length_check, own_scaling, pointless)
+                               learned_length_check, pointless)
 
 MIN_TEMPERATURE = 1e-4  # logits / temperature stays within float32 for logits up to 10^34
 
@@ -58,7 +59,7 @@ def sample(args):
         raise UserError(f"--top_k {args.top_k} must be >= 1")
     (rule,), (scaling,) = attention_options(args)
     model, ckpt = load_model(args.ckpt, device)
-    scaling = own_scaling(model.config, scaling)
+    scaling = scaling_of(model.config, scaling)
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise UserError(f"checkpoint {args.ckpt} holds non-finite weights (inf or NaN): it cannot be sampled from")
     why = pointless(model.config, rule, scaling)

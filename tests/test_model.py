@@ -486,8 +486,8 @@ def test_a_scaling_in_the_config_is_checked():
                         (dict(pos="rope", rope_original_length=-8), "must be an integer >= 0")):
         with pytest.raises(ValueError, match=message):
             GPTConfig(**base, **kw)
-    assert GPTConfig(**base).trained_scaling() == model.RopeScaling("none")  # a checkpoint from before: none
-    assert GPTConfig(**base, pos="rope", rope_scaling="pi", rope_factor=2.0).trained_scaling() == \
+    assert alternatives.scaling_of(GPTConfig(**base)) == model.RopeScaling("none")  # a checkpoint from before: none
+    assert alternatives.scaling_of(GPTConfig(**base, pos="rope", rope_scaling="pi", rope_factor=2.0)) == \
         model.RopeScaling("pi", 2.0)
 
 
