@@ -122,10 +122,12 @@ def hoisted(result):
     """The result with each field's value that more than half of its rows share written once,
     in "row_defaults", and in each row only the fields where it differs, in the row's order.
     The task suite's rows repeat their rule and probe settings: this takes 40% off its files.
-    study_plan.expanded undoes it. A result without two or more rows, all dicts, is returned
-    as it is."""
+    study_plan.expanded undoes it. A result without two or more rows, all dicts, or with a
+    row_defaults that did not expand (not a dict), is returned as it is."""
     rows = result.get("rows") if isinstance(result, dict) else None
     if not isinstance(rows, list) or len(rows) < 2 or not all(isinstance(r, dict) for r in rows):
+        return result
+    if "row_defaults" in result:
         return result
     defaults = {}
     for k in sorted(rows[0]):  # sorted: the same defaults from rows in any key order
