@@ -3,18 +3,20 @@ The files of a results directory (results/<suite>): its raw results kept compact
 summary.json, and the check that a report writes over nothing it did not write.
 
 The raw results are kept compact (compact_raw): numbers rounded far below the printed
-decimals, one row per line, and without the per-position curves that no table or plot draws;
-the scripts run by hand with --json still write them in full.
+decimals, one row per line, without the per-position curves that no table or plot draws, and
+the value most rows share for a field written once (hoisted; study_plan.read_result gives
+the rows back in full); the scripts run by hand with --json still write them in full.
 """
 
 import json
 import math
 import os
+from collections import Counter
 from pathlib import Path
 
 from cli import UserError
 from outputs import OUTPUT_MARK, earlier_output
-from study_plan import FINE_TUNES, read_result
+from study_plan import FINE_TUNES, expanded, read_result
 from retrieval_tasks import TASKS
 
 # Compact raw results: the fields dropped (per-position curves that no table or plot reads),
@@ -89,7 +91,7 @@ def compact_raw(path):
     except json.JSONDecodeError as e:
         raise UserError(f"{path} is not JSON ({e}): remove it and run reproduce.py again "
                         "to measure it again") from None
-    compact = compact_json(compacted(result)) + "\n"
+    compact = compact_json(compact_result(result)) + "\n"
     if compact == text:
         return
     stat = path.stat()
@@ -107,6 +109,43 @@ def write_summary(path, summary):
     partial.replace(path)
     print(f"wrote {path}")
     return json.loads(path.read_text())
+
+
+def compact_result(result):
+    """A job's result as results/<suite>/raw keeps it, from its full form or any earlier
+    compact one: rounded and without RAW_DROPPED (compacted), the rows' shared values hoisted.
+    Applied twice, it changes nothing more."""
+    return hoisted(compacted(expanded(result)))
+
+
+def hoisted(result):
+    """The result with each field's value that more than half of its rows share written once,
+    in "row_defaults", and in each row only the fields where it differs, in the row's order.
+    The task suite's rows repeat their rule and probe settings: this takes 40% off its files.
+    study_plan.expanded undoes it. A result without two or more rows, all dicts, or with a
+    row_defaults that did not expand (not a dict), is returned as it is."""
+    rows = result.get("rows") if isinstance(result, dict) else None
+    if not isinstance(rows, list) or len(rows) < 2 or not all(isinstance(r, dict) for r in rows):
+        return result
+    if "row_defaults" in result:
+        return result
+    defaults = {}
+    for k in sorted(rows[0]):  # sorted: the same defaults from rows in any key order
+        if all(k in row for row in rows):  # a field some rows lack has no default
+            text, n = Counter(json.dumps(row[k]) for row in rows).most_common(1)[0]
+            if 2 * n > len(rows):
+                defaults[k] = json.loads(text)
+    if not defaults:
+        return result
+    # compared as JSON text: 1, 1.0 and true are equal in Python, not in the file
+    own = [{k: v for k, v in row.items()
+            if k not in defaults or json.dumps(v) != json.dumps(defaults[k])} for row in rows]
+    compact = {}
+    for k, v in result.items():  # the defaults just above the rows
+        if k == "rows":
+            compact["row_defaults"] = defaults
+        compact[k] = own if k == "rows" else v
+    return compact
 
 
 def compacted(value):

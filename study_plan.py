@@ -196,11 +196,11 @@ def has_keys(items, *keys):
 
 
 def read_result(path):
-    """A job's JSON result, or None when it is missing, unreadable or not shaped as one
-    (rows of an evaluation, modes of a resolution, the theory's curves): a damaged result
-    counts as missing, and is measured again."""
+    """A job's JSON result, its rows in full (expanded), or None when it is missing, unreadable
+    or not shaped as one (rows of an evaluation, modes of a resolution, the theory's curves): a
+    damaged result counts as missing, and is measured again."""
     try:
-        result = json.loads(Path(path).read_text(encoding="utf-8"))
+        result = expanded(json.loads(Path(path).read_text(encoding="utf-8")))
     except (OSError, ValueError):
         return None
     if not isinstance(result, dict):
@@ -212,6 +212,21 @@ def read_result(path):
     if rows or modes or theory:
         return result
     return None
+
+
+def expanded(result):
+    """A result's rows in full. A compact raw file (study_files.hoisted) writes once, in
+    "row_defaults", the value most of its rows share for a field, and in each row only the
+    fields where it differs; every reader goes through read_result, so sees full rows. A
+    result in any other form is returned as it is."""
+    defaults = result.get("row_defaults") if isinstance(result, dict) else None
+    if not isinstance(defaults, dict) or not isinstance(result.get("rows"), list):
+        return result
+
+    def full(row):  # its own fields first, in its order (as hoisted keeps them), then the rest
+        return {**row, **{k: v for k, v in defaults.items() if k not in row}}
+    rows = [full(row) if isinstance(row, dict) else row for row in result["rows"]]
+    return {k: rows if k == "rows" else v for k, v in result.items() if k != "row_defaults"}
 
 
 def read_recipe(path):

@@ -74,7 +74,7 @@ def test_toy_study_end_to_end(toy_study):
     # is context beyond l used? every rule of rope (learned stops at l), three seeds, each span's gain kept
     context = summary["context"]
     assert set(context) == {"rope", "rope + BCA", "rope + sliding W=16", "rope + sinks S=4 W=16"}
-    rows = json.loads((results / "raw" / "rope.context.json").read_text())["rows"]
+    rows = study_plan.read_result(results / "raw" / "rope.context.json")["rows"]
     bca = [r for r in rows if r["attention"] == "bca"]
     assert len(bca) == 3 and context["rope + BCA"]["gain"]["values"] == pytest.approx([r["gain"] for r in bca])
     low, high = context["rope + BCA"]["gain interval"]
@@ -93,7 +93,7 @@ def cell_of(line, i):
 def test_spread_against_the_seeds_rows(toy_study):
     """The table's mean and std are those of the three seeds' own rows in eval_extrapolate.py's JSON."""
     tmp, _ = toy_study
-    rows = json.loads((tmp / "results" / "raw" / "rope.ppl.json").read_text())["rows"]
+    rows = study_plan.read_result(tmp / "results" / "raw" / "rope.ppl.json")["rows"]
     values = [r["ppl"] for r in rows if r["length"] == 32 and r["attention"] == "sinks"]
     assert len(values) == 3 and len({r["ckpt"] for r in rows}) == 3
     mean = sum(values) / 3
@@ -147,7 +147,8 @@ def test_raw_results_are_stored_compact(toy_study):
     assert all("s_hat" not in mode and "pairs" not in mode and "R_shared" in mode for mode in resolution["modes"])
     for path in raw.glob("*.json"):
         text = path.read_text()
-        assert study_files.compact_json(study_files.compacted(json.loads(text))) + "\n" == text, path.name
+        kept = study_files.compact_result(json.loads(text))
+        assert study_files.compact_json(kept) + "\n" == text, path.name
 
 
 def test_compact_raw_keeps_the_time_a_result_is_judged_by(tmp_path):
@@ -161,6 +162,60 @@ def test_compact_raw_keeps_the_time_a_result_is_judged_by(tmp_path):
     path.write_text('{"rows": [')  # cut short
     with pytest.raises(reproduce.UserError, match="x.ppl.json is not JSON"):
         study_files.compact_raw(path)
+
+
+COMMITTED_RAW = ["retrieval/raw/rope.tasks.json", "retrieval/raw/xpos.sweep.json",
+                 "char/raw/rope.ppl.json", "char/raw/xpos.context.json", "char/raw/theory.json"]
+
+
+def json_rows(result):
+    """Each row as JSON text: 1.0 and 1, true and 1 told apart, NaN equal to itself."""
+    return [json.dumps(row, sort_keys=True) for row in result.get("rows", [])]
+
+
+@pytest.mark.parametrize("name", COMMITTED_RAW)
+def test_compact_raw_files_read_back_as_the_full_json(tmp_path, name):
+    """A committed raw file's rows written in full, as the scripts write them (every field in
+    every row), then kept compact (each field's value that most rows share written once, in
+    row_defaults): read_result gives back the full JSON, every row field by field; compacting
+    again changes nothing, and the committed file is that form."""
+    committed = ROOT / "results" / name
+    full = study_plan.read_result(committed)
+    assert all("ckpt" in row and "label" in row for row in full.get("rows", []))
+    (tmp_path / "full.json").write_text(json.dumps(full, indent=1))
+    path = tmp_path / "compact.json"
+    shutil.copy(tmp_path / "full.json", path)
+    study_files.compact_raw(path)
+    text = path.read_text()
+    assert text == committed.read_text()
+    assert ("row_defaults" in text) == ("rows" in full)
+    expected = json.loads((tmp_path / "full.json").read_text())
+    assert study_plan.read_result(path) == expected
+    assert json_rows(study_plan.read_result(path)) == json_rows(expected)
+    os.utime(path, ns=(10**18, 10**18))
+    study_files.compact_raw(path)
+    assert path.read_text() == text and path.stat().st_mtime_ns == 10**18
+
+
+def test_compact_raw_keeps_each_rows_own_value_and_type(tmp_path):
+    """A row's value that JSON tells apart from the shared one (1.0 or 1 from true, NaN from
+    null) is kept in the row; a field some rows lack stays in the rows that have it; one row
+    alone is left as it is."""
+    shared = {"pos": "rope", "label": "r"}
+    rows = [{"ckpt": "a", "x": 1, "flag": True, "v": None, **shared},
+            {"ckpt": "a", "x": 1.0, "flag": 1, "v": None, "extra": [1, 2], **shared},
+            {"ckpt": "b", "x": 1, "flag": True, "v": float("nan"), **shared}]
+    path = tmp_path / "x.ppl.json"
+    path.write_text(json.dumps({"probe": "p", "rows": rows, "skipped": []}))
+    study_files.compact_raw(path)
+    compact = json.loads(path.read_text())
+    assert list(compact) == ["probe", "row_defaults", "rows", "skipped"]
+    assert compact["row_defaults"] == dict(ckpt="a", flag=True, v=None, x=1, **shared)
+    own = '[{}, {"x": 1.0, "flag": 1, "extra": [1, 2]}, {"ckpt": "b", "v": NaN}]'
+    assert json.dumps(compact["rows"]) == own
+    assert json_rows(study_plan.read_result(path)) == json_rows({"rows": rows})
+    one = {"rows": [{"ckpt": "a", **shared}]}
+    assert study_files.compact_result(one) == one
 
 
 def flat_numbers(value, key=""):
@@ -203,7 +258,7 @@ def test_rows_of_another_results_directory_are_left_out(tmp_path, capsys):
     committed = ROOT / "results" / "retrieval"
     shutil.copytree(committed, tmp_path / "r")
     path = tmp_path / "r" / "raw" / "alibi.tasks.json"
-    result = json.loads(path.read_text())
+    result = study_plan.read_result(path)  # every row in full
     foreign = [dict(row, ckpt=row["ckpt"].replace("out/retrieval/", "out/retrieval96/"), accuracy=0.0)
                for row in result["rows"]]
     runs = tmp_path / "runs"
@@ -216,7 +271,7 @@ def test_rows_of_another_results_directory_are_left_out(tmp_path, capsys):
                runs / "alibi_s1339" / "ckpt.pt")
     for other in (tmp_path / "r" / "raw").glob("*.json"):  # measured on checkpoints under runs
         other.write_text(other.read_text().replace('"out/retrieval/', f'"{runs}/'))
-    own = json.loads(path.read_text())["rows"]
+    own = study_plan.read_result(path)["rows"]
     path.write_text(json.dumps(dict(result, rows=own + foreign + retrained)))
     reproduce.main(["--report", "--suite", "retrieval", "--results", str(tmp_path / "r"), "--runs", str(runs)])
     out = capsys.readouterr().out
@@ -354,7 +409,7 @@ def test_report_leaves_a_damaged_result_out_and_a_damaged_timings_file_is_a_note
     assert study_plan.read_timings(tmp_path / "char" / "timings.json") == {}
     # the right keys with a value that is no number: that row left out with a note, the rest of its file kept
     raw = tmp_path / "char" / "raw" / "alibi.ppl.json"
-    result = json.loads(raw.read_text())
+    result = study_plan.read_result(raw)
     result["rows"][0]["ppl"] = "x"
     raw.write_text(json.dumps(result))
     reproduce.main(["--report", "--results", str(tmp_path / "char")])

@@ -17,6 +17,7 @@ import data
 import eval_retrieval
 import prepare_data
 import retrieval_tasks as tasks
+import study_plan
 from conftest import make_checkpoint
 from model import GPT, AttentionRule, GPTConfig
 
@@ -330,7 +331,7 @@ def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = tmp_path / "results"
     summary = json.loads((results / "summary.json").read_text())
-    raw = json.loads((results / "raw" / "rope.tasks.json").read_text())
+    raw = study_plan.read_result(results / "raw" / "rope.tasks.json")  # every row in full
     assert {r["ckpt"] for r in raw["rows"]} == {str(tmp_path / "runs" / f"rope_s{s}" / "ckpt.pt")
                                                  for s in (1337, 1338, 1339)}
     # every rule for both; the interpolations for rope only; learned within its training length (96 at toy size)
@@ -351,7 +352,7 @@ def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
     assert "### Retrieval reach" in tables and "| rope + yarn |" in tables
     assert "### copy: accuracy by distance" in tables and "### mqar: accuracy by query" in tables
     # where the rule acts: rope's three seeds under every rule, each zone's accuracy the pooled share of its seed's
-    sweep = json.loads((results / "raw" / "rope.sweep.json").read_text())["rows"]
+    sweep = study_plan.read_result(results / "raw" / "rope.sweep.json")["rows"]
     assert {r["task"] for r in sweep} == {"copy", "mqar", "passkey"} and "learned" not in summary["sweep"]
     assert {r["attention"] for r in sweep} == {"bca", "sliding", "sinks"}
     for name, rule in (("rope + BCA", "bca"), ("rope + sliding W=96", "sliding")):
