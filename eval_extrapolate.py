@@ -1,31 +1,36 @@
 r"""
-Perplexity against evaluation length, the paper's Table 2 (and Table 5 with --bca both), for any checkpoints, and
-against what people use instead: windows (sliding, attention sinks) and RoPE interpolation (PI, NTK, YaRN).
+Perplexity against evaluation length, the paper's Table 2 (and Table 5 with --bca both), for any
+checkpoints, and against what people use instead: windows (sliding, attention sinks) and RoPE
+interpolation (PI, NTK, YaRN).
 
-    python eval_extrapolate.py --ckpt out/a/ckpt.pt [--ckpt out/b/ckpt.pt ...] --lengths 256,512,1024,2048,4096 \
+    python eval_extrapolate.py --ckpt out/a/ckpt.pt [--ckpt out/b/ckpt.pt ...] \
+        --lengths 256,512,1024,2048,4096 \
         [--bca auto|on|off|both | --attention causal,bca,sliding,sinks [--window W] [--sinks S]] \
-        [--rope_scaling none,pi,ntk,dynamic_ntk,yarn [--rope_factor F]] [--protocol lex|chunks|sliding] \
-        [--max_len N] [--spans first|all|K] [--stride S] [--data_dir D] [--json out.json] [--plot out.png] \
-        [--plot_positions pos.png]
+        [--rope_scaling none,pi,ntk,dynamic_ntk,yarn [--rope_factor F]] \
+        [--protocol lex|chunks|sliding] [--max_len N] [--spans first|all|K] [--stride S] \
+        [--data_dir D] [--json out.json] [--plot out.png] [--plot_positions pos.png]
 
 Protocols, all on the validation split:
-- lex (paper §4.2, default): every validation document with at least max_len+1 tokens contributes its first
-  max_len predicted tokens, cut into pieces of each length (the last one shorter when the length does not
-  divide max_len); every token is scored, so all lengths score the same tokens. Shorter documents are skipped
-  and counted. max_len defaults to the largest length. A corpus of few long documents gives the paper's protocol
-  too few tokens to tell 1% apart: --spans all takes every whole max_len span of each document instead of its
-  first (a deviation from the paper, said in the output), and --spans K takes K of those, evenly spread.
+- lex (paper §4.2, default): every validation document with at least max_len+1 tokens contributes
+  its first max_len predicted tokens, cut into pieces of each length (the last one shorter when the
+  length does not divide max_len); every token is scored, so all lengths score the same tokens.
+  Shorter documents are skipped and counted. max_len defaults to the largest length. A corpus of
+  few long documents gives the paper's protocol too few tokens to tell 1% apart: --spans all takes
+  every whole max_len span of each document instead of its first (a deviation from the paper, said
+  in the output), and --spans K takes K of those, evenly spread.
 - chunks: non-overlapping chunks of the length over the whole validation stream (ALiBi's tables).
-- sliding: windows of the length every S tokens (default length/2); each window scores only the tokens the
-  previous windows did not (the last S), so every token is scored once, and every token after the first window
-  with at least length-S tokens of context (the first window's tokens have less, as in any protocol).
-BCA: auto uses it only for lengths beyond the checkpoint's block_size (the paper's Table 2); on/off force it;
-both reports every checkpoint and length with and without it (Table 5). --attention and --rope_scaling take
-comma-separated lists instead: one row per checkpoint x attention rule x interpolation, and the combinations that
-make no sense (interpolation on ALiBi or learned positions, or where no query sees past block_size) are skipped
-and listed. Runs under torchrun too: pieces are shared out among the ranks and the sums all-reduced. Every
-checkpoint, dataset, rule and length is checked before the first one is scored; a non-finite NLL stops with an
-error instead of a NaN in the table.
+- sliding: windows of the length every S tokens (default length/2); each window scores only the
+  tokens the previous windows did not (the last S), so every token is scored once, and every token
+  after the first window with at least length-S tokens of context (the first window's tokens have
+  less, as in any protocol).
+BCA: auto uses it only for lengths beyond the checkpoint's block_size (the paper's Table 2); on/off
+force it; both reports every checkpoint and length with and without it (Table 5). --attention and
+--rope_scaling take comma-separated lists instead: one row per checkpoint x attention rule x
+interpolation, and the combinations that make no sense (interpolation on ALiBi or learned
+positions, or where no query sees past block_size) are skipped and listed. Runs under torchrun too:
+pieces are shared out among the ranks and the sums all-reduced. Every checkpoint, dataset, rule and
+length is checked before the first one is scored; a non-finite NLL stops with an error instead of a
+NaN in the table.
 """
 
 import argparse
@@ -36,10 +41,12 @@ import numpy as np
 import torch
 
 from checkpoint import load_checkpoint, load_model, model_config
-from cli import ArgumentParser, error_exit, exit_interrupted  # one-line exits, printed once under torchrun
+# one-line exits, printed once under torchrun
+from cli import ArgumentParser, error_exit, exit_interrupted
 from cli import UserError
 from data import checked, checkpoint_dataset, documents, read_tokens
-from distributed import all_reduce_sum, autocast, resolve_dtype, setup_distributed, teardown_distributed
+from distributed import (all_reduce_sum, autocast, resolve_dtype, setup_distributed,
+                         teardown_distributed)
 from inference_options import (BCA_MODES, RULE_FIELDS, add_checkpoint_args, attention_options,
                                curves_figure, default_batch_tokens, finish_curves,
                                learned_length_check, lex_documents, plan_runs, rule_fields,
@@ -51,20 +58,24 @@ def parse_lengths(text):
     try:
         lengths = [int(x) for x in text.split(",")]
     except ValueError:
-        raise UserError(f"--lengths {text!r} must be comma-separated integers, e.g. 256,512,1024") from None
+        raise UserError(f"--lengths {text!r} must be comma-separated integers, "
+                        "e.g. 256,512,1024") from None
     if not lengths or min(lengths) < 1:
         raise UserError(f"--lengths {text!r} must be positive")
     return sorted(set(lengths))
 
 
 def cut_pieces(protocol, length, n_tokens, docs, max_len, stride):
-    """(start, size, first_scored): inputs stream[start : start+size] predict stream[start+1 : start+size+1], and
-    positions first_scored .. size-1 of the window are scored."""
+    """(start, size, first_scored): inputs stream[start : start+size] predict
+    stream[start+1 : start+size+1], and positions first_scored .. size-1 of the window are
+    scored."""
     if protocol == "lex":
-        return [(d["start"] + i, min(length, max_len - i), 0) for d in docs for i in range(0, max_len, length)]
+        return [(d["start"] + i, min(length, max_len - i), 0)
+                for d in docs for i in range(0, max_len, length)]
     if protocol == "chunks":
         return [(i, length, 0) for i in range(0, n_tokens - length, length)]
-    out, scored_until = [], 0  # sliding: targets up to index scored_until are done
+    out = []
+    scored_until = 0  # sliding: targets up to index scored_until are done
     for begin in range(0, n_tokens - 1, stride):
         end = min(begin + length, n_tokens - 1)
         out.append((begin, end - begin, scored_until - begin if scored_until > begin else 0))
@@ -75,11 +86,14 @@ def cut_pieces(protocol, length, n_tokens, docs, max_len, stride):
 
 
 @torch.no_grad()
-def score(model, stream, pieces, length, rule, scaling, batch_tokens, device, ctx, rank, world, ddp):
-    """Sum of NLL, tokens scored, and per-position sums and counts, over this rank's share of pieces. Memory: at most
-    batch_tokens tokens per forward pass; a longer sequence is streamed through the KV cache batch_tokens tokens at
-    a time, which under BCA keeps memory flat at any length."""
-    sums = torch.zeros(2 + 2 * length, dtype=torch.float64, device=device)  # nll, tokens, pos_nll[L], pos_count[L]
+def score(model, stream, pieces, length, rule, scaling, batch_tokens, device, ctx, rank, world,
+          ddp):
+    """Sum of NLL, tokens scored, and per-position sums and counts, over this rank's share of
+    pieces. Memory: at most batch_tokens tokens per forward pass; a longer sequence is streamed
+    through the KV cache batch_tokens tokens at a time, which under BCA keeps memory flat at any
+    length."""
+    # nll, tokens, pos_nll[L], pos_count[L]
+    sums = torch.zeros(2 + 2 * length, dtype=torch.float64, device=device)
     mine = pieces[rank::world]
     by_size = {}
     for seg in mine:
@@ -89,12 +103,14 @@ def score(model, stream, pieces, length, rule, scaling, batch_tokens, device, ct
         for b in range(0, len(group), per_batch):
             batch = group[b : b + per_batch]
             starts = np.array([s for s, _, _ in batch])
-            xy = checked(np.stack([stream[s : s + size + 1] for s in starts]), stream, starts).astype(np.int64)
+            rows = np.stack([stream[s : s + size + 1] for s in starts])
+            xy = checked(rows, stream, starts).astype(np.int64)
             x, y = torch.from_numpy(xy[:, :-1]).to(device), torch.from_numpy(xy[:, 1:])
             with ctx:
-                nll = model.token_nll(x, y.to(device), attention=rule, rope_scaling=scaling, chunk_tokens=batch_tokens)
-            scored = torch.arange(size, device=device)[None, :] >= torch.tensor([f for _, _, f in batch],
-                                                                              device=device)[:, None]
+                nll = model.token_nll(x, y.to(device), attention=rule, rope_scaling=scaling,
+                                      chunk_tokens=batch_tokens)
+            first_scored = torch.tensor([f for _, _, f in batch], device=device)
+            scored = torch.arange(size, device=device)[None, :] >= first_scored[:, None]
             nll = nll.double() * scored
             sums[0] += nll.sum()
             sums[1] += scored.sum()
@@ -104,12 +120,14 @@ def score(model, stream, pieces, length, rule, scaling, batch_tokens, device, ct
 
 
 def markdown_table(rows, lengths):
-    """Rows: checkpoint's scheme with its attention rule and interpolation, columns: lengths; an up-arrow where
-    perplexity rises."""
-    lines = ["| model | " + " | ".join(str(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+    """Rows: checkpoint's scheme with its attention rule and interpolation, columns: lengths; an
+    up-arrow where perplexity rises."""
+    header = "| model | " + " | ".join(str(n) for n in lengths) + " |"
+    lines = [header, "|---" * (len(lengths) + 1) + "|"]
     for label in dict.fromkeys(r["label"] for r in rows):
         ppl = {r["length"]: r["ppl"] for r in rows if r["label"] == label}
-        cells, previous = [], None
+        cells = []
+        previous = None
         for n in lengths:  # a length not scored (a run stopped early) is left blank
             rise = previous is not None and n in ppl and ppl[n] > previous
             cells.append(f"{ppl[n]:.3f}{' ↑' if rise else ''}" if n in ppl else "")
@@ -122,7 +140,8 @@ def plot(rows, lengths, block_sizes, path):
     labels = list(dict.fromkeys(r["label"] for r in rows))
     fig, ax = curves_figure(len(labels))
     for label in labels:
-        ppl = [next(r["ppl"] for r in rows if r["label"] == label and r["length"] == n) for n in lengths]
+        ppl = [next(r["ppl"] for r in rows if r["label"] == label and r["length"] == n)
+               for n in lengths]
         ax.plot(lengths, ppl, marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluation length (tokens)")
@@ -131,9 +150,9 @@ def plot(rows, lengths, block_sizes, path):
 
 
 def plot_positions(rows, curves, block_sizes, path):
-    """Mean loss against position within the sequence, at the largest length, per row label: does the loss keep
-    falling past block_size? Positions are averaged in bins evenly spaced on the log axis (each position alone is
-    a mean over few pieces, and noisy)."""
+    """Mean loss against position within the sequence, at the largest length, per row label: does
+    the loss keep falling past block_size? Positions are averaged in bins evenly spaced on the log
+    axis (each position alone is a mean over few pieces, and noisy)."""
     labels = list(dict.fromkeys(r["label"] for r in rows))
     fig, ax = curves_figure(len(labels))
     longest = max(c["length"] for c in curves)
@@ -143,7 +162,8 @@ def plot_positions(rows, curves, block_sizes, path):
         nll = np.array(curve["mean_nll"])
         edges = np.unique(np.geomspace(1, longest + 1, 48).astype(int))
         centres = [(a + b - 1) / 2 for a, b in zip(edges, edges[1:])]
-        ax.plot(centres, [nll[a - 1 : b - 1].mean() for a, b in zip(edges, edges[1:])], label=label)
+        means = [nll[a - 1 : b - 1].mean() for a, b in zip(edges, edges[1:])]
+        ax.plot(centres, means, label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel(f"position in the sequence (pieces of {longest} tokens)")
     ax.set_ylabel("mean loss (nats per token)")
@@ -158,13 +178,16 @@ def check_args(args):
             raise UserError(f"--{flag} {getattr(args, flag)} is not allowed: must be >= 1")
     max_len = args.max_len or lengths[-1]
     if args.protocol == "lex" and lengths[-1] > max_len:
-        raise UserError(f"length {lengths[-1]} is above --max_len {max_len}: the lex protocol cuts each document's "
-                        "first max_len tokens into pieces")
-    if args.spans not in ("first", "all") and not (args.spans.isascii() and args.spans.isdigit()
-                                                      and int(args.spans) >= 1):  # isdigit() alone takes "²"
-        raise UserError(f"--spans {args.spans!r} is not allowed: first, all, or a whole number >= 1")
+        raise UserError(f"length {lengths[-1]} is above --max_len {max_len}: the lex protocol cuts "
+                        "each document's first max_len tokens into pieces")
+    # isdigit() alone takes "²"
+    whole_number = args.spans.isascii() and args.spans.isdigit() and int(args.spans) >= 1
+    if args.spans not in ("first", "all") and not whole_number:
+        raise UserError(f"--spans {args.spans!r} is not allowed: first, all, "
+                        "or a whole number >= 1")
     if args.spans != "first" and args.protocol != "lex":
-        raise UserError(f"--spans {args.spans} applies to the lex protocol only, not --protocol {args.protocol}")
+        raise UserError(f"--spans {args.spans} applies to the lex protocol only, "
+                        f"not --protocol {args.protocol}")
     if args.stride is not None and args.stride > lengths[0]:
         raise UserError(f"--stride {args.stride} is longer than length {lengths[0]}")
     rules, scalings = attention_options(args, several=True)
@@ -172,25 +195,30 @@ def check_args(args):
                output_path(args.plot_positions, "--plot_positions", plot=True))
     named = [o.resolve() for o in outputs if o is not None]
     if len(set(named)) < len(named):
-        raise UserError(f"--json, --plot and --plot_positions name the same file ({', '.join(map(str, named))}): "
+        raise UserError(f"--json, --plot and --plot_positions name the same file "
+                        f"({', '.join(map(str, named))}): "
                         "each needs its own, or the last would replace the others")
     return (lengths, max_len, rules, scalings, *outputs)
 
 
 def plan(args, ckpt_path, lengths, max_len, rules, scalings):
-    """One checkpoint's checks, before any scoring: its model, its dataset, every rule and every length. Returns
-    (data_dir, meta, lex documents, skipped count, [(rule, scaling)] to score, [combinations skipped, and why])."""
-    ckpt = load_checkpoint(ckpt_path, mmap=True)  # lazily: the weights are read when the model is scored
+    """One checkpoint's checks, before any scoring: its model, its dataset, every rule and every
+    length. Returns (data_dir, meta, lex documents, skipped count, [(rule, scaling)] to score,
+    [combinations skipped, and why])."""
+    # lazily: the weights are read when the model is scored
+    ckpt = load_checkpoint(ckpt_path, mmap=True)
     config = model_config(ckpt, ckpt_path)
     learned_length_check(config, lengths[-1], ckpt_path)
     runs, pointless_runs = plan_runs(config, rules, scalings, lengths[-1], ckpt_path)
     data_dir, meta = checkpoint_dataset(ckpt, ckpt_path, args.data_dir)
     n_tokens = meta["files"]["val"]["tokens"]
     if args.protocol != "lex" and lengths[-1] >= n_tokens:
-        raise UserError(f"length {lengths[-1]} needs {lengths[-1] + 1} validation tokens, but {data_dir} has "
-                        f"{n_tokens}: lower --lengths")
-    docs, skipped = (lex_documents(documents(data_dir, "val", meta), max_len, args.spans) if args.protocol == "lex"
-                     else (None, 0))
+        raise UserError(f"length {lengths[-1]} needs {lengths[-1] + 1} validation tokens, "
+                        f"but {data_dir} has {n_tokens}: lower --lengths")
+    if args.protocol == "lex":
+        docs, skipped = lex_documents(documents(data_dir, "val", meta), max_len, args.spans)
+    else:
+        docs, skipped = None, 0
     return data_dir, meta, docs, skipped, runs, pointless_runs
 
 
@@ -199,8 +227,12 @@ def evaluate(args):
     ddp, rank, world, device = setup_distributed(args.device)
     dtype = resolve_dtype(args.dtype, device)
     ctx = autocast(device, dtype)
-    plans = [(ckpt_path, *plan(args, ckpt_path, lengths, max_len, rules, scalings)) for ckpt_path in args.ckpt]
-    rows, curves, notes, block_sizes = [], [], [], set()
+    plans = [(ckpt_path, *plan(args, ckpt_path, lengths, max_len, rules, scalings))
+             for ckpt_path in args.ckpt]
+    rows = []
+    curves = []
+    notes = []
+    block_sizes = set()
     skipped_runs = [line for p in plans for line in p[-1]]
     for ckpt_path, data_dir, meta, docs, skipped, runs, _ in plans:
         model, ckpt = load_model(ckpt_path, device)
@@ -208,8 +240,11 @@ def evaluate(args):
         block_sizes.add(cfg.block_size)
         stream = read_tokens(data_dir, "val", meta)
         if args.protocol == "lex":
-            what = "validation documents" if args.spans == "first" else \
-                f"spans of validation documents (--spans {args.spans}: not only each document's first, as the paper)"
+            if args.spans == "first":
+                what = "validation documents"
+            else:
+                what = (f"spans of validation documents (--spans {args.spans}: not only each "
+                        "document's first, as the paper)")
             notes.append(f"{ckpt_path}: lex protocol, {len(docs)} {what} x {max_len} tokens "
                          f"({skipped} documents shorter than {max_len + 1} skipped)")
         for rule, scaling in runs:
@@ -218,23 +253,29 @@ def evaluate(args):
                 stride = args.stride or max(1, length // 2)
                 pieces = cut_pieces(args.protocol, length, len(stream), docs, max_len, stride)
                 batch_tokens = args.batch_tokens or default_batch_tokens(cfg, scaling)
-                sums = score(model, stream, pieces, length, rule, scaling, batch_tokens, device, ctx, rank, world, ddp)
+                sums = score(model, stream, pieces, length, rule, scaling, batch_tokens, device,
+                             ctx, rank, world, ddp)
                 nll = (sums[0] / sums[1]).item()
-                if not math.isfinite(nll):  # all-reduced: every rank stops here together; the rows so far are kept
-                    done = (args, dtype, lengths, max_len, rows, curves, notes, skipped_runs, json_path)
+                # all-reduced: every rank stops here together; the rows so far are kept
+                if not math.isfinite(nll):
+                    done = (args, dtype, lengths, max_len, rows, curves, notes, skipped_runs,
+                            json_path)
                     kept = report(*done) if rank == 0 and rows else ""
                     teardown_distributed(ddp)
-                    raise UserError(f"non-finite NLL ({nll}) for {ckpt_path} at length {length} in {dtype} ({label}): "
+                    raise UserError(f"non-finite NLL ({nll}) for {ckpt_path} at length {length} "
+                                    f"in {dtype} ({label}): "
                                     f"{non_finite_cause(model, dtype)}{kept}")
-                row = dict(ckpt=str(ckpt_path), pos=cfg.pos, **rule_fields(rule, scaling, cfg.block_size, length),
-                           length=length, ppl=math.exp(nll), nll=nll, tokens=int(sums[1]), label=label)
+                fields = rule_fields(rule, scaling, cfg.block_size, length)
+                row = dict(ckpt=str(ckpt_path), pos=cfg.pos, **fields, length=length,
+                           ppl=math.exp(nll), nll=nll, tokens=int(sums[1]), label=label)
                 rows.append(row)
                 counts = sums[2 + length :]
                 curve = (sums[2 : 2 + length] / counts.clamp(min=1)).tolist()
-                curves.append({k: row[k] for k in ("ckpt", "pos", *RULE_FIELDS, "length")} | {"mean_nll": curve})
+                keys = ("ckpt", "pos", *RULE_FIELDS, "length")
+                curves.append({k: row[k] for k in keys} | {"mean_nll": curve})
                 if rank == 0 and args.verbose:
-                    print(f"{row['label']:>24} {length:>6}: ppl {row['ppl']:.3f} over {row['tokens']:,} tokens",
-                          file=sys.stderr)
+                    print(f"{row['label']:>24} {length:>6}: ppl {row['ppl']:.3f} "
+                          f"over {row['tokens']:,} tokens", file=sys.stderr)
     if rank == 0:
         report(args, dtype, lengths, max_len, rows, curves, notes, skipped_runs, json_path)
         if plot_path:
@@ -246,48 +287,69 @@ def evaluate(args):
 
 
 def report(args, dtype, lengths, max_len, rows, curves, notes, skipped_runs, json_path):
-    """Print the table of the rows scored (and write them to --json); what to add to an error that stops early."""
+    """Print the table of the rows scored (and write them to --json); what to add to an error that
+    stops early."""
     print("\n".join(notes))
     print("\n".join(skipped_runs))
-    print(f"perplexity ({args.protocol} protocol, {dtype}; ↑ = higher than at the previous length)\n")
+    print(f"perplexity ({args.protocol} protocol, {dtype}; ↑ = higher than at the previous "
+          "length)\n")
     print(markdown_table(rows, lengths))
     if json_path:
+        keys = ("ckpt", "pos", *RULE_FIELDS, "length", "ppl", "nll", "tokens", "label")
         write_json(json_path, {"protocol": args.protocol, "max_len": max_len, "spans": args.spans,
-                               "rows": [{k: r[k] for k in ("ckpt", "pos", *RULE_FIELDS, "length", "ppl", "nll",
-                                                           "tokens", "label")} for r in rows],
+                               "rows": [{k: r[k] for k in keys} for r in rows],
                                "curves": curves, "skipped": skipped_runs})
-    return f"; the {len(rows)} rows scored before it are printed above" + (f" and in {json_path}" if json_path else "")
+    kept = f"; the {len(rows)} rows scored before it are printed above"
+    if json_path:
+        kept += f" and in {json_path}"
+    return kept
 
 
 def non_finite_cause(model, dtype):
-    """Why a score came out inf or NaN: the weights, or an activation past the evaluation dtype's range."""
+    """Why a score came out inf or NaN: the weights, or an activation past the evaluation dtype's
+    range."""
     bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
-        return f"the checkpoint's weights hold inf or NaN ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
+        more = ", ..." if len(bad) > 3 else ""
+        return f"the checkpoint's weights hold inf or NaN ({', '.join(bad[:3])}{more})"
     if dtype != "float32":
-        return f"the weights are finite, so an activation passed {dtype}'s range: evaluate in float32 (--dtype float32)"
-    return "the weights are finite and so are xPos's factors at any length: an overflow in float32, please report it"
+        return (f"the weights are finite, so an activation passed {dtype}'s range: evaluate in "
+                "float32 (--dtype float32)")
+    return ("the weights are finite and so are xPos's factors at any length: an overflow in "
+            "float32, please report it")
 
 
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", action="append", required=True, help="a checkpoint; repeat to compare several")
+    p.add_argument("--ckpt", action="append", required=True,
+                   help="a checkpoint; repeat to compare several")
     p.add_argument("--lengths", default="256,512,1024,2048,4096")
     p.add_argument("--protocol", default="lex", choices=("lex", "chunks", "sliding"))
-    p.add_argument("--max_len", type=int, help="lex: tokens taken from each document (default: the largest length)")
-    p.add_argument("--spans", default="first", help="lex: each long enough document's first max_len span (first, the "
+    p.add_argument("--max_len", type=int,
+                   help="lex: tokens taken from each document (default: the largest length)")
+    p.add_argument("--spans", default="first",
+                   help="lex: each long enough document's first max_len span (first, the "
                    "paper's), every whole span (all), or K of those, evenly spread")
     p.add_argument("--stride", type=int, help="sliding: tokens between windows (default: length/2)")
-    p.add_argument("--batch_tokens", type=int, help="tokens per forward pass: short sequences are batched up to it, "
-                   "a longer one is streamed through the KV cache in chunks of it (default: 16384, fewer for large "
-                   "vocabularies so that one chunk of float32 logits stays under 512 MiB)")
+    p.add_argument("--batch_tokens", type=int,
+                   help="tokens per forward pass: short sequences are batched up to it, "
+                   "a longer one is streamed through the KV cache in chunks of it (default: 16384, "
+                   "fewer for large vocabularies so that one chunk of float32 logits stays under "
+                   "512 MiB)")
     add_checkpoint_args(p, bca=tuple(BCA_MODES), several=True)
     p.add_argument("--json")
     p.add_argument("--plot")
-    p.add_argument("--plot_positions", help="draw the mean loss against position within the sequence at the largest "
+    p.add_argument("--plot_positions",
+                   help="draw the mean loss against position within the sequence at the largest "
                    "length (from the per-position curves), block_size marked")
-    p.add_argument("--verbose", action="store_true", help="a line per (model, length) as it finishes")
+    p.add_argument("--verbose", action="store_true",
+                   help="a line per (model, length) as it finishes")
     return p.parse_args(argv)
+
+
+def interrupted():
+    return ("nothing was written (the table, --json and the plots come once every row is "
+            "measured); run the command again")
 
 
 def main(argv=None):
@@ -296,8 +358,7 @@ def main(argv=None):
     except UserError as e:
         error_exit("eval_extrapolate.py", e)  # once under torchrun, from rank 0
     except KeyboardInterrupt:
-        exit_interrupted("eval_extrapolate.py", lambda: "nothing was written (the table, --json and the plots come "
-                         "once every row is measured); run the command again")
+        exit_interrupted("eval_extrapolate.py", interrupted)
 
 
 if __name__ == "__main__":
