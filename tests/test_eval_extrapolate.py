@@ -160,6 +160,7 @@ def test_markdown_table_marks_rises():
     assert table[0] == "| model | 1 | 2 | 4 |" and table[2] == "| xpos | 5.000 | 4.000 | 4.500 ↑ |"
 
 
+@pytest.mark.slow
 def test_torchrun_matches_single_process(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     args = ["--ckpt", str(tmp_path / "m.pt"), "--lengths", "4,8,16", "--max_len", "16", "--bca", "both"]
@@ -459,6 +460,7 @@ def test_xpos_without_bca_scores_finite_far_past_float32s_range(tmp_path):
     ("eval_extrapolate.py", ["--lengths", "100000000"]),
     ("resolution.py", ["--length", "100000000"]),
 ])
+@pytest.mark.slow
 def test_a_huge_length_is_refused_in_bounded_memory(tiny_data, tmp_path, script, argv):
     """A length far past every document: one line, under an address-space limit of 2.5 GB (the learned-positions
     check built the whole position table first: 6.4 GB at 10^8 tokens, a MemoryError; issue 33, finding 19)."""

@@ -41,6 +41,7 @@ def write_corpus(folder, n=10):
     return folder
 
 
+@pytest.mark.slow
 def test_shakespeare_offline_default(tmp_path):
     out = tmp_path / "sh"
     run("--out_dir", out)
@@ -77,6 +78,7 @@ def test_local_files_split_by_document(tmp_path):
     assert load(tmp_path / "glob")[0]["val_documents"] == meta["val_documents"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
 def test_passkey_documents_go_into_train_only(tmp_path, tokenizer):
     corpus = write_corpus(tmp_path / "corpus", n=20)
@@ -192,6 +194,7 @@ def test_empty_and_missing_input_leave_nothing_behind(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary directories
 
 
+@pytest.mark.slow
 def test_unknown_dataset_and_tokenizer_are_one_line_errors(capsys):
     """argparse's own errors and prepare_data's value checks keep the project's contract: one line, status 1, no
     usage dump (argparse alone prints 11 lines and exits with 2)."""
@@ -478,6 +481,7 @@ def brute_force_stream(texts, tok):
     return [t for text in texts for t in tok.encode(text) + tail]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
 def test_one_and_two_workers_write_the_same_files(tmp_path, monkeypatch, tokenizer):
     monkeypatch.setattr(prepare_data, "BATCH_CHARS", 300)  # many small tasks: the pool's order matters
@@ -553,6 +557,7 @@ def split_at_separator_lines(text, separator):
     return [d for d in docs if d.strip()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("separator", ["", "%%"])
 def test_many_short_documents_read_in_small_blocks(tmp_path, monkeypatch, separator):
     """Documents found where they are tokenized (the blocks' Runs) are the brute-force line-by-line split, in
@@ -665,6 +670,7 @@ def test_files_are_created_as_the_umask_allows(tmp_path, umask):
     assert len(modes) == 9 and set(modes.values()) == {0o666 & ~umask}  # group-readable; writable under 0o002
 
 
+@pytest.mark.slow
 def test_a_sigkill_while_writing_leaves_the_old_dataset(tmp_path):
     import subprocess
     import sys
@@ -861,6 +867,7 @@ def test_cut_at_keeps_the_tokens_of_the_whole():
     assert prepare_data.cut_at("aaaa", 2) is None and prepare_data.cut_at("!?!?", 2) is None  # nowhere safe
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["files", "text"])
 @pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
 def test_a_long_document_in_pieces_gives_the_tokens_of_one_piece(tmp_path, monkeypatch, dataset, tokenizer):
@@ -889,6 +896,7 @@ def test_a_long_document_in_pieces_gives_the_tokens_of_one_piece(tmp_path, monke
         assert meta["val_documents"] == meta_whole["val_documents"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["files", "text"])
 def test_undecodable_bytes_in_a_long_document(tmp_path, monkeypatch, dataset):
     """Read in pieces, a bad byte is named at its place in the document as when it is read whole; --errors replace

@@ -227,6 +227,7 @@ def flat_numbers(value, key=""):
     return {key: value}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suite", ["char", "retrieval", "retrieval_lr3e-3", "extension"])
 def test_committed_raw_results_reproduce_the_committed_tables(tmp_path, suite):
     """--report from the committed results (the study's results/char, the task suite's results/retrieval and its
@@ -250,6 +251,7 @@ def test_committed_raw_results_reproduce_the_committed_tables(tmp_path, suite):
         assert (tmp_path / suite / "raw" / path.name).read_bytes() == path.read_bytes(), f"{path.name} not compact"
 
 
+@pytest.mark.slow
 def test_rows_of_another_results_directory_are_left_out(tmp_path, capsys):
     """A raw file's rows measured on checkpoints outside --runs (a file copied from another results directory), or on
     a checkpoint under --runs trained at another block_size, are left out with a note, not averaged in as more seeds
@@ -302,6 +304,7 @@ def test_cell_says_how_many_checkpoints_a_partial_value_rests_on():
     (["--schemes", "rope,posfree"], "--schemes rope,posfree: unknown posfree; the study's schemes are learned"),
     (["--budget", "huge"], "invalid choice: 'huge'"),
 ])
+@pytest.mark.slow
 def test_errors(tmp_path, argv, message):
     done = study(tmp_path, *argv)
     assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
@@ -397,6 +400,7 @@ def test_a_damaged_result_counts_as_missing(tmp_path):
     assert job.done()
 
 
+@pytest.mark.slow
 def test_report_leaves_a_damaged_result_out_and_a_damaged_timings_file_is_a_note(tmp_path, capsys):
     shutil.copytree(ROOT / "results" / "char", tmp_path / "char")
     (tmp_path / "char" / "raw" / "rope.ppl.json").write_text('{"rows": [')  # cut short
@@ -463,6 +467,7 @@ def test_a_train_job_whose_run_is_owned_is_not_started(tmp_path):
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_a_job_dies_with_reproduce(tmp_path):
     """kill -9 of reproduce.py alone left its train.py running, orphaned, beside the study run again: a job now dies
     with reproduce.py."""

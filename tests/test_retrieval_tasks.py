@@ -130,6 +130,7 @@ def task_data(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_records_are_whole_instances_with_their_answers_marked(task_data):
     meta = data.load_meta(task_data, full=True)
     assert meta["record"] == 97 and meta["tasks"] == list(tasks.TASKS) and meta["chars"] == tasks.CHARS
@@ -162,6 +163,7 @@ def test_records_are_whole_instances_with_their_answers_marked(task_data):
     (["--tasks", "copy,,mqar"], "--tasks 'copy,,mqar': an empty name not allowed"),
     (["--val_tokens", "100"], "--dataset task: --val_tokens and --passkey do not apply"),
 ])
+@pytest.mark.slow
 def test_bad_task_options_are_one_line_errors(tmp_path, argv, message):
     done = subprocess.run([sys.executable, "prepare_data.py", "--dataset", "task", "--out_dir", str(tmp_path / "d"),
                            *argv], cwd=ROOT, capture_output=True, text=True)
@@ -205,6 +207,7 @@ def test_accuracy_scores_the_prediction_for_each_answer(monkeypatch):
             assert check(accuracy) and n == sum(1 if task.startswith("passkey") else len(p) for _, p in instances)
 
 
+@pytest.mark.slow
 def test_accuracy_by_query_tells_elimination_from_lookup(monkeypatch):
     """MQAR scored per query: a simulated model that picks, at each query, one of the values not yet asked for
     scores tasks.by_elimination's 1/(n - i) at the i-th query (measured over 3,000 instances of distinct values); one
@@ -388,6 +391,7 @@ def test_several_checkpoints_keep_their_own_rows(task_data, tmp_path, capsys):
     assert len(rows) == 2 * 3 and "| rope [a] | " in printed and "| rope [b] | " in printed
 
 
+@pytest.mark.slow
 def test_task_flags_elsewhere_and_a_damaged_record_length_are_one_line_errors(task_data, tmp_path):
     done = subprocess.run([sys.executable, "prepare_data.py", "--records", "10", "--out_dir", str(tmp_path / "d")],
                           cwd=ROOT, capture_output=True, text=True)

@@ -91,6 +91,7 @@ def test_gradient_accumulation_equals_larger_batch(data_dir, tmp_path):
     assert big[0] != big[-1]
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one(data_dir, tmp_path):
     args = tiny_args(data_dir, tmp_path / "ddp", gradient_accumulation_steps=2)
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -104,6 +105,7 @@ def test_ddp_two_processes_match_one(data_dir, tmp_path):
     assert len(torch.load(tmp_path / "ddp" / "ckpt.pt", weights_only=True)["rng"]) == 2  # every rank's RNG
 
 
+@pytest.mark.slow
 def test_two_nodes_on_one_machine_match_one_process(data_dir, tmp_path):
     """torchrun --nnodes=2, one process per "node", both on 127.0.0.1 (the multi-node rendezvous, over gloo): the same
     losses as one process, and a resume on both nodes continues the run."""
@@ -266,6 +268,7 @@ def assert_resume_equals_straight(cmd, out, data_dir, tmp_path, args):
         assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-5) for k in a)
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume(data_dir, tmp_path):
     """A real kill -9 at an arbitrary moment after the first checkpoint, then a resume to the end."""
     args = dict(max_iters=40, eval_interval=4, eval_iters=10)
@@ -514,6 +517,7 @@ def test_checkpoint_minutes_writes_at_log_steps(data_dir, tmp_path, monkeypatch)
     assert written == [6]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_a_stop_signal_saves_and_the_resume_is_exact(data_dir, tmp_path, sig):
     """A scheduler's SIGTERM (or SLURM's SIGUSR1 warning) mid-run: the process writes the checkpoint at its next log
@@ -676,6 +680,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(data_dir, tmp_pa
     assert (out / "ckpt.pt").read_bytes() == before and not (out / "ckpt.pt.tmp").exists()
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_damaged_checkpoint(data_dir, tmp_path):
     from checkpoint import save_checkpoint
     from test_common import damage_record
@@ -746,6 +751,7 @@ def sigint_default():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_and_keeps_the_last_checkpoint(data_dir, tmp_path):
     """SIGINT (Ctrl-C) mid-run printed a KeyboardInterrupt traceback: one line saying which checkpoint is kept and
     how to go on, exit status 130; the checkpoint is the last one written, and the run resumes from it."""
@@ -825,6 +831,7 @@ def test_resuming_on_task_records_of_another_length_names_the_data(data_dir, tmp
     assert (tmp_path / "run" / "log.jsonl").read_text() == log  # the run is as it was
 
 
+@pytest.mark.slow
 def test_compile_without_a_compiler_is_one_line(data_dir, tmp_path):
     """--compile=True where no C++ compiler is on PATH (a slim image): one line before any work, not inductor's
     hundred-line error at the first step, and no out_dir left (issue 33, finding 17)."""
@@ -929,6 +936,7 @@ def test_fine_tune_errors(data_dir, tmp_path, source_run):
     assert "exists and init_from=" in str(e.value.code)
 
 
+@pytest.mark.slow
 def test_a_fine_tune_under_torchrun_matches_one_process(data_dir, tmp_path, source_run):
     """Every rank reads the source; two gloo processes fine-tune as one does."""
     ft = dict(pos="rope", block_size=32, rope_scaling="pi", rope_factor=2.0, init_from=source_run,
