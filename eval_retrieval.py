@@ -760,13 +760,18 @@ def check_task_tokens(flag, too_long):
                         f"at most {MAX_TASK_TOKENS:,} tokens")
 
 
+def row_distance(row):
+    """A distance row's d, to sort rows by."""
+    return row["d"]
+
+
 def retrieval_reach(rows, block_size, chance):
     """(reach, accuracy at 1 x): the largest distance up to which accuracy stays >= REACH_SHARE
     of its mean over the distances whose whole instance fits in a training record (block_size +
     1 tokens, as train.py reads them), 0 if the shortest fails already; None where that mean is
     not RETRIEVES of the way from chance to 1 (the model does not retrieve within its training
     length); (None, None) without such distances."""
-    rows = sorted(rows, key=lambda r: r["d"])
+    rows = sorted(rows, key=row_distance)
     within = [r["accuracy"] for r in rows if r["length"] <= block_size + 1]
     if not within:
         return None, None
@@ -937,7 +942,7 @@ def plot_tasks(rows, block_sizes, path):
         labels = list(dict.fromkeys(name(r) for r in mine))
         fig, ax = curves_figure(len(labels))
         for label in labels:
-            curve = sorted((r for r in mine if name(r) == label), key=lambda r: r["d"])
+            curve = sorted((r for r in mine if name(r) == label), key=row_distance)
             line, = ax.plot([r["d"] for r in curve], [r["accuracy"] for r in curve], marker="o",
                             label=label)
             if curve[0]["reach_bound"]:
@@ -1112,7 +1117,7 @@ def plot_sweep(rows, path):
         labels = list(dict.fromkeys(name(r) for r in mine))
         fig, ax = curves_figure(len(labels))
         for label in labels:
-            curve = sorted((r for r in mine if name(r) == label), key=lambda r: r["d"])
+            curve = sorted((r for r in mine if name(r) == label), key=row_distance)
             line, = ax.plot([r["d"] for r in curve], [r["accuracy"] for r in curve], marker=".",
                             label=label)
             first = curve[0]

@@ -1,9 +1,10 @@
 """
-Shared by the scripts that read checkpoints (eval_extrapolate.py, eval_retrieval.py, resolution.py, sample.py): the
-flags that choose how a trained model attends at inference (the attention rule, such as the paper's blockwise causal
-attention, §3.3, and RoPE interpolation), with one meaning in every script and checked before any work; the fields
-and labels of their results; and their plots. Extrapolation is judged by these runs (paper §4.2), so every script
-must mean the same thing by the same flags.
+Shared by the scripts that read checkpoints (eval_extrapolate.py, eval_retrieval.py, resolution.py,
+sample.py): the flags that choose how a trained model attends at inference (the attention rule,
+such as the paper's blockwise causal attention, §3.3, and RoPE interpolation), with one meaning in
+every script and checked before any work; the fields and labels of their results; and their plots.
+Extrapolation is judged by these runs (paper §4.2), so every script must mean the same thing by the
+same flags.
 """
 
 from cli import UserError
@@ -14,8 +15,9 @@ from outputs import pyplot
 
 
 def learned_length_check(config, length, path):
-    """model.py's rule that learned positions stop at block_size, before any work, as a one-line error (only a learned
-    model's plan is built here: the others' grow with length, which may be past memory)."""
+    """model.py's rule that learned positions stop at block_size, before any work, as a one-line
+    error (only a learned model's plan is built here: the others' grow with length, which may be
+    past memory)."""
     if config.pos != "learned":
         return
     try:
@@ -25,64 +27,83 @@ def learned_length_check(config, length, path):
 
 
 def lex_documents(offsets, max_len, spans="first"):
-    """The lex protocol's spans of max_len + 1 validation tokens, as {"start", "end"}, from the documents' (n, 2)
-    [start, end) offsets (data.documents): each long enough document's first (spans="first", the paper's), all its
-    whole spans ("all"), or K of all, evenly spread (an integer); and how many documents were too short."""
-    usable = [{"start": int(s), "end": int(e)} for s, e in offsets[offsets[:, 1] - offsets[:, 0] >= max_len + 1]]
+    """The lex protocol's spans of max_len + 1 validation tokens, as {"start", "end"}, from the
+    documents' (n, 2) [start, end) offsets (data.documents): each long enough document's first
+    (spans="first", the paper's), all its whole spans ("all"), or K of all, evenly spread (an
+    integer); and how many documents were too short."""
+    long_enough = offsets[offsets[:, 1] - offsets[:, 0] >= max_len + 1]
+    usable = [{"start": int(s), "end": int(e)} for s, e in long_enough]
     if not usable:
         longest = int((offsets[:, 1] - offsets[:, 0]).max())
-        raise UserError(f"no validation document has max_len+1 = {max_len + 1} tokens (the longest has {longest}): "
-                        "lower --max_len or --lengths")
+        raise UserError(f"no validation document has max_len+1 = {max_len + 1} tokens "
+                        f"(the longest has {longest}): lower --max_len or --lengths")
     if spans == "first":
         found = [{"start": d["start"], "end": d["start"] + max_len + 1} for d in usable]
-    else:  # consecutive spans share one token: the last target of one is the first input of the next
-        found = [{"start": d["start"] + i, "end": d["start"] + i + max_len + 1} for d in usable
+    else:
+        # consecutive spans share one token: the last target of one is the first input of the next
+        found = [{"start": d["start"] + i, "end": d["start"] + i + max_len + 1}
+                 for d in usable
                  for i in range(0, d["end"] - d["start"] - max_len, max_len)]
     if spans not in ("first", "all"):
         if int(spans) > len(found):
-            raise UserError(f"--spans {spans}: the validation text has only {len(found)} whole spans of "
-                            f"max_len+1 = {max_len + 1} tokens")
+            raise UserError(f"--spans {spans}: the validation text has only {len(found)} "
+                            f"whole spans of max_len+1 = {max_len + 1} tokens")
         found = [found[i * len(found) // int(spans)] for i in range(int(spans))]
     return found, len(offsets) - len(usable)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # Command-line flags
 
-BCA_MODES = {"auto": ["auto"], "on": ["bca"], "off": ["causal"], "both": ["causal", "bca"]}  # --bca as --attention
+# --bca as --attention
+BCA_MODES = {"auto": ["auto"], "on": ["bca"], "off": ["causal"], "both": ["causal", "bca"]}
 
 
-def add_checkpoint_args(parser, bca=("auto", "on", "off"), bca_default="auto", dtype=True, several=False):
-    """--bca, --attention, --window, --sinks, --rope_scaling, --rope_factor, --data_dir, --device and --dtype, with
-    one meaning in every script. several: --attention and --rope_scaling take comma-separated lists."""
-    meaning = dict(auto="only past the checkpoint's block_size", on="always", off="never", both="each way")
-    parser.add_argument("--bca", choices=bca, help="blockwise causal attention: " + "; ".join(
-        f"{choice} = {meaning[choice]}" for choice in bca) + f" (default: {bca_default}; a shorthand for --attention)")
+def add_checkpoint_args(parser, bca=("auto", "on", "off"), bca_default="auto", dtype=True,
+                        several=False):
+    """--bca, --attention, --window, --sinks, --rope_scaling, --rope_factor, --data_dir, --device
+    and --dtype, with one meaning in every script. several: --attention and --rope_scaling take
+    comma-separated lists."""
+    meaning = dict(auto="only past the checkpoint's block_size", on="always", off="never",
+                   both="each way")
+    choices = "; ".join(f"{choice} = {meaning[choice]}" for choice in bca)
+    parser.add_argument("--bca", choices=bca,
+                        help="blockwise causal attention: " + choices
+                        + f" (default: {bca_default}; a shorthand for --attention)")
     parser.set_defaults(bca_default=bca_default)
     lists = " (comma-separated: each)" if several else ""
-    parser.add_argument("--attention", help=f"which keys a query sees{lists}: {' | '.join(ATTENTION_RULES)} "
+    parser.add_argument("--attention",
+                        help=f"which keys a query sees{lists}: {' | '.join(ATTENTION_RULES)} "
                         "(model.py's rule table); default: from --bca")
-    parser.add_argument("--window", type=int, help="W, the keys a query sees under sliding and sinks (default: "
-                        "block_size)")
-    parser.add_argument("--sinks", type=int, help="S, the attention sinks kept under sinks (default: 4)")
-    parser.add_argument("--rope_scaling", help=f"RoPE interpolation for rope and xpos{lists}: "
-                        f"{' | '.join(ROPE_SCALINGS)} (default: the checkpoint's own, none unless it was fine-tuned "
-                        "with one)")
-    parser.add_argument("--rope_factor", type=float, help="s for pi, ntk and yarn (default: the most positions a "
+    parser.add_argument("--window", type=int,
+                        help="W, the keys a query sees under sliding and sinks "
+                        "(default: block_size)")
+    parser.add_argument("--sinks", type=int,
+                        help="S, the attention sinks kept under sinks (default: 4)")
+    parser.add_argument("--rope_scaling",
+                        help=f"RoPE interpolation for rope and xpos{lists}: "
+                        f"{' | '.join(ROPE_SCALINGS)} (default: the checkpoint's own, "
+                        "none unless it was fine-tuned with one)")
+    parser.add_argument("--rope_factor", type=float,
+                        help="s for pi, ntk and yarn (default: the most positions a "
                         "query sees / block_size; every method is the identity at s <= 1)")
-    parser.add_argument("--data_dir", help="the dataset (its meta.json); default: the one the checkpoint was "
-                        "trained on")
+    parser.add_argument("--data_dir",
+                        help="the dataset (its meta.json); "
+                        "default: the one the checkpoint was trained on")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     if dtype:
-        parser.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on GPUs of compute "
-                            "capability >= 8.0, float16 on older ones, float32 on CPU (see distributed.resolve_dtype)")
+        parser.add_argument("--dtype", default="auto", choices=DTYPES,
+                            help="auto: bfloat16 on GPUs of compute capability >= 8.0, "
+                            "float16 on older ones, float32 on CPU "
+                            "(see distributed.resolve_dtype)")
 
 
 def parse_names(text, flag, allowed, several):
     names = [x.strip() for x in text.split(",")]
     bad = [x for x in names if x not in allowed]
     if bad or not names:
-        raise UserError(f"{flag} {text!r} is not allowed: must be one of {', '.join(allowed)}"
+        raise UserError(f"{flag} {text!r} is not allowed: "
+                        f"must be one of {', '.join(allowed)}"
                         + (", comma-separated" if several else ""))
     if len(names) > 1 and not several:
         raise UserError(f"{flag} {text!r}: this script takes one value")
@@ -90,27 +111,35 @@ def parse_names(text, flag, allowed, several):
 
 
 def attention_options(args, several=False):
-    """The AttentionRules and RopeScalings a run covers, from --attention (or --bca), --window, --sinks,
-    --rope_scaling and --rope_factor, checked before any work."""
+    """The AttentionRules and RopeScalings a run covers, from --attention (or --bca), --window,
+    --sinks, --rope_scaling and --rope_factor, checked before any work."""
     if args.attention is None:
         names = BCA_MODES[args.bca or args.bca_default]
     elif args.bca is not None:
-        raise UserError(f"--bca {args.bca} and --attention {args.attention} both given: use --attention alone "
+        raise UserError(f"--bca {args.bca} and --attention {args.attention} both given: "
+                        "use --attention alone "
                         "(--bca on is --attention bca, off is causal, both is causal,bca)")
     else:
         names = parse_names(args.attention, "--attention", ATTENTION_RULES, several)
     for flag, rules in (("--window", ("sliding", "sinks")), ("--sinks", ("sinks",))):
-        if getattr(args, flag[2:]) is not None and not set(rules) & set(names):
-            raise UserError(f"{flag} {getattr(args, flag[2:])} applies to --attention {' or '.join(rules)} only")
+        value = getattr(args, flag[2:])
+        if value is not None and not set(rules) & set(names):
+            raise UserError(f"{flag} {value} applies to --attention {' or '.join(rules)} only")
     own = args.rope_scaling is None  # the checkpoint's own scaling (plan_runs, scaling_of)
-    methods = [] if own else parse_names(args.rope_scaling, "--rope_scaling", ROPE_SCALINGS, several)
+    if own:
+        methods = []
+    else:
+        methods = parse_names(args.rope_scaling, "--rope_scaling", ROPE_SCALINGS, several)
     takes_factor = [m for m in methods if m in ("pi", "ntk", "yarn")]
     if args.rope_factor is not None and not takes_factor:
-        raise UserError(f"--rope_factor {args.rope_factor} applies to --rope_scaling pi, ntk or yarn only")
+        raise UserError(f"--rope_factor {args.rope_factor} applies to --rope_scaling pi, ntk "
+                        "or yarn only")
     try:
         sinks = 4 if args.sinks is None else args.sinks
-        rules = [AttentionRule(n, args.window if n in ("sliding", "sinks") else None, sinks) for n in names]
-        scalings = [RopeScaling(m, args.rope_factor if m in takes_factor else None) for m in methods]
+        rules = [AttentionRule(n, args.window if n in ("sliding", "sinks") else None, sinks)
+                 for n in names]
+        scalings = [RopeScaling(m, args.rope_factor if m in takes_factor else None)
+                    for m in methods]
     except ValueError as e:
         raise UserError(str(e)) from None
     return rules, [None] if own else scalings
@@ -125,45 +154,55 @@ def check_rule(rule, length, block_size, path):
 
 
 def pointless(config, rule, scaling):
-    """Why a combination of scheme, attention rule and RoPE interpolation makes no sense (None if it does)."""
+    """Why a combination of scheme, attention rule and RoPE interpolation makes no sense (None if it
+    does)."""
     if scaling.method == "none":
         return None
     if not (config.pos == "rope" or config.pos == "xpos" and config.xpos_rotate):
         without = " without rotation" if config.pos == "xpos" else ""
         return f"{scaling.method} rescales rotary angles, and pos={config.pos}{without} has none"
     if scaling.factor is not None and scaling.factor <= 1:
-        return f"{scaling.method} at s = {scaling.factor:g} is the identity: every method is, at s <= 1"
-    short = rule.name in ("auto", "bca") or (rule.window or config.block_size) <= config.block_size
+        return (f"{scaling.method} at s = {scaling.factor:g} is the identity: "
+                "every method is, at s <= 1")
+    window = rule.window or config.block_size
+    short = rule.name in ("auto", "bca") or window <= config.block_size
     if scaling.factor is None and rule.name != "causal" and short:
         force = " (--rope_factor forces a factor)" if scaling.method != "dynamic_ntk" else ""
-        return (f"{scaling.method} is the identity under {rule.name}: no query sees more than block_size "
-                f"({config.block_size}) positions, so s <= 1{force}")
+        return (f"{scaling.method} is the identity under {rule.name}: "
+                f"no query sees more than block_size ({config.block_size}) positions, "
+                f"so s <= 1{force}")
     return None
 
 
 def plan_runs(config, rules, scalings, longest, path):
-    """The (rule, scaling) pairs a checkpoint is scored with, every rule checked up to the longest length, and a line
-    for each pair skipped because it makes no sense (pointless)."""
-    runs, skipped = [], []
+    """The (rule, scaling) pairs a checkpoint is scored with, every rule checked up to the longest
+    length, and a line for each pair skipped because it makes no sense (pointless)."""
+    runs = []
+    skipped = []
     for rule in rules:
         check_rule(rule, longest, config.block_size, path)
         for scaling in (scaling_of(config, s) for s in scalings):
             why = pointless(config, rule, scaling)
             if why:
-                skipped.append(f"{path}: skipped {rule_label(config.pos, rule, scaling, config.block_size)}: {why}")
+                label = rule_label(config.pos, rule, scaling, config.block_size)
+                skipped.append(f"{path}: skipped {label}: {why}")
             else:
                 runs.append((rule, scaling))
     return runs, skipped
 
 
-RULE_FIELDS = ("attention", "bca", "window", "sinks", "rope_scaling", "rope_factor")  # the keys of rule_fields
+# the keys of rule_fields
+RULE_FIELDS = ("attention", "bca", "window", "sinks", "rope_scaling", "rope_factor")
 
 
 def rule_fields(rule, scaling, block_size, length):
-    """The attention/scaling fields of a result row: attention, bca, window, sinks, rope_scaling, rope_factor."""
+    """The attention/scaling fields of a result row: attention, bca, window, sinks, rope_scaling,
+    rope_factor."""
     resolved = rule.resolve(length, block_size)
-    return dict(attention=rule.name, bca="auto" if rule.name == "auto" else rule.name == "bca",
-                window=resolved.window, sinks=resolved.sinks if resolved.name == "sinks" else None,
+    return dict(attention=rule.name,
+                bca="auto" if rule.name == "auto" else rule.name == "bca",
+                window=resolved.window,
+                sinks=resolved.sinks if resolved.name == "sinks" else None,
                 rope_scaling=scaling.method,
                 rope_factor=scaling.factor)
 
@@ -171,39 +210,46 @@ def rule_fields(rule, scaling, block_size, length):
 def rule_label(pos, rule, scaling, block_size):
     """A scheme's name with its attention rule and RoPE interpolation, for tables and legends."""
     window = rule.window or block_size
-    label = pos + {"auto": f" (BCA > {block_size})", "causal": "", "bca": " + BCA", "sliding": f" + sliding W={window}",
+    label = pos + {"auto": f" (BCA > {block_size})", "causal": "", "bca": " + BCA",
+                   "sliding": f" + sliding W={window}",
                    "sinks": f" + sinks S={rule.sinks} W={window}"}[rule.name]
     if scaling.method != "none":
-        label += f" + {scaling.method}" + (f" s={scaling.factor:g}" if scaling.factor is not None else "")
-        label += f" from {scaling.original_length}" if scaling.original_length else ""  # a fine-tuned model's
+        label += f" + {scaling.method}"
+        if scaling.factor is not None:
+            label += f" s={scaling.factor:g}"
+        if scaling.original_length:  # a fine-tuned model's
+            label += f" from {scaling.original_length}"
     return label
 
 
 def default_batch_tokens(config, scaling):
-    """Tokens per forward pass for the evaluation scripts: 16,384 (fewer for a large vocabulary, whose float32
-    logits take 4 bytes each). Dynamic NTK decodes token by token past block_size (GPT.token_nll), where a step
-    costs little per sequence, so it batches as many sequences as a 1 GiB KV cache holds (keys and values, float32,
-    every layer)."""
+    """Tokens per forward pass for the evaluation scripts: 16,384 (fewer for a large vocabulary,
+    whose float32 logits take 4 bytes each). Dynamic NTK decodes token by token past block_size
+    (GPT.token_nll), where a step costs little per sequence, so it batches as many sequences as a
+    1 GiB KV cache holds (keys and values, float32, every layer)."""
     tokens = min(16384, 2**27 // config.vocab_size)
     if scaling.method == "dynamic_ntk":
         tokens = max(tokens, 2**30 // (config.n_layer * 2 * config.n_embd * 4))
     return tokens
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # Plots
 
 
 def curves_figure(n_curves):
-    """A figure for one curve per label: wider when there are many, so the legend fits beside the axes."""
+    """A figure for one curve per label: wider when there are many, so the legend fits beside the
+    axes."""
     return pyplot().subplots(figsize=(6 + 2.5 * (n_curves > 4), 4))
 
 
 def finish_curves(fig, ax, n_curves, block_sizes, path):
-    """Each training length marked, the legend (beside the axes when there are many curves), a grid; saved."""
+    """Each training length marked, the legend (beside the axes when there are many curves), a grid;
+    saved."""
     for block_size in sorted(block_sizes):
         ax.axvline(block_size, color="grey", ls="--", lw=1)
-        ax.annotate(f"trained at {block_size}", (block_size, 0.98), xycoords=("data", "axes fraction"),
+        ax.annotate(f"trained at {block_size}", (block_size, 0.98),
+                    xycoords=("data", "axes fraction"),
                     ha="right", va="top", rotation=90, fontsize=8, color="grey")
     if n_curves > 4:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))

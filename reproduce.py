@@ -68,8 +68,8 @@ def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", default="study", choices=SUITES,
                    help="study: the paper's claims (the default); retrieval: the long-range "
-                   "task suite (retrieval_tasks.py), results/retrieval; extension: the study's models "
-                   "fine-tuned at 4l (RoPE with PI and YaRN, xPos) against zero-shot, "
+                   "task suite (retrieval_tasks.py), results/retrieval; extension: the study's "
+                   "models fine-tuned at 4l (RoPE with PI and YaRN, xPos) against zero-shot, "
                    "results/extension")
     p.add_argument("--variant", default="char", choices=tuple(VARIANTS),
                    help="char: Shakespeare characters on CPU; gpt2: GPT-2 BPE tokens "

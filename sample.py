@@ -1,15 +1,18 @@
-"""
-Sample from a trained checkpoint with model.py's cached generate; past block_size with every scheme but learned.
+r"""
+Sample from a trained checkpoint with model.py's cached generate; past block_size with every scheme
+but learned.
 
     python sample.py --ckpt out/shakespeare_char_xpos/ckpt.pt --start "ROMEO:" --max_new_tokens 2000
-    python sample.py --ckpt CKPT --start FILE:prompt.txt --num_samples 3 --temperature 0.8 --top_k 50 --seed 7
+    python sample.py --ckpt CKPT --start FILE:prompt.txt --num_samples 3 --temperature 0.8 \
+        --top_k 50 --seed 7
 
---bca auto (default) switches blockwise causal attention on once the text is longer than block_size; --attention
-sliding|sinks (with --window, --sinks) and --rope_scaling pi|ntk|dynamic_ntk|yarn (with --rope_factor) decode with
-those instead (model.py's AttentionRule and RopeScaling).
+--bca auto (default) switches blockwise causal attention on once the text is longer than
+block_size; --attention sliding|sinks (with --window, --sinks) and --rope_scaling
+pi|ntk|dynamic_ntk|yarn (with --rope_factor) decode with those instead (model.py's AttentionRule
+and RopeScaling).
 
-One process: under torchrun (RANK set) every rank would print every sample, so sample.py refuses it with a one-line
-error (printed once).
+One process: under torchrun (RANK set) every rank would print every sample, so sample.py refuses it
+with a one-line error (printed once).
 """
 
 import argparse
@@ -21,7 +24,8 @@ import torch
 
 from alternatives import scaling_of
 from checkpoint import load_model
-from cli import ArgumentParser, error_exit, exit_interrupted  # one-line exits, printed once under torchrun
+# one-line exits, printed once under torchrun
+from cli import ArgumentParser, error_exit, exit_interrupted
 from cli import UserError, check_seed
 from data import checkpoint_dataset, tokenizer_from_meta
 from distributed import autocast, resolve_device, resolve_dtype
@@ -39,21 +43,23 @@ def read_prompt(path):
     except IsADirectoryError:
         raise UserError(f"--start FILE:{path} is a directory") from None
     except UnicodeDecodeError as e:
-        raise UserError(f"--start FILE:{path} is not UTF-8 text (byte {e.start}): give a text file") from None
+        raise UserError(f"--start FILE:{path} is not UTF-8 text (byte {e.start}): "
+                        "give a text file") from None
     except OSError as e:  # unreadable: permissions, a name too long, an I/O error
         raise UserError(f"--start FILE:{path} is not readable: {e.strerror}") from None
 
 
 def sample(args):
     if "RANK" in os.environ:  # torchrun: each rank would print every sample
-        raise UserError(f"RANK={os.environ['RANK']} is set (torchrun?): sample.py runs as one process; run it with "
-                        "python, not torchrun")
+        raise UserError(f"RANK={os.environ['RANK']} is set (torchrun?): sample.py runs as one "
+                        "process; run it with python, not torchrun")
     device = resolve_device(args.device)
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise UserError("--max_new_tokens and --num_samples must be >= 1")
-    if not MIN_TEMPERATURE <= args.temperature < math.inf:  # logits / 1e-40 overflow float32, and softmax gives NaN
-        raise UserError(f"--temperature {args.temperature} must be > 0: a finite number >= {MIN_TEMPERATURE} (use "
-                        "--top_k 1 for greedy decoding)")
+    # logits / 1e-40 overflow float32, and softmax gives NaN
+    if not MIN_TEMPERATURE <= args.temperature < math.inf:
+        raise UserError(f"--temperature {args.temperature} must be > 0: "
+                        f"a finite number >= {MIN_TEMPERATURE} (use --top_k 1 for greedy decoding)")
     check_seed(args.seed)
     if args.top_k is not None and args.top_k < 1:
         raise UserError(f"--top_k {args.top_k} must be >= 1")
@@ -61,7 +67,8 @@ def sample(args):
     model, ckpt = load_model(args.ckpt, device)
     scaling = scaling_of(model.config, scaling)
     if not all(torch.isfinite(p).all() for p in model.parameters()):
-        raise UserError(f"checkpoint {args.ckpt} holds non-finite weights (inf or NaN): it cannot be sampled from")
+        raise UserError(f"checkpoint {args.ckpt} holds non-finite weights (inf or NaN): "
+                        "it cannot be sampled from")
     why = pointless(model.config, rule, scaling)
     if why:
         raise UserError(f"{args.ckpt}: {why}")
@@ -69,7 +76,12 @@ def sample(args):
     start = args.start
     if start.startswith("FILE:"):
         start = read_prompt(Path(start[5:]))
-    ids = tokenizer.encode(start) or [tokenizer.eot if tokenizer.eot is not None else tokenizer.encode("\n")[0]]
+    ids = tokenizer.encode(start)
+    if not ids:
+        if tokenizer.eot is not None:
+            ids = [tokenizer.eot]
+        else:
+            ids = [tokenizer.encode("\n")[0]]
     learned_length_check(model.config, len(ids) + args.max_new_tokens - 1, args.ckpt)
     check_rule(rule, len(ids) + args.max_new_tokens - 1, model.config.block_size, args.ckpt)
     torch.manual_seed(args.seed)
@@ -77,14 +89,15 @@ def sample(args):
     with torch.no_grad(), autocast(device, resolve_dtype(args.dtype, device)):
         for k in range(args.num_samples):
             try:
-                y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k, attention=rule,
-                                   rope_scaling=scaling)
-            except RuntimeError as e:  # finite weights can still overflow: torch.multinomial refuses NaN
+                y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k,
+                                   attention=rule, rope_scaling=scaling)
+            except RuntimeError as e:
+                # finite weights can still overflow: torch.multinomial refuses NaN
                 if "probability tensor" not in str(e):
                     raise
-                raise UserError(f"{args.ckpt}: the next-token probabilities are not finite (inf or NaN) in "
-                                f"{resolve_dtype(args.dtype, device)}: try --dtype float32 or a higher --temperature") \
-                    from None
+                raise UserError(f"{args.ckpt}: the next-token probabilities are not finite "
+                                f"(inf or NaN) in {resolve_dtype(args.dtype, device)}: "
+                                "try --dtype float32 or a higher --temperature") from None
             print(tokenizer.decode(y[0].tolist()))
             print("-" * 40 if k + 1 < args.num_samples else "", flush=True)
 
@@ -102,13 +115,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def interrupted():
+    return "nothing was written; run the command again"
+
+
 def main(argv=None):
     try:
         sample(parse_args(argv))
     except UserError as e:
         error_exit("sample.py", e)  # once under torchrun, from rank 0
     except KeyboardInterrupt:
-        exit_interrupted("sample.py", lambda: "nothing was written; run the command again")
+        exit_interrupted("sample.py", interrupted)
 
 
 if __name__ == "__main__":
