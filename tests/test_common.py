@@ -222,6 +222,7 @@ def test_rank_without_the_other_torchrun_variables_is_a_one_line_error(monkeypat
     assert "0 <= RANK < WORLD_SIZE" in error(distributed.setup_distributed, "cpu")
 
 
+@pytest.mark.slow
 def test_rendezvous_timeout_names_the_missing_ranks(monkeypatch):
     """RANK=0 WORLD_SIZE=2 without a rank 1 waited torch's 30 minutes; now rendezvous_minutes, then who is missing."""
     torchrun_vars(monkeypatch, 0)
@@ -267,6 +268,7 @@ def test_a_run_directory_has_one_owner(tmp_path):
     run_dir.release_run_dirs()
 
 
+@pytest.mark.slow
 def test_rendezvous_meets_and_catches_a_disagreement_on_world_size():
     """Two ranks meet in the store (threads here stand for processes); ranks told different WORLD_SIZEs would leave
     rank 0 waiting for a rank that never comes (gloo's connect, 30 minutes): a one-line error instead."""

@@ -122,6 +122,7 @@ def test_passkey_errors(tmp_path, capsys):
         assert not (tmp_path / "o" / "meta.json").exists()
 
 
+@pytest.mark.slow
 def test_gpt2_tokenizer_offline_and_separators(tmp_path, monkeypatch):
     import tiktoken
 
@@ -140,6 +141,7 @@ def test_gpt2_tokenizer_offline_and_separators(tmp_path, monkeypatch):
         assert enc.decode(train[d["start"] : d["end"]].tolist()) == (corpus / Path(d["name"]).name).read_text()
 
 
+@pytest.mark.slow
 def test_one_document_is_cut_by_tokens(tmp_path):
     (tmp_path / "c").mkdir()
     line = "".join(f"word{i} " for i in range(400))[:2400]  # one 2,400-character line: no newline to cut at
@@ -502,6 +504,7 @@ def test_one_and_two_workers_write_the_same_files(tmp_path, monkeypatch, tokeniz
     assert len(meta["train_documents"]) + len(meta["val_documents"]) == 30
 
 
+@pytest.mark.slow
 def test_jsonl_one_document_per_line(tmp_path, capsys):
     rng = np.random.default_rng(0)
     words = ["alpha", "beta", "γ", "\n", "<|endoftext|>"]
@@ -610,6 +613,7 @@ def nanogpt_files(folder, seed=0):
     return docs
 
 
+@pytest.mark.slow
 def test_nanogpt_files_convert_and_train(tmp_path):
     import train as train_script
     from test_train import tiny_args
@@ -719,6 +723,7 @@ class Panic(BaseException):
     """Stands for pyo3_runtime.PanicException: tiktoken's Rust code failing (under memory pressure)."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failure", ["disk full", "memory", "panic"])
 def test_out_of_disk_or_memory_is_one_line_and_keeps_the_old_dataset(tmp_path, monkeypatch, failure):
     out = tmp_path / "out"
@@ -799,6 +804,7 @@ def test_options_checked_before_any_work(tmp_path, argv, message):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
 def test_a_lone_surrogate_in_json_is_one_line_or_replaced(tmp_path, tokenizer):
     """JSON may escape half a surrogate pair alone ("\\ud800", common in web dumps): one line naming the line under

@@ -845,6 +845,7 @@ def test_compile_without_a_compiler_is_one_line(data_dir, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_compile_failure_at_the_first_step_is_one_line(data_dir, tmp_path, monkeypatch):
     """torch.compile's own errors (dynamo, inductor) at the first step: one line saying to train without it, and no
     empty log.jsonl left beside no checkpoint."""
