@@ -1,18 +1,18 @@
-"""
-
-The inference-time alternatives to xPos + BCA that people compare it with, each in one
-place, outside the method's path: attention sinks (StreamingLLM) and RoPE interpolation (PI,
-NTK, dynamic NTK, YaRN). model.py calls them at the lines marked "alternatives:"; the
-sliding window needs nothing here, it is BCA's window mechanism with another width.
+"""The inference-time alternatives to xPos + BCA that people compare it with, each in one
+place, outside the method's path: attention sinks (StreamingLLM), RoPE interpolation (PI,
+NTK, dynamic NTK, YaRN), and the masks of ALiBi and of the sliding and sinks windows.
+model.py calls them at the lines marked "alternatives:"; the sliding window is otherwise
+BCA's window mechanism with another width.
 
 Nothing here imports model.py: the AttentionPlan model.py passes in is used for its fields
-and methods (rule, slopes; rotate and visible, the one rotation and the one visibility
-mask)."""
+and methods (rule, reach, slopes, masks; rotate and visible, the one rotation and the one
+visibility mask)."""
 
 import math
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention.bias import causal_lower_right
 
 # ----------------------------------------------------------------------------
 # RoPE interpolation: changes to the rotary angles theta_j (of rope, and of xPos's rotation;
@@ -161,9 +161,57 @@ def interpolate(theta, scaling, factor, block_size):
 
 
 # ----------------------------------------------------------------------------
+# Masks other than a causal one: ALiBi's bias, and the band of a window that ends before the
+# first key (sliding, sinks).
+
+
+def reach_of(rule):
+    """How far back a query sees past the first segment (AttentionPlan.reach): W under the
+    sliding window, W - S recent keys under sinks; None (no limit) under causal and BCA."""
+    if rule.name == "sliding":
+        return rule.window
+    if rule.name == "sinks":
+        return rule.window - rule.sinks
+    return None
+
+
+def mask(plan, queries, keys, dtype, device):
+    """(attn_mask, is_causal) for SDPA under ALiBi or a sliding or sinks window, made once per
+    pass and shape. ALiBi's -slope * (i - j) is the one float mask (its scores are never
+    amplified, so an additive -inf is safe); a window is a boolean band where some query
+    sees less than all keys before it; otherwise causal, as in model.attend."""
+    key = (queries, keys, dtype)
+    if key in plan.masks:
+        return plan.masks[key]
+    if len(plan.masks) > 4:  # a KV cache asks for a new shape at every token
+        plan.masks.clear()
+    mask, causal = None, queries == keys
+    last = queries.stop - 1
+    if plan.slopes is not None:
+        i = torch.arange(queries.start, queries.stop, device=device)[:, None]
+        bias = -plan.slopes * (i - torch.arange(keys.start, keys.stop, device=device))
+        mask = bias.masked_fill(~plan.visible(queries, keys, device), -math.inf).to(dtype)
+    elif last >= plan.segment and last - keys.start >= plan.reach:
+        mask = plan.visible(queries, keys, device)  # a band
+    elif len(queries) > 1 and not causal:
+        mask = causal_lower_right(len(queries), len(keys))
+    plan.masks[key] = mask, causal and mask is None
+    return plan.masks[key]
+
+
+# ----------------------------------------------------------------------------
 # Attention sinks (StreamingLLM, Xiao et al. 2023): the sinks rule is a sliding window of W
 # keys of which the first S tokens always stay. The first tokens soak up the attention a
 # softmax must put somewhere; dropping them is what breaks a plain sliding window.
+
+
+def first_keys(plan, k, v):
+    """The sinks rule's S sinks: the first S raw keys and values of k, v (B, nh, T, hd); None
+    under any other rule."""
+    if plan.rule.name != "sinks":
+        return None
+    S = plan.rule.sinks
+    return k[:, :, :S], v[:, :, :S]
 
 
 def attention_with_sinks(q, k, v, plan, queries, keys, sink_kv):

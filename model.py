@@ -4,10 +4,10 @@ Transformer" (Sun et al.): xPos (§3.2, Eq. 10, Algorithm 1) and blockwise causa
 BCA (§3.3).
 
 Read top to bottom: config -> position schemes -> attention rules -> AttentionPlan (xPos,
-the rule's segments, the mask) -> attend -> KV cache -> the modules (BCA's window pass is in
+the rule's segments) -> attend (the mask) -> KV cache -> the modules (BCA's window pass is in
 CausalSelfAttention) -> GPT. The alternatives people compare with (attention sinks, RoPE
-interpolation) live in alternatives.py and enter at the lines marked "alternatives:"; a
-reader of the method may skip those lines.
+interpolation, ALiBi's and the windows' masks) live in alternatives.py and enter at the
+lines marked "alternatives:"; a reader of the method may skip those lines.
 
 Conventions: attention tensors are (B, n_head, T, head_dim); rotary pairs are interleaved,
 (x0, x1), (x2, x3), ..., as in Algorithm 1; positions are integer ranges in a frame,
@@ -165,18 +165,17 @@ class AttentionRule:
         name = self.name
         if name == "auto":
             name = "bca" if n_tokens > block_size else "causal"
-        window = None
-        if name == "bca":
-            window = block_size
-        if name in ("sliding", "sinks"):
-            window = self.window or block_size
+        window = self.window or block_size  # sliding, sinks
+        if name in ("causal", "bca"):
+            window = block_size if name == "bca" else None
         return AttentionRule(name, window, self.sinks)
 
 
 class AttentionPlan:
     """What attention needs for one pass over n_tokens, made once and passed to every layer,
     as gpt-fast passes its rotary table (nothing here is in the state_dict): the rule and
-    its segments, xPos's rotation and decay, ALiBi's slopes, and the masks made so far.
+    its segments, xPos's rotation and decay, ALiBi's slopes, and the masks made so far
+    (alternatives.mask).
 
     xPos (Eq. 10, Algorithm 1) multiplies pair j of a query at m by e^(i m theta_j)
     zeta_j^((m-c)/scale), and of a key at n by e^(i n theta_j) zeta_j^(-(n-c)/scale), with
@@ -195,14 +194,9 @@ class AttentionPlan:
             attention = AttentionRule(attention or "auto")
         self.rule = rule = attention.resolve(n_tokens, l)
         W = rule.window
-        # segment: the length w queries are cut into; reach: how far back a query sees
-        self.segment = self.reach = None
-        if rule.name == "bca":
-            self.segment = W // 2
-        elif W:
-            self.segment = self.reach = W
-        if rule.name == "sinks":
-            self.reach = W - rule.sinks
+        # segment: the length w queries are cut into (None: causal attention)
+        self.segment = W // 2 if rule.name == "bca" else W
+        self.reach = alternatives.reach_of(rule)  # alternatives: how far a window sees
         self.frame = n_tokens  # positions: the sequence's, or a window's 0 .. 2w-1
         if self.segment and n_tokens > self.segment:
             self.frame = 2 * self.segment
@@ -229,7 +223,7 @@ class AttentionPlan:
             # at most `chunk` queries at a time keep them <= 2^8, within float16 at any T.
             scale = config.xpos_scale_base
             half = 8 * math.log(2) * scale / math.log(1 + 1 / gamma)  # n/2 where it is 2^8
-            if 2 * half < self.frame:
+            if 2 * half < self.frame:  # scale = inf: no decay, no chunks
                 self.chunk = 2 * int(half) + 1
             # row i is zeta^(e/scale) at e = i - frame, for e = m - c or n - c
             e = torch.arange(-self.frame, self.frame, device=device, dtype=torch.float32)
@@ -271,34 +265,13 @@ class AttentionPlan:
             seen &= (i - j < self.reach) | (i < self.segment)
         return seen
 
-    def mask(self, queries, keys, dtype, device):
-        """(attn_mask, is_causal) for SDPA, made once per pass and shape: no tensor for a
-        causal mask aligned to the last key (SDPA's fast kernels); otherwise boolean, since
-        an additive -inf turns an overflowed xPos score into NaN; ALiBi's -slope * (i - j)
-        the one float mask, its scores never amplified."""
-        key = (queries, keys, dtype)
-        if key in self.masks:
-            return self.masks[key]
-        if len(self.masks) > 4:  # a KV cache asks for a new shape at every token
-            self.masks.clear()
-        mask, causal = None, queries == keys
-        last = queries.stop - 1
-        if self.slopes is not None:
-            i = torch.arange(queries.start, queries.stop, device=device)[:, None]
-            bias = -self.slopes * (i - torch.arange(keys.start, keys.stop, device=device))
-            mask = bias.masked_fill(~self.visible(queries, keys, device), -math.inf).to(dtype)
-        elif self.reach is not None and last >= self.segment and last - keys.start >= self.reach:
-            mask = self.visible(queries, keys, device)  # a band
-        elif len(queries) > 1 and not causal:
-            mask = causal_lower_right(len(queries), len(keys))
-        self.masks[key] = mask, causal and mask is None
-        return self.masks[key]
-
 
 def attend(q, k, v, plan, queries, keys, sink_kv=None, dropout_p=0.0):
     """Causal attention of raw q at frame positions `queries` to raw k, v at `keys` (ranges
-    that end together), rotated and masked by the plan. Relative schemes use differences
-    only, so the frame is the caller's: absolute positions, or a window's 0 .. 2w-1."""
+    that end together), rotated by the plan. Relative schemes use differences only, so the
+    frame is the caller's: absolute positions, or a window's 0 .. 2w-1. A causal mask is
+    SDPA's is_causal where queries and keys start together (its fast kernels), else a
+    lower-right one; never an additive -inf, which turns an overflowed xPos score into NaN."""
     ys = []
     for start in range(queries.start, queries.stop, plan.chunk):  # xPos: chunks of queries
         qs = range(start, min(start + plan.chunk, queries.stop))
@@ -309,7 +282,11 @@ def attend(q, k, v, plan, queries, keys, sink_kv=None, dropout_p=0.0):
             ys.append(alternatives.attention_with_sinks(qi, ki, vi, plan, qs, ks, sink_kv))
             continue
         qi, ki = plan.rotate(qi, ki, qs, ks)
-        mask, causal = plan.mask(qs, ks, v.dtype, v.device)
+        mask, causal = None, qs == ks
+        if plan.slopes is not None or plan.reach is not None:  # alternatives: ALiBi, windows
+            mask, causal = alternatives.mask(plan, qs, ks, v.dtype, v.device)
+        elif len(qs) > 1 and not causal:
+            mask = causal_lower_right(len(qs), len(ks))
         ys.append(F.scaled_dot_product_attention(qi.to(v.dtype), ki.to(v.dtype), vi,
                                                  attn_mask=mask, dropout_p=dropout_p,
                                                  is_causal=causal))
@@ -408,14 +385,12 @@ class CausalSelfAttention(nn.Module):
             p = self.config.dropout if self.training else 0.0
             y = attend(q, k, v, plan, range(T), range(T), dropout_p=p)
         else:
-            # BCA (§3.3) and the other windows, over all segments at once: segment i > 0
-            # attends to segments i-1 and i in the frame 0 .. 2w-1 (queries at w .. 2w-1), so
-            # under BCA no distance reaches l. Zero padding of the last segment lies in every
-            # query's future.
-            sink_kv = None
-            if plan.rule.name == "sinks":  # alternatives: the first S keys and values
-                sink_kv = k[:, :, : plan.rule.sinks], v[:, :, : plan.rule.sinks]
-            n, pad = -(-T // w), (0, 0, 0, -T % w)  # n segments
+            # BCA (§3.3) and the other windows, all segments at once: segment i > 0 attends
+            # to segments i-1 and i in the frame 0 .. 2w-1 (queries at w .. 2w-1), so under
+            # BCA no distance reaches l. The last segment's zero padding is in the future.
+            sink_kv = alternatives.first_keys(plan, k, v)  # alternatives: the sinks' S
+            n = -(-T // w)  # segments
+            pad = (0, 0, 0, -T % w)
             q = F.pad(q, pad).view(B, nh, n, w, hd).transpose(1, 2)  # (B, n, nh, w, hd)
             k = F.pad(k, pad).view(B, nh, n, w, hd).transpose(1, 2)
             v = F.pad(v, pad).view(B, nh, n, w, hd).transpose(1, 2)
@@ -497,16 +472,23 @@ class GPT(nn.Module):
         """(logits, loss) of idx, targets (B, T) (-1: ignored; None: the last logits only).
         attention: an AttentionRule or its name (default: BCA past block_size);
         rope_scaling: a RopeScaling or its name; cache: new_cache's, which fixes both."""
-        x = self.hidden_states(idx, attention, rope_scaling, cache)
+        plan, x = self.prepare(idx, attention, rope_scaling, cache)  # x: (B, T, n_embd)
+        for i, block in enumerate(self.transformer.h):
+            if self.grad_checkpoint and self.training:
+                x = checkpoint(block, x, plan, use_reentrant=False)
+            else:
+                x = block(x, plan, cache[i] if cache else None)
+        x = self.transformer.ln_f(x)
         if targets is None:
             return self.logits(x[:, [-1], :]), None
         logits = self.logits(x)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return logits, loss
 
-    def hidden_states(self, idx, attention=None, rope_scaling=None, cache=None):
-        """Embeddings, the blocks and the final LayerNorm: (B, T, n_embd)."""
-        B, T = idx.size()
+    def prepare(self, idx, attention, rope_scaling, cache):
+        """(plan, x): the pass's AttentionPlan (a cache's own), and the first block's input:
+        the token embeddings, plus learned or sinusoidal positions."""
+        T = idx.size(1)
         start = cache[0].end() if cache else 0
         if cache:
             plan = self.cached_plan(cache, start + T, attention, rope_scaling, idx.device)
@@ -520,12 +502,14 @@ class GPT(nn.Module):
             # tokens times sqrt(n_embd) (Vaswani et al. §3.4), or the table would drown them
             x = x * math.sqrt(self.config.n_embd)
             x = x + sinusoidal_embedding(pos, self.config.n_embd).to(x.dtype)
-        x = self.transformer.drop(x)
+        return plan, self.transformer.drop(x)
+
+    def hidden_states(self, idx, attention=None, rope_scaling=None, cache=None):
+        """forward's final hidden states (B, T, n_embd), before the output layer; for
+        evaluation (no activation checkpointing)."""
+        plan, x = self.prepare(idx, attention, rope_scaling, cache)
         for i, block in enumerate(self.transformer.h):
-            if self.grad_checkpoint and self.training:
-                x = checkpoint(block, x, plan, use_reentrant=False)
-            else:
-                x = block(x, plan, cache[i] if cache else None)
+            x = block(x, plan, cache[i] if cache else None)
         return self.transformer.ln_f(x)
 
     def cached_plan(self, cache, end, attention, rope_scaling, device):
