@@ -99,7 +99,8 @@ def scaling_of(config, rope_scaling=None):
 def check_trained_scaling(config, require, is_number):
     """GPTConfig's checks of the scaling a model is fine-tuned with: a fixed factor s > 1
     (dynamic NTK has none), on rotary angles (rope, or xpos with its rotation)."""
-    method, s = config.rope_scaling, config.rope_factor
+    method = config.rope_scaling
+    s = config.rope_factor
     fixed = method in ROPE_SCALINGS and method != "dynamic_ntk"
     require(fixed, "rope_scaling", "must be one of none, pi, ntk, yarn")
     rotates = config.pos == "rope"
@@ -185,7 +186,8 @@ def mask(plan, queries, keys, dtype, device):
         return plan.masks[key]
     if len(plan.masks) > 4:  # a KV cache asks for a new shape at every token
         plan.masks.clear()
-    mask, causal = None, queries == keys
+    mask = None
+    causal = queries == keys
     last = queries.stop - 1
     if plan.slopes is not None:
         i = torch.arange(queries.start, queries.stop, device=device)[:, None]
@@ -224,10 +226,12 @@ def attention_with_sinks(q, k, v, plan, queries, keys, sink_kv):
     true distance from the recent keys. So the two kinds of scores are computed apart, with
     q rotated twice, and share one softmax, in float32: softmax([q_(W-1) . sink_k | q . k] /
     sqrt(d) - slope * distance) @ [sink_v | v]."""
-    S, W = plan.rule.sinks, plan.rule.window
+    S = plan.rule.sinks
+    W = plan.rule.window
     repeat = q.size(0) // sink_kv[0].size(0)  # windows per sequence
     sink_k, sink_v = (x.repeat_interleave(repeat, dim=0) for x in sink_kv)
-    dtype, device = v.dtype, v.device
+    dtype = v.dtype
+    device = v.device
     with torch.autocast(device.type, enabled=False):  # float32 throughout
         q, k, v = q.float(), k.float(), v.float()
         sink_k, sink_v = sink_k.float(), sink_v.float()

@@ -204,7 +204,8 @@ class AttentionPlan:
         # alternatives: RoPE interpolation at s, from the most keys one query sees
         self.scaling = alternatives.scaling_of(config, rope_scaling)
         self.rope_factor = self.scaling.factor_at(min(n_tokens, W or n_tokens), l)
-        d, gamma = config.n_embd // config.n_head, config.xpos_gamma
+        d = config.n_embd // config.n_head
+        gamma = config.xpos_gamma
         j = torch.arange(d // 2, device=device, dtype=torch.float32)
         self.theta = config.rope_base ** (-2 * j / d)  # (d/2,)
         if config.pos == "xpos" and not config.xpos_rotate:
@@ -282,7 +283,8 @@ def attend(q, k, v, plan, queries, keys, sink_kv=None, dropout_p=0.0):
             ys.append(alternatives.attention_with_sinks(qi, ki, vi, plan, qs, ks, sink_kv))
             continue
         qi, ki = plan.rotate(qi, ki, qs, ks)
-        mask, causal = None, qs == ks
+        mask = None
+        causal = qs == ks
         if plan.slopes is not None or plan.reach is not None:  # alternatives: ALiBi, windows
             mask, causal = alternatives.mask(plan, qs, ks, v.dtype, v.device)
         elif len(qs) > 1 and not causal:
@@ -316,7 +318,8 @@ class KVCache:
         """Store the new tokens' keys and values and attend from their queries, in runs within
         one segment (under causal attention, all at once): before each run the window moves
         on, dropping a segment."""
-        w, n = plan.segment, q.size(2)
+        w = plan.segment
+        n = q.size(2)
         if self.k is None:
             capacity = min(2 * w, self.max_tokens) if w else self.max_tokens
             shape = (*k.shape[:2], capacity, k.size(3))
@@ -327,7 +330,8 @@ class KVCache:
                              "another batch size or precision")
         if plan.rule.name == "sinks" and self.sink_kv is None:
             self.keep_sinks(k, v, plan.rule.sinks)  # alternatives: the first S
-        ys, i = [], 0
+        ys = []
+        i = 0
         while i < n:
             t = self.end()
             run = n - i
@@ -377,7 +381,9 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, plan, cache=None):
         B, T, C = x.size()
-        nh, hd, w = self.config.n_head, C // self.config.n_head, plan.segment
+        nh = self.config.n_head
+        hd = C // nh
+        w = plan.segment
         q, k, v = self.c_attn(x).view(B, T, 3, nh, hd).permute(2, 0, 3, 1, 4)  # (B, nh, T, hd)
         if cache is not None:
             y = cache.attend_new(q, k, v, plan)
