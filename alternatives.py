@@ -166,7 +166,7 @@ def interpolate(theta, scaling, factor, block_size):
 # first key (sliding, sinks).
 
 
-def reach_of(rule):
+def window_reach(rule):
     """How far back a query sees past the first segment (AttentionPlan.reach): W under the
     sliding window, W - S recent keys under sinks; None (no limit) under causal and BCA."""
     if rule.name == "sliding":

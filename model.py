@@ -196,7 +196,7 @@ class AttentionPlan:
         W = rule.window
         # segment: the length w queries are cut into (None: causal attention)
         self.segment = W // 2 if rule.name == "bca" else W
-        self.reach = alternatives.reach_of(rule)  # alternatives: how far a window sees
+        self.reach = alternatives.window_reach(rule)  # alternatives: how far a window sees
         self.frame = n_tokens  # positions: the sequence's, or a window's 0 .. 2w-1
         if self.segment and n_tokens > self.segment:
             self.frame = 2 * self.segment
