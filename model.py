@@ -478,7 +478,7 @@ class GPT(nn.Module):
         """(logits, loss) of idx, targets (B, T) (-1: ignored; None: the last logits only).
         attention: an AttentionRule or its name (default: BCA past block_size);
         rope_scaling: a RopeScaling or its name; cache: new_cache's, which fixes both."""
-        plan, x = self.prepare(idx, attention, rope_scaling, cache)  # x: (B, T, n_embd)
+        plan, x = self.start_pass(idx, attention, rope_scaling, cache)  # x: (B, T, n_embd)
         for i, block in enumerate(self.transformer.h):
             if self.grad_checkpoint and self.training:
                 x = checkpoint(block, x, plan, use_reentrant=False)
@@ -491,7 +491,7 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return logits, loss
 
-    def prepare(self, idx, attention, rope_scaling, cache):
+    def start_pass(self, idx, attention, rope_scaling, cache):
         """(plan, x): the pass's AttentionPlan (a cache's own), and the first block's input:
         the token embeddings, plus learned or sinusoidal positions."""
         T = idx.size(1)
@@ -513,7 +513,7 @@ class GPT(nn.Module):
     def hidden_states(self, idx, attention=None, rope_scaling=None, cache=None):
         """forward's final hidden states (B, T, n_embd), before the output layer; for
         evaluation (no activation checkpointing)."""
-        plan, x = self.prepare(idx, attention, rope_scaling, cache)
+        plan, x = self.start_pass(idx, attention, rope_scaling, cache)
         for i, block in enumerate(self.transformer.h):
             x = block(x, plan, cache[i] if cache else None)
         return self.transformer.ln_f(x)
