@@ -5,7 +5,7 @@ model.py calls them at the lines marked "alternatives:"; the sliding window is o
 BCA's window mechanism with another width.
 
 Nothing here imports model.py: the AttentionPlan model.py passes in is used for its fields
-and methods (rule, reach, slopes, masks; rotate and visible, the one rotation and the one
+and methods (rule, segment, reach, slopes, masks; rotate and visible, the one rotation and the one
 visibility mask)."""
 
 import math
@@ -41,7 +41,7 @@ class RopeScaling:
                    s, the fastest (which carry local order) barely change.
       dynamic_ntk  ntk with s recomputed from the current length at every
                    pass: a sequence runs unscaled up to l, and a KV cache
-                   follows the length as it grows (GPT.hidden_states).
+                   follows the length as it grows (GPT.cached_plan).
       yarn         YaRN (Peng et al. 2023): a ramp between pi and no change,
                    pair by pair, and a sharper softmax; its ramp is the
                    official code's (and Hugging Face's), linear in the pair
@@ -176,7 +176,7 @@ def window_reach(rule):
     return None
 
 
-def mask(plan, queries, keys, dtype, device):
+def attention_mask(plan, queries, keys, dtype, device):
     """(attn_mask, is_causal) for SDPA under ALiBi or a sliding or sinks window, made once per
     pass and shape. ALiBi's -slope * (i - j) is the one float mask (its scores are never
     amplified, so an additive -inf is safe); a window is a boolean band where some query
@@ -187,7 +187,7 @@ def mask(plan, queries, keys, dtype, device):
     if len(plan.masks) > 4:  # a KV cache asks for a new shape at every token
         plan.masks.clear()
     mask = None
-    causal = queries == keys
+    is_causal = queries == keys
     last = queries.stop - 1
     if plan.slopes is not None:
         i = torch.arange(queries.start, queries.stop, device=device)[:, None]
@@ -195,9 +195,9 @@ def mask(plan, queries, keys, dtype, device):
         mask = bias.masked_fill(~plan.visible(queries, keys, device), -math.inf).to(dtype)
     elif last >= plan.segment and last - keys.start >= plan.reach:
         mask = plan.visible(queries, keys, device)  # a band
-    elif len(queries) > 1 and not causal:
+    elif len(queries) > 1 and not is_causal:
         mask = causal_lower_right(len(queries), len(keys))
-    plan.masks[key] = mask, causal and mask is None
+    plan.masks[key] = mask, is_causal and mask is None
     return plan.masks[key]
 
 
@@ -207,7 +207,7 @@ def mask(plan, queries, keys, dtype, device):
 # softmax must put somewhere; dropping them is what breaks a plain sliding window.
 
 
-def first_keys(plan, k, v):
+def sinks_kv(plan, k, v):
     """The sinks rule's S sinks: the first S raw keys and values of k, v (B, nh, T, hd); None
     under any other rule."""
     if plan.rule.name != "sinks":

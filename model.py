@@ -96,7 +96,7 @@ class GPTConfig:
         alternatives.check_trained_scaling(self, require, is_number)
 
 
-# Position schemes: learned and sinusoidal add to the token embeddings (GPT.hidden_states);
+# Position schemes: learned and sinusoidal add to the token embeddings (GPT.start_pass);
 # rope, xpos and alibi act inside attention.
 
 
@@ -165,8 +165,8 @@ class AttentionRule:
         name = self.name
         if name == "auto":
             name = "bca" if n_tokens > block_size else "causal"
-        window = self.window or block_size  # sliding, sinks
-        if name in ("causal", "bca"):
+        window = self.window or block_size  # W of sliding and sinks
+        if name in ("causal", "bca"):  # no W; BCA's is block_size
             window = block_size if name == "bca" else None
         return AttentionRule(name, window, self.sinks)
 
@@ -175,7 +175,7 @@ class AttentionPlan:
     """What attention needs for one pass over n_tokens, made once and passed to every layer,
     as gpt-fast passes its rotary table (nothing here is in the state_dict): the rule and
     its segments, xPos's rotation and decay, ALiBi's slopes, and the masks made so far
-    (alternatives.mask).
+    (alternatives.attention_mask).
 
     xPos (Eq. 10, Algorithm 1) multiplies pair j of a query at m by e^(i m theta_j)
     zeta_j^((m-c)/scale), and of a key at n by e^(i n theta_j) zeta_j^(-(n-c)/scale), with
@@ -270,9 +270,10 @@ class AttentionPlan:
 def attend(q, k, v, plan, queries, keys, sink_kv=None, dropout_p=0.0):
     """Causal attention of raw q at frame positions `queries` to raw k, v at `keys` (ranges
     that end together), rotated by the plan. Relative schemes use differences only, so the
-    frame is the caller's: absolute positions, or a window's 0 .. 2w-1. A causal mask is
+    frame is the caller's: absolute positions, or a window's 0 .. 2w-1. The causal mask is
     SDPA's is_causal where queries and keys start together (its fast kernels), else a
-    lower-right one; never an additive -inf, which turns an overflowed xPos score into NaN."""
+    lower-right one (none for one query): no tensor, and no additive -inf, which would turn
+    an overflowed xPos score into NaN. ALiBi and window bands: alternatives.attention_mask."""
     ys = []
     for start in range(queries.start, queries.stop, plan.chunk):  # xPos: chunks of queries
         qs = range(start, min(start + plan.chunk, queries.stop))
@@ -284,14 +285,14 @@ def attend(q, k, v, plan, queries, keys, sink_kv=None, dropout_p=0.0):
             continue
         qi, ki = plan.rotate(qi, ki, qs, ks)
         mask = None
-        causal = qs == ks
+        is_causal = qs == ks
         if plan.slopes is not None or plan.reach is not None:  # alternatives: ALiBi, windows
-            mask, causal = alternatives.mask(plan, qs, ks, v.dtype, v.device)
-        elif len(qs) > 1 and not causal:
+            mask, is_causal = alternatives.attention_mask(plan, qs, ks, v.dtype, v.device)
+        elif len(qs) > 1 and not is_causal:
             mask = causal_lower_right(len(qs), len(ks))
         ys.append(F.scaled_dot_product_attention(qi.to(v.dtype), ki.to(v.dtype), vi,
                                                  attn_mask=mask, dropout_p=dropout_p,
-                                                 is_causal=causal))
+                                                 is_causal=is_causal))
     return torch.cat(ys, dim=2)
 
 
@@ -394,7 +395,7 @@ class CausalSelfAttention(nn.Module):
             # BCA (§3.3) and the other windows, all segments at once: segment i > 0 attends
             # to segments i-1 and i in the frame 0 .. 2w-1 (queries at w .. 2w-1), so under
             # BCA no distance reaches l. The last segment's zero padding is in the future.
-            sink_kv = alternatives.first_keys(plan, k, v)  # alternatives: the sinks' S
+            sink_kv = alternatives.sinks_kv(plan, k, v)  # alternatives: the sinks' S
             n = -(-T // w)  # segments
             pad = (0, 0, 0, -T % w)
             q = F.pad(q, pad).view(B, nh, n, w, hd).transpose(1, 2)  # (B, n, nh, w, hd)
@@ -494,7 +495,7 @@ class GPT(nn.Module):
     def start_pass(self, idx, attention, rope_scaling, cache):
         """(plan, x): the pass's AttentionPlan (a cache's own), and the first block's input:
         the token embeddings, plus learned or sinusoidal positions."""
-        T = idx.size(1)
+        B, T = idx.size()
         start = cache[0].end() if cache else 0
         if cache:
             plan = self.cached_plan(cache, start + T, attention, rope_scaling, idx.device)
