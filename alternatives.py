@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.nn.attention.bias import causal_lower_right
 
 # ----------------------------------------------------------------------------
 # RoPE interpolation: changes to the rotary angles theta_j (of rope, and of xPos's rotation;
@@ -177,17 +176,16 @@ def window_reach(rule):
 
 
 def attention_mask(plan, queries, keys, dtype, device):
-    """(attn_mask, is_causal) for SDPA under ALiBi or a sliding or sinks window, made once per
-    pass and shape. ALiBi's -slope * (i - j) is the one float mask (its scores are never
-    amplified, so an additive -inf is safe); a window is a boolean band where some query
-    sees less than all keys before it; otherwise causal, as in model.attend."""
+    """SDPA's attn_mask under ALiBi or a sliding or sinks window, made once per pass and shape.
+    ALiBi's -slope * (i - j) is the one float mask (its scores are never amplified, so an
+    additive -inf is safe); a window is a boolean band where some query sees less than all
+    keys before it; None where the plain causal mask of model.attend will do."""
     key = (queries, keys, dtype)
     if key in plan.masks:
         return plan.masks[key]
     if len(plan.masks) > 4:  # a KV cache asks for a new shape at every token
         plan.masks.clear()
     mask = None
-    is_causal = queries == keys
     last = queries.stop - 1
     if plan.slopes is not None:
         i = torch.arange(queries.start, queries.stop, device=device)[:, None]
@@ -195,10 +193,8 @@ def attention_mask(plan, queries, keys, dtype, device):
         mask = bias.masked_fill(~plan.visible(queries, keys, device), -math.inf).to(dtype)
     elif last >= plan.segment and last - keys.start >= plan.reach:
         mask = plan.visible(queries, keys, device)  # a band
-    elif len(queries) > 1 and not is_causal:
-        mask = causal_lower_right(len(queries), len(keys))
-    plan.masks[key] = mask, is_causal and mask is None
-    return plan.masks[key]
+    plan.masks[key] = mask
+    return mask
 
 
 # ----------------------------------------------------------------------------

@@ -285,14 +285,13 @@ def attend(q, k, v, plan, queries, keys, sink_kv=None, dropout_p=0.0):
             continue
         qi, ki = plan.rotate(qi, ki, qs, ks)
         mask = None
-        is_causal = qs == ks
         if plan.slopes is not None or plan.reach is not None:  # alternatives: ALiBi, windows
-            mask, is_causal = alternatives.attention_mask(plan, qs, ks, v.dtype, v.device)
-        elif len(qs) > 1 and not is_causal:
+            mask = alternatives.attention_mask(plan, qs, ks, v.dtype, v.device)
+        if mask is None and len(qs) > 1 and qs != ks:
             mask = causal_lower_right(len(qs), len(ks))
         ys.append(F.scaled_dot_product_attention(qi.to(v.dtype), ki.to(v.dtype), vi,
                                                  attn_mask=mask, dropout_p=dropout_p,
-                                                 is_causal=is_causal))
+                                                 is_causal=mask is None and qs == ks))
     return torch.cat(ys, dim=2)
 
 
