@@ -161,8 +161,21 @@ def interpolate(theta, scaling, factor, block_size):
 
 
 # ----------------------------------------------------------------------------
-# Masks other than a causal one: ALiBi's bias, and the band of a window that ends before the
-# first key (sliding, sinks).
+# The sliding and sinks windows' W and S, and the masks other than a causal one: ALiBi's bias,
+# and the band of a window that ends before the first key (sliding, sinks).
+
+
+def check_window(rule):
+    """AttentionRule's checks of W and S: positive integers, and S < W under sinks (the window
+    holds the sinks and at least one recent key)."""
+    window = 1 if rule.window is None else rule.window
+    for flag, value in (("window", window), ("sinks", rule.sinks)):
+        if not (is_int(value) and value > 0):
+            raise ValueError(f"{flag}={value!r} is not allowed: must be a positive integer")
+    if rule.name == "sinks" and rule.window is not None and rule.sinks >= rule.window:
+        raise ValueError(f"sinks={rule.sinks} is not allowed with window={rule.window}: "
+                         "the window holds the sinks and at least one recent key, so "
+                         "sinks must be < window")
 
 
 def window_reach(rule):
