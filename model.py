@@ -25,7 +25,8 @@ from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
 import alternatives
-from alternatives import ROPE_SCALINGS, RopeScaling  # noqa: F401 (interface)
+from alternatives import (ATTENTION_RULES, ROPE_SCALINGS, AttentionRule,  # noqa: F401
+                          RopeScaling)  # (interface)
 
 POSITION_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "xpos", "none")
 
@@ -135,32 +136,8 @@ def alibi_slopes(n_head):
 # queries are cut into segments of w tokens (H for bca, W for sliding and sinks); segment i
 # sees keys of segments i-1 and i only, in the frame 0 .. 2w-1, and past the first segment
 # only those within its reach (W for sliding, W-S for the sinks' recent keys). Up to T = w
-# every rule is plain causal attention.
-
-ATTENTION_RULES = ("auto", "causal", "bca", "sliding", "sinks")
-
-
-@dataclass(frozen=True)
-class AttentionRule:
-    """One rule of the table above; auto is bca past block_size, causal up to it."""
-    name: str = "auto"
-    window: int = None  # W for sliding and sinks (None: block_size)
-    sinks: int = 4  # S, the first tokens sinks keep (StreamingLLM's 4)
-
-    def __post_init__(self):
-        if self.name not in ATTENTION_RULES:
-            rules = ", ".join(ATTENTION_RULES)
-            raise ValueError(f"attention={self.name!r} is not allowed: must be one of {rules}")
-        alternatives.check_window(self)  # alternatives: W and S of sliding and sinks
-
-    def resolve(self, n_tokens, block_size):
-        """The rule for n_tokens: auto decided, W filled in (BCA's is block_size)."""
-        name = self.name
-        if name == "auto":
-            name = "bca" if n_tokens > block_size else "causal"
-        window = {"causal": None, "bca": block_size}.get(name, self.window or block_size)
-        return AttentionRule(name, window, self.sinks)
-
+# every rule is plain causal attention. AttentionRule (alternatives.py, with RopeScaling: the
+# two knobs a pass takes) names a rule; auto, the default, is the paper's: BCA past l.
 
 class AttentionPlan:
     """What attention needs for one pass over n_tokens, made once and passed to every layer,
@@ -182,7 +159,7 @@ class AttentionPlan:
                              "positions): learned absolute positions cannot extrapolate")
         if not isinstance(attention, AttentionRule):  # None or a name
             attention = AttentionRule(attention or "auto")
-        self.rule = rule = attention.resolve(n_tokens, l)
+        self.rule = rule = attention.resolve(n_tokens, l)  # auto: BCA past l, else causal
         W = rule.window
         self.segment = W // 2 if rule.name == "bca" else W  # w (None: causal attention)
         self.reach = alternatives.window_reach(rule)  # alternatives: how far a window sees
@@ -222,8 +199,7 @@ class AttentionPlan:
 
     def rotate(self, q, k, queries, keys):
         """q at frame positions `queries` and k at `keys`, in float32, rotated by Algorithm 1:
-        each pair, a complex number, times e^(i m theta_j) and xPos's zeta^(+-(m-c)/scale),
-        c in the middle of the queries."""
+        pair j (complex) times e^(i m theta_j) zeta_j^(+-(m-c)/scale), c the queries' middle."""
         if self.rotation is None:
             return q, k
         fq = self.rotation[queries.start : queries.stop]  # (Q, d/2, 2)

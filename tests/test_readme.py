@@ -131,16 +131,19 @@ def read_path():
     """Traced, not counted by hand: every model.py definition entered from GPT.forward until its first attention
     call (F.scaled_dot_product_attention), in order, on xPos past block_size (so under BCA), and the most model.py
     frames on the stack at any attention call of the pass (the call depth; GPT.forward is 1). A closure or
-    comprehension on the path would show here under its own name."""
+    comprehension on the path would show here under its own name. Also the alternatives.py definitions the path
+    enters on the way (the knobs AttentionRule and RopeScaling live there)."""
     import torch
     from torch.nn import functional as F
+    import alternatives
     import model
     torch.manual_seed(0)
     config = model.GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=16, pos="xpos")
     gpt = model.GPT(config).eval()
     idx = torch.randint(0, 11, (1, 40))
     path = str(Path(model.__file__).resolve())
-    entered, depths = [], []
+    beside = str(Path(alternatives.__file__).resolve())
+    entered, depths, elsewhere = [], [], []
 
     def frames_in_model_py(frame):
         n = 0
@@ -153,6 +156,9 @@ def read_path():
         if event == "call" and frame.f_code.co_filename == path and not depths:
             if frame.f_code.co_qualname not in entered:
                 entered.append(frame.f_code.co_qualname)
+        if event == "call" and frame.f_code.co_filename == beside and not depths:
+            if frame.f_code.co_qualname not in elsewhere:
+                elsewhere.append(frame.f_code.co_qualname)
         if event == "c_call" and arg is F.scaled_dot_product_attention:
             depths.append(frames_in_model_py(frame))
 
@@ -163,7 +169,7 @@ def read_path():
     finally:
         sys.setprofile(None)
     assert depths, "the pass never called F.scaled_dot_product_attention"
-    return entered, max(depths)
+    return entered, max(depths), elsewhere
 
 
 def test_the_tour_of_model_py_is_the_traced_read_path():
@@ -182,7 +188,7 @@ def test_the_tour_of_model_py_is_the_traced_read_path():
     links = re.findall(r"\[`([\w.]+)`\]\(model\.py#L(\d+)\)", readme)
     for name, line in links:
         assert name in defs and defs[name].lineno == int(line), f"README: {name} is not defined at model.py line {line}"
-    entered, depth = read_path()
+    entered, depth, elsewhere = read_path()
     table = re.findall(r"^\| \d+ \| \[`([\w.]+)`\]", readme, flags=re.M)
     assert sorted(table) == sorted(entered), f"the README's path {table} is not the traced one {entered}"
     lines = set()
@@ -190,6 +196,8 @@ def test_the_tour_of_model_py_is_the_traced_read_path():
         lines |= set(range(defs[name].lineno, defs[name].end_lineno + 1))
     assert f"These {len(entered)} definitions hold {len(lines)} lines" in readme
     assert f"call depth {depth}" in readme
+    named = ", ".join(f"`{name}`" for name in elsewhere)
+    assert f"the path enters {len(elsewhere)} definitions of alternatives.py ({named})" in readme
     n_lines = len((ROOT / "model.py").read_text().splitlines())
     assert f"`model.py` ({n_lines} lines)" in readme
     marked = sum("# alternatives:" in line for line in (ROOT / "model.py").read_text().splitlines())
