@@ -139,6 +139,7 @@ def alibi_slopes(n_head):
 # every rule is plain causal attention. AttentionRule (alternatives.py, with RopeScaling: the
 # two knobs a pass takes) names a rule; auto, the default, is the paper's: BCA past l.
 
+
 class AttentionPlan:
     """What attention needs for one pass over n_tokens, made once and passed to every layer,
     as gpt-fast passes its rotary table (nothing here is in the state_dict): the rule and
