@@ -1,9 +1,8 @@
 """The inference-time alternatives to xPos + BCA that people compare it with, each in one
 place, outside the method's path: attention sinks (StreamingLLM), RoPE interpolation (PI,
-NTK, dynamic NTK, YaRN), and the masks of ALiBi and of the sliding and sinks windows; and
-the two knobs that pick them for a pass, RopeScaling and AttentionRule (model.py exports
-both). model.py calls them at the lines marked "alternatives:"; the sliding window is
-otherwise BCA's window mechanism with another width.
+NTK, dynamic NTK, YaRN), and the masks of ALiBi and of the sliding and sinks windows.
+model.py calls them at the lines marked "alternatives:"; the sliding window is otherwise
+BCA's window mechanism with another width.
 
 Nothing here imports model.py: the AttentionPlan model.py passes in is used for its fields
 and methods (rule, segment, reach, slopes, masks; rotate and visible, the one rotation and the one
@@ -162,39 +161,21 @@ def interpolate(theta, scaling, factor, block_size):
 
 
 # ----------------------------------------------------------------------------
-# Attention rules (the table in model.py): the knob that picks causal attention, BCA, a
-# sliding window or sinks for a pass. auto, the default, is the paper's: BCA past block_size.
-
-ATTENTION_RULES = ("auto", "causal", "bca", "sliding", "sinks")
+# The sliding and sinks windows (model.py's rule table): AttentionRule's checks of W and S, and
+# how far a window sees.
 
 
-@dataclass(frozen=True)
-class AttentionRule:
-    """One rule of model.py's table; auto is bca past block_size, causal up to it."""
-    name: str = "auto"
-    window: int = None  # W for sliding and sinks (None: block_size)
-    sinks: int = 4  # S, the first tokens sinks keep (StreamingLLM's 4)
-
-    def __post_init__(self):
-        if self.name not in ATTENTION_RULES:
-            rules = ", ".join(ATTENTION_RULES)
-            raise ValueError(f"attention={self.name!r} is not allowed: must be one of {rules}")
-        window = 1 if self.window is None else self.window
-        for flag, value in (("window", window), ("sinks", self.sinks)):
-            if not (is_int(value) and value > 0):
-                raise ValueError(f"{flag}={value!r} is not allowed: must be a positive integer")
-        if self.name == "sinks" and self.window is not None and self.sinks >= self.window:
-            raise ValueError(f"sinks={self.sinks} is not allowed with window={self.window}: "
-                             "the window holds the sinks and at least one recent key, so "
-                             "sinks must be < window")
-
-    def resolve(self, n_tokens, block_size):
-        """The rule for n_tokens: auto decided, W filled in (BCA's is block_size)."""
-        name = self.name
-        if name == "auto":
-            name = "bca" if n_tokens > block_size else "causal"
-        window = {"causal": None, "bca": block_size}.get(name, self.window or block_size)
-        return AttentionRule(name, window, self.sinks)
+def check_window(rule):
+    """AttentionRule's checks of W and S: positive integers, and S < W under sinks (the window
+    holds the sinks and at least one recent key)."""
+    window = 1 if rule.window is None else rule.window
+    for flag, value in (("window", window), ("sinks", rule.sinks)):
+        if not (is_int(value) and value > 0):
+            raise ValueError(f"{flag}={value!r} is not allowed: must be a positive integer")
+    if rule.name == "sinks" and rule.window is not None and rule.sinks >= rule.window:
+        raise ValueError(f"sinks={rule.sinks} is not allowed with window={rule.window}: "
+                         "the window holds the sinks and at least one recent key, so "
+                         "sinks must be < window")
 
 
 def window_reach(rule):

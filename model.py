@@ -25,8 +25,7 @@ from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
 import alternatives
-from alternatives import (ATTENTION_RULES, ROPE_SCALINGS, AttentionRule,  # noqa: F401
-                          RopeScaling)  # (interface)
+from alternatives import ROPE_SCALINGS, RopeScaling  # noqa: F401 (interface)
 
 POSITION_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "xpos", "none")
 
@@ -136,8 +135,33 @@ def alibi_slopes(n_head):
 # queries are cut into segments of w tokens (H for bca, W for sliding and sinks); segment i
 # sees keys of segments i-1 and i only, in the frame 0 .. 2w-1, and past the first segment
 # only those within its reach (W for sliding, W-S for the sinks' recent keys). Up to T = w
-# every rule is plain causal attention. AttentionRule (alternatives.py, with RopeScaling: the
-# two knobs a pass takes) names a rule; auto, the default, is the paper's: BCA past l.
+# every rule is plain causal attention.
+
+ATTENTION_RULES = ("auto", "causal", "bca", "sliding", "sinks")
+
+
+@dataclass(frozen=True)
+class AttentionRule:
+    """One rule of the table above; auto is bca past block_size, causal up to it."""
+    name: str = "auto"
+    window: int = None  # W for sliding and sinks (None: block_size)
+    sinks: int = 4  # S, the first tokens sinks keep (StreamingLLM's 4)
+
+    def __post_init__(self):
+        if self.name not in ATTENTION_RULES:
+            rules = ", ".join(ATTENTION_RULES)
+            raise ValueError(f"attention={self.name!r} is not allowed: must be one of {rules}")
+        alternatives.check_window(self)  # alternatives: W and S of sliding and sinks
+
+    def resolve(self, n_tokens, block_size):
+        """The rule for n_tokens: auto decided, W filled in."""
+        name = self.name
+        if name == "auto":
+            name = "bca" if n_tokens > block_size else "causal"
+        window = self.window or block_size  # W of sliding and sinks
+        if name in ("causal", "bca"):  # no W; BCA's is block_size
+            window = block_size if name == "bca" else None
+        return AttentionRule(name, window, self.sinks)
 
 
 class AttentionPlan:
@@ -160,7 +184,7 @@ class AttentionPlan:
                              "positions): learned absolute positions cannot extrapolate")
         if not isinstance(attention, AttentionRule):  # None or a name
             attention = AttentionRule(attention or "auto")
-        self.rule = rule = attention.resolve(n_tokens, l)  # auto: BCA past l, else causal
+        self.rule = rule = attention.resolve(n_tokens, l)
         W = rule.window
         self.segment = W // 2 if rule.name == "bca" else W  # w (None: causal attention)
         self.reach = alternatives.window_reach(rule)  # alternatives: how far a window sees
@@ -187,8 +211,9 @@ class AttentionPlan:
             angle = torch.arange(self.frame, device=device)[:, None] * theta  # (frame, d/2)
             self.rotation = sharpen * torch.stack((angle.cos(), angle.sin()), -1)
         if config.pos == "xpos":
+            # Over n queries centred on c, q and k carry factors up to zeta_0^(-n/2/scale):
+            # at most `chunk` queries at a time keep them <= 2^8, within float16 at any T.
             scale = config.xpos_scale_base
-            # attend_in_chunks: at most `chunk` queries keep xPos's factors <= 2^8 (float16)
             half = 8 * math.log(2) * scale / math.log(1 + 1 / gamma)  # n/2 where it is 2^8
             if 2 * half < self.frame:  # scale = inf: no decay, no chunks
                 self.chunk = 2 * int(half) + 1
@@ -200,7 +225,8 @@ class AttentionPlan:
 
     def rotate(self, q, k, queries, keys):
         """q at frame positions `queries` and k at `keys`, in float32, rotated by Algorithm 1:
-        pair j (complex) times e^(i m theta_j) zeta_j^(+-(m-c)/scale), c the queries' middle."""
+        each pair, a complex number, times e^(i m theta_j) and xPos's zeta^(+-(m-c)/scale),
+        c in the middle of the queries."""
         if self.rotation is None:
             return q, k
         fq = self.rotation[queries.start : queries.stop]  # (Q, d/2, 2)
@@ -236,34 +262,27 @@ def attend(q, k, v, plan, queries, keys, sink_kv=None, dropout_p=0.0):
     """Causal attention of raw q at frame positions `queries` to raw k, v at `keys` (ranges
     that end together), rotated by the plan. Relative schemes use differences only, so the
     frame is the caller's: absolute positions, or a window's 0 .. 2w-1. The causal mask is
-    SDPA's is_causal, or lower-right where the queries start later: no additive -inf, which
-    would turn an overflowed xPos score into NaN."""
-    if len(queries) > plan.chunk:  # xPos in float16
-        return attend_in_chunks(q, k, v, plan, queries, keys, sink_kv, dropout_p)
-    if sink_kv is not None and queries.start >= plan.segment:  # alternatives: StreamingLLM
-        return alternatives.attention_with_sinks(q, k, v, plan, queries, keys, sink_kv)
-    q, k = plan.rotate(q, k, queries, keys)
-    mask = None
-    if plan.slopes is not None or plan.reach is not None:  # alternatives: ALiBi, windows
-        mask = alternatives.attention_mask(plan, queries, keys, v.dtype, v.device)
-    if mask is None and len(queries) > 1 and queries != keys:
-        mask = causal_lower_right(len(queries), len(keys))
-    return F.scaled_dot_product_attention(q.to(v.dtype), k.to(v.dtype), v, attn_mask=mask,
-                                          dropout_p=dropout_p,
-                                          is_causal=mask is None and queries == keys)
-
-
-def attend_in_chunks(q, k, v, plan, queries, keys, sink_kv=None, dropout_p=0.0):
-    """attend, plan.chunk queries at a time, each against the keys up to its last query: over
-    n queries centred on c, xPos's factors reach zeta_0^(-n/2/scale), and chunks keep them
-    within float16."""
+    SDPA's is_causal where queries and keys start together (its fast kernels), else a
+    lower-right one (none for one query): no tensor, and no additive -inf, which would turn
+    an overflowed xPos score into NaN. ALiBi and window bands: alternatives.attention_mask."""
     ys = []
-    for start in range(queries.start, queries.stop, plan.chunk):
+    for start in range(queries.start, queries.stop, plan.chunk):  # xPos: chunks of queries
         qs = range(start, min(start + plan.chunk, queries.stop))
-        ks = range(keys.start, qs.stop)
+        ks = range(keys.start, qs.stop)  # the keys up to the chunk's last query
         qi = q[:, :, start - queries.start : qs.stop - queries.start]
         ki, vi = k[:, :, : len(ks)], v[:, :, : len(ks)]
-        ys.append(attend(qi, ki, vi, plan, qs, ks, sink_kv, dropout_p))
+        if sink_kv is not None and start >= plan.segment:  # alternatives: StreamingLLM
+            ys.append(alternatives.attention_with_sinks(qi, ki, vi, plan, qs, ks, sink_kv))
+            continue
+        qi, ki = plan.rotate(qi, ki, qs, ks)
+        mask = None
+        if plan.slopes is not None or plan.reach is not None:  # alternatives: ALiBi, windows
+            mask = alternatives.attention_mask(plan, qs, ks, v.dtype, v.device)
+        if mask is None and len(qs) > 1 and qs != ks:
+            mask = causal_lower_right(len(qs), len(ks))
+        ys.append(F.scaled_dot_product_attention(qi.to(v.dtype), ki.to(v.dtype), vi,
+                                                 attn_mask=mask, dropout_p=dropout_p,
+                                                 is_causal=mask is None and qs == ks))
     return torch.cat(ys, dim=2)
 
 
@@ -354,9 +373,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, plan, cache=None):
         B, T, C = x.size()
         nh = self.config.n_head
+        hd = C // nh
         w = plan.segment
-        qkv = self.c_attn(x).view(B, T, 3, nh, C // nh).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hd)
-        q, k, v = qkv
+        q, k, v = self.c_attn(x).view(B, T, 3, nh, hd).permute(2, 0, 3, 1, 4)  # (B, nh, T, hd)
         if cache is not None:
             y = cache.attend_new(q, k, v, plan)
         elif not w or T <= w:  # causal attention (training), or within one segment
@@ -368,15 +387,17 @@ class CausalSelfAttention(nn.Module):
             # BCA no distance reaches l. The last segment's zero padding is in the future.
             sink_kv = alternatives.sinks_kv(plan, k, v)  # alternatives: the sinks' S
             n = -(-T // w)  # segments
-            qkv = F.pad(qkv, (0, 0, 0, -T % w)).unflatten(3, (n, w)).transpose(2, 3)
-            q, k, v = qkv  # (B, n, nh, w, hd)
-            # the keys and values of segments i-1 and i: (B*(n-1), nh, 2w, hd) each
-            kw, vw = torch.cat((qkv[1:, :, :-1], qkv[1:, :, 1:]), dim=4).flatten(1, 2)
+            pad = (0, 0, 0, -T % w)
+            q = F.pad(q, pad).view(B, nh, n, w, hd).transpose(1, 2)  # (B, n, nh, w, hd)
+            k = F.pad(k, pad).view(B, nh, n, w, hd).transpose(1, 2)
+            v = F.pad(v, pad).view(B, nh, n, w, hd).transpose(1, 2)
+            kw = torch.cat((k[:, :-1], k[:, 1:]), dim=3).flatten(0, 1)  # (B*(n-1), nh, 2w, hd)
+            vw = torch.cat((v[:, :-1], v[:, 1:]), dim=3).flatten(0, 1)
             qw = q[:, 1:].flatten(0, 1)  # (B*(n-1), nh, w, hd)
             y = attend(qw, kw, vw, plan, range(w, 2 * w), range(2 * w), sink_kv)
             first = attend(q[:, 0], k[:, 0], v[:, 0], plan, range(w), range(w))  # (B, nh, w, hd)
-            y = torch.cat((first[:, None], y.unflatten(0, (B, n - 1))), dim=1)  # (B, n, nh, w, hd)
-            y = y.transpose(1, 2).flatten(2, 3)[:, :, :T]  # (B, nh, T, hd)
+            y = torch.cat((first[:, None], y.view(B, n - 1, nh, w, hd)), dim=1)
+            y = y.transpose(1, 2).reshape(B, nh, n * w, hd)[:, :, :T]  # (B, nh, T, hd)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -474,7 +495,8 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx)  # (B, T, n_embd)
         if self.config.pos == "learned":
             x = x + self.transformer.wpe(pos)
-        if self.config.pos == "sinusoidal":  # tokens times sqrt(n_embd), Vaswani et al. §3.4
+        if self.config.pos == "sinusoidal":
+            # tokens times sqrt(n_embd) (Vaswani et al. §3.4), or the table would drown them
             x = x * math.sqrt(self.config.n_embd)
             x = x + sinusoidal_embedding(pos, self.config.n_embd).to(x.dtype)
         return plan, self.transformer.drop(x)

@@ -359,7 +359,7 @@ def sweep_markdown(sweep, curves, names, l):
         if not rows:
             continue
         title = (f"{task} where the rule acts (after {2 * l} tokens, the answer's phase drawn "
-                 "uniformly in its segment): accuracy by zone, pooled over the sweep's "
+                 "uniformly over BCA's segment of l/2): accuracy by zone, pooled over the sweep's "
                  "distances, mean ± std over seeds [each seed], and in parentheses the answers "
                  "a checkpoint scores in that zone")
         lines = table_head(title, ["direct", "relay", "beyond", "reach bound"])

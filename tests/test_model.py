@@ -150,6 +150,25 @@ def test_compiled_rotation_is_real_arithmetic_and_equals_eager(pos, attention):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_compiled_passes_through_xpos_chunks_and_the_kv_cache_equal_eager():
+    """torch.compile where attend meets many ranges of positions: xPos's float16 chunks (a scale base of 2 makes a
+    chunk 17 queries) under causal attention, BCA and sinks, and decoding through the KV cache a token at a time.
+    Dynamo compiles attend on its own at several ranges there; each pass must run and equal the eager one."""
+    torch._dynamo.reset()
+    m, x = tiny("xpos", block_size=32, xpos_scale_base=2.0), tokens(75)
+    assert AttentionPlan(m.config, 75, "causal").chunk < 75 and AttentionPlan(m.config, 75, "bca").chunk < 32
+    compiled = torch.compile(m, backend="aot_eager")
+    with torch.no_grad():
+        for rule in ("causal", "bca", model.AttentionRule("sinks", 24, 3)):
+            torch.testing.assert_close(compiled(x, x, attention=rule)[0], m(x, x, attention=rule)[0])
+        want = m(x, x)[0]
+        cache = m.new_cache(75)
+        got = [compiled(x[:, :20], x[:, :20], cache=cache)[0]]
+        got += [compiled(x[:, t : t + 1], x[:, t : t + 1], cache=cache)[0] for t in range(20, 75)]
+    torch.testing.assert_close(torch.cat(got, dim=1), want, rtol=1e-5, atol=1e-5)
+
+
 # --- attention rules: bca, sliding, sinks -------------------------------------------------------------------------
 # Each rule is written out here from its definition (the paper §3.3 for BCA, StreamingLLM for sinks): which keys query
 # t sees, and at what distance a relative scheme sees each of them. The model must match a brute-force T x T
