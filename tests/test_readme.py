@@ -132,7 +132,7 @@ def read_path():
     call (F.scaled_dot_product_attention), in order, on xPos past block_size (so under BCA), and the most model.py
     frames on the stack at any attention call of the pass (the call depth; GPT.forward is 1). A closure or
     comprehension on the path would show here under its own name. Also the alternatives.py definitions the path
-    enters on the way (the knobs AttentionRule and RopeScaling live there)."""
+    enters on the way (the windows' checks, reach and sinks; RopeScaling)."""
     import torch
     from torch.nn import functional as F
     import alternatives
@@ -144,6 +144,7 @@ def read_path():
     path = str(Path(model.__file__).resolve())
     beside = str(Path(alternatives.__file__).resolve())
     entered, depths, elsewhere = [], [], []
+    seen = {path: entered, beside: elsewhere}  # the definitions entered, by file
 
     def frames_in_model_py(frame):
         n = 0
@@ -153,12 +154,9 @@ def read_path():
         return n
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename == path and not depths:
-            if frame.f_code.co_qualname not in entered:
-                entered.append(frame.f_code.co_qualname)
-        if event == "call" and frame.f_code.co_filename == beside and not depths:
-            if frame.f_code.co_qualname not in elsewhere:
-                elsewhere.append(frame.f_code.co_qualname)
+        names = seen.get(frame.f_code.co_filename)
+        if event == "call" and names is not None and not depths and frame.f_code.co_qualname not in names:
+            names.append(frame.f_code.co_qualname)
         if event == "c_call" and arg is F.scaled_dot_product_attention:
             depths.append(frames_in_model_py(frame))
 
