@@ -252,7 +252,7 @@ def sigint_torchrun(tmp, data):
            *tiny_args(data, out, max_iters=400, eval_interval=5, eval_iters=2, gradient_accumulation_steps=2)]
     proc = start(cmd, start_new_session=True)  # its own process group, which a terminal's Ctrl-C goes to
     if not wait_for(lambda: (out / "log.jsonl").exists() and any(i >= 12 for i in logged_iters(out)), proc):
-        check(False, "sigint_torchrun: the run was still going", proc.communicate()[1])
+        check(False, "sigint_torchrun: the run ended or stalled before iteration 12", proc.communicate()[1])
         return
     os.killpg(proc.pid, signal.SIGINT)
     err = proc.communicate(timeout=120)[1]
