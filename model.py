@@ -375,7 +375,8 @@ class CausalSelfAttention(nn.Module):
         nh = self.config.n_head
         hd = C // nh
         w = plan.segment
-        q, k, v = self.c_attn(x).view(B, T, 3, nh, hd).permute(2, 0, 3, 1, 4)  # (B, nh, T, hd)
+        qkv = self.c_attn(x).view(B, T, 3, nh, hd).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hd)
+        q, k, v = qkv
         if cache is not None:
             y = cache.attend_new(q, k, v, plan)
         elif not w or T <= w:  # causal attention (training), or within one segment
@@ -386,16 +387,13 @@ class CausalSelfAttention(nn.Module):
             # to segments i-1 and i in the frame 0 .. 2w-1 (queries at w .. 2w-1), so under
             # BCA no distance reaches l. The last segment's zero padding is in the future.
             sink_kv = alternatives.sinks_kv(plan, k, v)  # alternatives: the sinks' S
-            n = -(-T // w)  # segments
-            pad = (0, 0, 0, -T % w)
-            q = F.pad(q, pad).view(B, nh, n, w, hd).transpose(1, 2)  # (B, n, nh, w, hd)
-            k = F.pad(k, pad).view(B, nh, n, w, hd).transpose(1, 2)
-            v = F.pad(v, pad).view(B, nh, n, w, hd).transpose(1, 2)
-            kw = torch.cat((k[:, :-1], k[:, 1:]), dim=3).flatten(0, 1)  # (B*(n-1), nh, 2w, hd)
-            vw = torch.cat((v[:, :-1], v[:, 1:]), dim=3).flatten(0, 1)
-            qw = q[:, 1:].flatten(0, 1)  # (B*(n-1), nh, w, hd)
+            n = -(-T // w)  # segments, each qn, kn, vn: (B, n, nh, w, hd)
+            qn, kn, vn = F.pad(qkv, (0, 0, 0, -T % w)).view(3, B, nh, n, w, hd).transpose(2, 3)
+            kw = torch.cat((kn[:, :-1], kn[:, 1:]), dim=3).flatten(0, 1)  # (B*(n-1), nh, 2w, hd)
+            vw = torch.cat((vn[:, :-1], vn[:, 1:]), dim=3).flatten(0, 1)
+            qw = qn[:, 1:].flatten(0, 1)  # (B*(n-1), nh, w, hd)
             y = attend(qw, kw, vw, plan, range(w, 2 * w), range(2 * w), sink_kv)
-            first = attend(q[:, 0], k[:, 0], v[:, 0], plan, range(w), range(w))  # (B, nh, w, hd)
+            first = attend(qn[:, 0], kn[:, 0], vn[:, 0], plan, range(w), range(w))  # (B, nh, w, hd)
             y = torch.cat((first[:, None], y.view(B, n - 1, nh, w, hd)), dim=1)
             y = y.transpose(1, 2).reshape(B, nh, n * w, hd)[:, :, :T]  # (B, nh, T, hd)
         y = y.transpose(1, 2).reshape(B, T, C)
