@@ -20,7 +20,7 @@ test: $(VENV)/installed
 
 # Everything (what CI runs): the whole suite, the slow tests included, then the two-process stress loop and the
 # hostile attacks on the processes' life cycle (two trainers on one out_dir, an orphaned reproduce.py job, Ctrl-C;
-# about 2 minutes). The CUDA tests run where a GPU exists (without one they report as skipped).
+# about 4 minutes). The CUDA tests run where a GPU exists (without one they report as skipped).
 test-all: $(VENV)/installed
 	$(PY) -m pytest
 	$(PY) tests/stress_ddp.py --runs 50
