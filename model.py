@@ -391,7 +391,8 @@ class CausalSelfAttention(nn.Module):
             qn, kn, vn = F.pad(qkv, (0, 0, 0, -T % w)).view(3, B, nh, n, w, hd).transpose(2, 3)
             kw = torch.cat((kn[:, :-1], kn[:, 1:]), dim=3).flatten(0, 1)  # (B*(n-1), nh, 2w, hd)
             vw = torch.cat((vn[:, :-1], vn[:, 1:]), dim=3).flatten(0, 1)
-            qw = qn[:, 1:].flatten(0, 1)  # (B*(n-1), nh, w, hd)
+            # a copy at any B (at B = 1 a view): a sequence scores the same alone or in a batch
+            qw = qn[:, 1:].flatten(0, 1).contiguous()  # (B*(n-1), nh, w, hd)
             y = attend(qw, kw, vw, plan, range(w, 2 * w), range(2 * w), sink_kv)
             first = attend(qn[:, 0], kn[:, 0], vn[:, 0], plan, range(w), range(w))  # (B, nh, w, hd)
             y = torch.cat((first[:, None], y.view(B, n - 1, nh, w, hd)), dim=1)

@@ -307,6 +307,21 @@ def test_bca_reach_through_the_layers_is_bounded_exactly(pos):
             assert torch.equal(logits[0, t], base[0, t]) != moves, (t, s)
 
 
+@pytest.mark.parametrize("pos", ("rope", "xpos", "none"))
+def test_bca_scores_a_sequence_the_same_alone_or_in_a_batch(pos):
+    """Each row of a batch gets the logits it gets alone, bitwise, under BCA: a torchrun evaluation, a document a
+    rank, then equals one process's (tests/test_eval_extrapolate.py). Fails on some CPUs (AVX-512) where q is
+    strided at batch 1 alone."""
+    m = tiny(pos)
+    for seed in range(12):
+        for T in (16, 27, 40):
+            idx = tokens(T, seed=seed, batch=3)
+            batched = m(idx, idx, attention="bca")[0]
+            for row in range(3):
+                alone = m(idx[row : row + 1], idx[row : row + 1], attention="bca")[0]
+                assert torch.equal(alone[0], batched[row]), (seed, T, row)
+
+
 @pytest.mark.parametrize("rule, most_keys", [("bca", 16), (model.AttentionRule("sliding", 12), 24),
                                              (model.AttentionRule("sinks", 12, 4), 28)])
 def test_windows_never_build_a_t_by_t_matrix(rule, most_keys, monkeypatch):
