@@ -169,6 +169,7 @@ def interrupted(name, out, args, sig, seed, rounds=3):
         proc = start([sys.executable, "train.py", *args, *resume])
         at = (max(logged_iters(out)) if (out / "log.jsonl").exists() and resume else 0) + rng.randint(2, 8)
         if not wait_for(lambda: (out / "log.jsonl").exists() and any(i >= at for i in logged_iters(out)), proc):
+            proc.kill()  # a stalled run would keep communicate() waiting
             check(False, f"{name} {k}: the run ended or stalled before iteration {at}", proc.communicate()[1])
             return
         time.sleep(rng.random() * 0.3)  # somewhere in an iteration, an evaluation or a checkpoint's write
@@ -252,6 +253,10 @@ def sigint_torchrun(tmp, data):
            *tiny_args(data, out, max_iters=400, eval_interval=5, eval_iters=2, gradient_accumulation_steps=2)]
     proc = start(cmd, start_new_session=True)  # its own process group, which a terminal's Ctrl-C goes to
     if not wait_for(lambda: (out / "log.jsonl").exists() and any(i >= 12 for i in logged_iters(out)), proc):
+        try:  # torchrun and its ranks, if they stalled: communicate() would wait for them
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # they had all ended
+            pass
         check(False, "sigint_torchrun: the run ended or stalled before iteration 12", proc.communicate()[1])
         return
     os.killpg(proc.pid, signal.SIGINT)
