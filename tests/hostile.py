@@ -49,8 +49,8 @@ from test_train import logged_iters, tiny_args, words_dataset  # noqa: E402  (th
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 # The interrupted runs' length: three stops land within the first hundred iterations, and a run must not reach
-# its end between a stop's moment and its signal even on a busy machine: an iteration takes about 10 ms on 2 CPU
-# cores, and at 60 iterations a stall of half a second let one finish.
+# its end between a stop's moment and its signal even on a busy machine (an iteration takes about 10 ms on 2 CPU
+# cores: this leaves some 20 s).
 INTERRUPTED_ITERS = 2000
 failures = []
 
