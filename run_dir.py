@@ -18,7 +18,7 @@ from cli import UserError
 
 # One owner: an advisory lock on out_dir/lock (flock), which the kernel drops when its process dies
 LOCK_NAME = "lock"
-OWNED = {}  # lock file -> descriptor, held by this process until release_run_dirs
+OWNED = {}  # lock file -> descriptor (None: no locks there), held until release_run_dirs
 
 
 def own_run_dir(folder, what="out_dir"):
@@ -41,6 +41,7 @@ def own_run_dir(folder, what="out_dir"):
             os.close(fd)
             print(f"note: {what} {folder} cannot be locked ({e.strerror}): nothing stops a "
                   "second trainer there")
+            OWNED[path] = None
             return
         # the owner before us removes the file as it lets go: ours must still be the one at path
         try:
@@ -70,11 +71,15 @@ def lock_owner(fd):
 
 def release_run_dirs():
     """Let go of every run directory this process owns (removing the lock file first, so that
-    none is left behind)."""
+    none is left behind). Returns them."""
+    released = []
     while OWNED:
         path, fd = OWNED.popitem()
-        path.unlink(missing_ok=True)
-        os.close(fd)
+        if fd is not None:
+            path.unlink(missing_ok=True)
+            os.close(fd)
+        released.append(path.parent)
+    return released
 
 
 def run_dir_owner(folder):
@@ -157,11 +162,10 @@ def keep_checkpoint(path, iter_num, keep, best):
 
 
 def remove_debris(out_dir, made):
-    """After a run failed before its first checkpoint: an empty log.jsonl (beside no checkpoint),
-    and out_dir itself when this run made it and it is empty, so that a failed start leaves the
-    directory as it found it."""
-    if out_dir is None or os.environ.get("RANK", "0") != "0":  # rank 0 alone writes there
-        return
+    """After a run that owned out_dir failed before its first checkpoint: an empty log.jsonl
+    (beside no checkpoint), and out_dir itself when this run made it and it is empty, so that a
+    failed start leaves the directory as it found it. (A run refused out_dir must not call it: the
+    owner's log is empty at its start.)"""
     out_dir = Path(out_dir)
     log = out_dir / "log.jsonl"
     # best effort: an out_dir that cannot be read (a name too long, a loop) has nothing to clean

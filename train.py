@@ -375,9 +375,9 @@ def main(argv=None):
         error_exit("train.py", UserError(f"torch.compile failed ({type(e).__name__}: "
                                          f"{first[:200]}); train with --compile=False"))
     finally:
-        release_run_dirs()
-        if failed:
-            remove_debris(cfg.out_dir if cfg else None, made)
+        owned = release_run_dirs()  # rank 0's, if it took out_dir
+        if failed and cfg and Path(cfg.out_dir) in owned:
+            remove_debris(cfg.out_dir, made)
 
 
 if __name__ == "__main__":

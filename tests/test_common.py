@@ -265,7 +265,21 @@ def test_a_run_directory_has_one_owner(tmp_path):
     assert run_dir.run_dir_owner(out) is None
     run_dir.own_run_dir(out)
     assert f"pid {os.getpid()}" in (out / "lock").read_text()
-    run_dir.release_run_dirs()
+    assert run_dir.release_run_dirs() == [out]  # which a failed start may then clean (remove_debris)
+
+
+def test_a_run_directory_without_locks_is_owned_with_a_note(tmp_path, monkeypatch, capsys):
+    """A filesystem without flock (some NFS mounts): a note, and the directory counts as this process's, so that a
+    failed start still cleans its debris; the lock file it could not lock is left as it was."""
+    import errno
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+    monkeypatch.setattr(run_dir.fcntl, "flock", no_locks)
+    run_dir.own_run_dir(tmp_path)
+    assert capsys.readouterr().out == (f"note: out_dir {tmp_path} cannot be locked ({os.strerror(errno.ENOLCK)}): "
+                                       "nothing stops a second trainer there\n")
+    assert run_dir.release_run_dirs() == [tmp_path] and run_dir.release_run_dirs() == []
 
 
 @pytest.mark.slow

@@ -729,6 +729,23 @@ def test_a_second_trainer_on_an_owned_out_dir_is_refused(data_dir, tmp_path):
     assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 6 and not (out / "lock").exists()
 
 
+def test_a_refused_trainer_leaves_the_owners_new_log(data_dir, tmp_path):
+    """The owner of an out_dir, just started with --overwrite=True, holds an empty log.jsonl beside no checkpoint: a
+    second trainer refused there took that for its own debris and removed it, and the owner's whole log went with it
+    (a race the hostile script's overwrite attack met). A refused trainer touches nothing."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "log.jsonl").touch()  # the owner's, as start_log leaves it before the first step
+    fd = hold_lock(out)
+    try:
+        for extra in (dict(init_from="resume"), dict(overwrite=True), dict()):
+            message = train_error(tiny_args(data_dir, out, **extra))
+            assert message.startswith(f"train.py: error: out_dir {out} is in use by pid 4242 on host elsewhere")
+            assert sorted(p.name for p in out.iterdir()) == ["lock", "log.jsonl"]
+    finally:
+        os.close(fd)
+
+
 def test_rank_alone_and_a_missing_peer_are_one_line_errors(data_dir, tmp_path, monkeypatch):
     """`RANK=0 python train.py` was a ValueError traceback, and a rank 0 whose peer never comes waited for ever (30
     minutes): one-line errors, the second after ddp_rendezvous_minutes, naming the missing rank."""
