@@ -20,7 +20,6 @@ each checked for what must hold after it. Part of `make test-all`.
   so that the write fails with EFBIG as it would with ENOSPC) below a checkpoint's size while train.py resumes, and
   below the token files' while prepare_data.py replaces a dataset: one line each, status 1, and the checkpoint or
   dataset from before intact.
-
 - prepare_kill: kill -9 of prepare_data.py alone while its two workers tokenize a long one-line document (in pieces)
   into a folder holding a dataset: the workers die with it, the dataset from before is intact, and the next run
   finishes and leaves none of the killed run's files.
@@ -52,6 +51,9 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 # its end between a stop's moment and its signal even on a busy machine (an iteration takes about 10 ms on 2 CPU
 # cores: this leaves some 20 s).
 INTERRUPTED_ITERS = 2000
+# The raced runs' length: the later of two trainers started together must reach out_dir's lock before the first
+# ends, even when its start (importing torch) is seconds late on a busy machine.
+RACE_ITERS = 600
 failures = []
 
 
@@ -90,7 +92,7 @@ def race(tmp, data):
     for name, extra in (("resume", dict(init_from="resume")), ("overwrite", dict(overwrite=True))):
         out = tmp / f"race_{name}"
         shutil.copytree(base, out)
-        args = tiny_args(data, out, max_iters=200, eval_interval=2, eval_iters=1, **extra)
+        args = tiny_args(data, out, max_iters=RACE_ITERS, eval_interval=2, eval_iters=1, **extra)
         procs = [start([sys.executable, "train.py", *args]) for _ in range(2)]
         errs = [p.communicate(timeout=900)[1] for p in procs]
         results = [(p.pid, p.returncode, None, err) for p, err in zip(procs, errs)]
@@ -103,10 +105,11 @@ def race(tmp, data):
             check(lost[0][1] == 1 and len(err.splitlines()) == 1 and f"is in use by pid {won[0][0]} on host" in err,
                   f"race {name}: the other is one line naming the owner's pid", err)
             iters = [e["iter"] for e in train_log(out) if "loss" in e]
-            check(iters == list(range(200)), f"race {name}: the owner's log is complete",
+            check(iters == list(range(RACE_ITERS)), f"race {name}: the owner's log is complete",
                   f"iters {iters[:3]}...{iters[-3:]}")
             import torch
-            check(torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 200 and not (out / "lock").exists(),
+            last = torch.load(out / "ckpt.pt", weights_only=True)["iter_num"]
+            check(last == RACE_ITERS and not (out / "lock").exists(),
                   f"race {name}: its checkpoint is at the end, and the lock is gone")
 
 
@@ -313,25 +316,30 @@ def prepare_kill(tmp, data):
     prepare = [sys.executable, "prepare_data.py", "--dataset", "text", "--tokenizer", "gpt2", "--out_dir", str(out)]
     subprocess.run([*prepare, "--path", str(corpus / "small.txt")], cwd=ROOT, env=ENV, check=True, capture_output=True)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    (corpus / "long.txt").write_text("pack my box with five dozen liquor jugs " * 800_000)  # one line, 32 MB
+    # one line, 128 MB: some 10 s of tokenizing on 2 CPU cores, so that the kill comes long before the commit
+    (corpus / "long.txt").write_text("pack my box with five dozen liquor jugs " * 3_200_000)
     proc = start([*prepare, "--path", str(corpus / "long.txt"), "--workers", "2"])
     workers = []
     busy = wait_for(lambda: len(workers) == 2 or workers.extend(
         k for k in children(proc.pid) if k not in workers and "prepare_data" in cmdline(k)) or False, proc, 120)
     check(busy, "prepare_kill: prepare_data.py starts two workers", proc.stderr.read() if proc.poll() else "")
-    time.sleep(1.0)  # both tokenizing
+    time.sleep(0.5)  # both tokenizing
+    tokenizing = proc.poll() is None and (out / "meta.json").read_bytes() == before["meta.json"]
     proc.kill()
     proc.wait()
+    check(tokenizing, "prepare_kill: the kill comes before the run's commit",
+          f"exit {proc.returncode}: the run ended or committed first: {proc.stderr.read()}")
     deadline = time.monotonic() + 30
     while any(alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     check(not any(alive(w) for w in workers), "prepare_kill: its workers die with it", " ".join(map(cmdline, workers)))
     try:
         dataset_files.load_meta(out, full=True)
-        intact = all((out / name).read_bytes() == content for name, content in before.items())
+        changed = [name for name, content in before.items() if (out / name).read_bytes() != content]
+        found = f"changed: {changed}"
     except Exception as e:  # noqa: BLE001 -- any failure to read it is the finding
-        intact = False
-    check(intact, "prepare_kill: the dataset from before is intact and loads")
+        changed, found = True, f"{type(e).__name__}: {e}"
+    check(not changed, "prepare_kill: the dataset from before is intact and loads", found)
     done = subprocess.run([*prepare, "--path", str(corpus / "small.txt")], cwd=ROOT, env=ENV, capture_output=True,
                           text=True)
     check(done.returncode == 0 and {p.name for p in out.iterdir()} == set(before),
