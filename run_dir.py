@@ -71,15 +71,12 @@ def lock_owner(fd):
 
 def release_run_dirs():
     """Let go of every run directory this process owns (removing the lock file first, so that
-    none is left behind). Returns them."""
-    released = []
+    none is left behind)."""
     while OWNED:
         path, fd = OWNED.popitem()
         if fd is not None:
             path.unlink(missing_ok=True)
             os.close(fd)
-        released.append(path.parent)
-    return released
 
 
 def run_dir_owner(folder):
@@ -162,16 +159,20 @@ def keep_checkpoint(path, iter_num, keep, best):
 
 
 def remove_debris(out_dir, made):
-    """After a run that owned out_dir failed before its first checkpoint: an empty log.jsonl
-    (beside no checkpoint), and out_dir itself when this run made it and it is empty, so that a
-    failed start leaves the directory as it found it. (A run refused out_dir must not call it: the
-    owner's log is empty at its start.)"""
+    """After a run failed before its first checkpoint: its empty log.jsonl (beside no checkpoint)
+    while it still owns out_dir, then out_dir's lock let go, then out_dir itself when this run made
+    it and it is empty, so that a failed start leaves the directory as it found it. A run refused
+    out_dir removes no log: the owner's is empty too when it has just started."""
+    if os.environ.get("RANK", "0") != "0":  # rank 0 alone writes there
+        return
     out_dir = Path(out_dir)
     log = out_dir / "log.jsonl"
     # best effort: an out_dir that cannot be read (a name too long, a loop) has nothing to clean
     try:
-        if log.is_file() and log.stat().st_size == 0 and not (out_dir / "ckpt.pt").exists():
+        if out_dir / LOCK_NAME in OWNED and log.is_file() and log.stat().st_size == 0 \
+                and not (out_dir / "ckpt.pt").exists():
             log.unlink()
+        release_run_dirs()
         if made and out_dir.is_dir() and not any(out_dir.iterdir()):
             out_dir.rmdir()
     except OSError:

@@ -375,9 +375,9 @@ def main(argv=None):
         error_exit("train.py", UserError(f"torch.compile failed ({type(e).__name__}: "
                                          f"{first[:200]}); train with --compile=False"))
     finally:
-        owned = release_run_dirs()  # rank 0's, if it took out_dir
-        if failed and cfg and Path(cfg.out_dir) in owned:
+        if failed and cfg:
             remove_debris(cfg.out_dir, made)
+        release_run_dirs()
 
 
 if __name__ == "__main__":
