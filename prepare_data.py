@@ -653,6 +653,13 @@ def tokenize_to(stream_file, docs, tokenizer, workers, names):
         context = multiprocessing.get_context("fork")
         with concurrent.futures.ProcessPoolExecutor(workers, context, init_worker,
                                                     (*init, os.getpid())) as pool:
+            # the workers start with SIGINT blocked, so that a Ctrl-C as they start is the main
+            # process's alone (init_worker then ignores it, dropping one pending)
+            unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                pool.submit(int)  # forks them
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
             pending = collections.deque()
             for batch in batches(docs, names):
                 pending.append(pool.submit(encode_batch, batch))

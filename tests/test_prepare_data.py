@@ -526,6 +526,38 @@ def test_jsonl_one_document_per_line(tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
+def test_ctrl_c_as_the_workers_start_is_one_line(tmp_path):
+    """Ctrl-C to the process group (as a terminal sends it) while the workers start, before init_worker makes them
+    ignore it: each worker printed a KeyboardInterrupt traceback ("Exception in initializer") above the main
+    process's line. The workers start with SIGINT blocked: the one line alone, status 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "a.txt").write_text("pack my box with five dozen liquor jugs\n\n" * 2000)
+    ready = tmp_path / "ready"
+    argv = ["--dataset", "text", "--path", str(tmp_path / "a.txt"), "--workers", "2", "--out_dir", str(tmp_path / "o")]
+    code = (f"import sys, time, pathlib; sys.path.insert(0, {str(root)!r}); import prepare_data as m\n"
+            "f = m.init_worker\n"
+            f"def slow(*a):\n    pathlib.Path({str(ready)!r}).touch(); time.sleep(1); return f(*a)\n"
+            f"m.init_worker = slow; m.main({argv!r})")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        while not ready.exists() and proc.poll() is None:
+            time.sleep(0.01)
+        assert proc.poll() is None, proc.stderr.read()
+        os.killpg(proc.pid, signal.SIGINT)  # a worker is in its start (slow), before init_worker
+        err = proc.communicate(timeout=60)[1].strip()
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and err.startswith("prepare_data.py: interrupted (Ctrl-C):"), err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "o").exists(), err
+
+
 @pytest.mark.parametrize("separator", [None, "<|endoftext|>"])
 def test_plain_text_cut_into_documents(tmp_path, separator):
     docs = [f"Document {i}.\n" + "Some words here.\n" * (i % 4 + 1) for i in range(25)]
