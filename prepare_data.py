@@ -558,6 +558,24 @@ def init_worker(kind, chars, parent=None):
     _worker_tokenizer = (tokenizer, codepoints)
 
 
+def start_workers(pool):
+    """Fork the pool's workers (its first task forks them all) with SIGINT blocked, so that a
+    Ctrl-C as they start is the main process's alone (init_worker then ignores it, dropping one
+    pending). The main process's own KeyboardInterrupt waits until they are all forked: a pool
+    stopped half-forked would wait for its workers at exit forever."""
+    held = []
+    handler = signal.signal(signal.SIGINT, lambda *_: held.append(True))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        pool.submit(int)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, handler)
+    if held and callable(handler):
+        handler(signal.SIGINT, None)
+
+
 def encode_batch(batch):
     """Token ids of each (text, last) piece of batch (its Runs expanded, empty documents dropped), a
     document's last followed by the separator (eot), as one array; the pieces' token counts; and
@@ -653,13 +671,7 @@ def tokenize_to(stream_file, docs, tokenizer, workers, names):
         context = multiprocessing.get_context("fork")
         with concurrent.futures.ProcessPoolExecutor(workers, context, init_worker,
                                                     (*init, os.getpid())) as pool:
-            # the workers start with SIGINT blocked, so that a Ctrl-C as they start is the main
-            # process's alone (init_worker then ignores it, dropping one pending)
-            unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            try:
-                pool.submit(int)  # forks them
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+            start_workers(pool)
             pending = collections.deque()
             for batch in batches(docs, names):
                 pending.append(pool.submit(encode_batch, batch))

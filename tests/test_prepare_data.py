@@ -558,6 +558,27 @@ def test_ctrl_c_as_the_workers_start_is_one_line(tmp_path):
     assert len(err.splitlines()) == 1 and not (tmp_path / "o").exists(), err
 
 
+def test_a_ctrl_c_while_the_workers_fork_waits_for_the_last_fork():
+    """A KeyboardInterrupt in the main process between two forks left a pool whose forked workers waited for tasks
+    forever, and the exit waited for them: the Ctrl-C is held until the first task (which forks them all) is in, then
+    raised; SIGINT's handler and mask are as before."""
+    import signal
+
+    class Pool:
+        submitted = []
+
+        def submit(self, fn):
+            # between the forks: a Ctrl-C taken by another thread (numpy's), whose Python handler the main thread
+            # runs at its next check
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+            self.submitted.append(fn)
+    before = signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    with pytest.raises(KeyboardInterrupt):
+        prepare_data.start_workers(Pool())
+    assert Pool.submitted == [int]
+    assert (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, ())) == before
+
+
 @pytest.mark.parametrize("separator", [None, "<|endoftext|>"])
 def test_plain_text_cut_into_documents(tmp_path, separator):
     docs = [f"Document {i}.\n" + "Some words here.\n" * (i % 4 + 1) for i in range(25)]
