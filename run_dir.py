@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from cli import UserError
+from cli import UserError, launch_rank
 
 # One owner: an advisory lock on out_dir/lock (flock), which the kernel drops when its process dies
 LOCK_NAME = "lock"
@@ -75,8 +75,10 @@ def release_run_dirs():
     while OWNED:
         path, fd = OWNED.popitem()
         if fd is not None:
-            path.unlink(missing_ok=True)
-            os.close(fd)
+            try:
+                path.unlink(missing_ok=True)
+            finally:
+                os.close(fd)
 
 
 def run_dir_owner(folder):
@@ -163,7 +165,7 @@ def remove_debris(out_dir, made):
     while it still owns out_dir, then out_dir's lock let go, then out_dir itself when this run made
     it and it is empty, so that a failed start leaves the directory as it found it. A run refused
     out_dir removes no log: the owner's is empty too when it has just started."""
-    if os.environ.get("RANK", "0") != "0":  # rank 0 alone writes there
+    if launch_rank() != 0:  # rank 0 alone writes there
         return
     out_dir = Path(out_dir)
     log = out_dir / "log.jsonl"

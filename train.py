@@ -375,9 +375,11 @@ def main(argv=None):
         error_exit("train.py", UserError(f"torch.compile failed ({type(e).__name__}: "
                                          f"{first[:200]}); train with --compile=False"))
     finally:
-        if failed and cfg:
-            remove_debris(cfg.out_dir, made)
-        release_run_dirs()
+        try:
+            if failed and cfg:
+                remove_debris(cfg.out_dir, made)
+        finally:
+            release_run_dirs()
 
 
 if __name__ == "__main__":

@@ -268,6 +268,17 @@ def test_a_run_directory_has_one_owner(tmp_path):
     run_dir.release_run_dirs()
 
 
+def test_a_failed_start_removes_its_empty_log_before_it_lets_go(tmp_path, monkeypatch):
+    """A failed start's empty log.jsonl is removed while out_dir is still this process's: once the lock is let go,
+    another trainer may take out_dir, and its new log is empty too."""
+    run_dir.own_run_dir(tmp_path)
+    (tmp_path / "log.jsonl").touch()
+    release, seen = run_dir.release_run_dirs, []
+    monkeypatch.setattr(run_dir, "release_run_dirs", lambda: seen.append((tmp_path / "log.jsonl").exists()) or release())
+    run_dir.remove_debris(tmp_path, made=True)
+    assert seen == [False] and not run_dir.OWNED and not tmp_path.exists()  # the lock's file gone, then the folder
+
+
 def test_a_run_directory_without_locks_is_owned_with_a_note(tmp_path, monkeypatch, capsys):
     """A filesystem without flock (some NFS mounts): a note, and the directory counts as this process's, so that a
     failed start still removes its empty log (remove_debris)."""
