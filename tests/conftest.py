@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny synthetic character dataset with known documents, and checkpoints made from it."""
 
+import signal
 from dataclasses import asdict
 
 import numpy as np
@@ -13,6 +14,15 @@ from prepare_data import write_dataset
 
 CHARS = list("abcdefghijk")
 VAL_DOC_LENGTHS = (40, 25, 10)  # validation documents, in stream order
+
+
+@pytest.fixture(autouse=True)
+def sigint_as_it_was():
+    """A script's Ctrl-C, tested in this process, ignores SIGINT from then on (exit_interrupted: a second Ctrl-C
+    prints no traceback): each test leaves SIGINT's handler as it found it."""
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, handler)
 
 
 @pytest.fixture(scope="session")
