@@ -5,7 +5,11 @@ import http.server
 import json
 import os
 import random
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +18,8 @@ import pytest
 import data
 import prepare_data
 from data import Tokenizer, gpt2_encoding
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(*argv):
@@ -208,11 +214,7 @@ def test_unknown_dataset_and_tokenizer_are_one_line_errors(capsys):
         assert isinstance(message, str) and message.startswith("prepare_data.py: error: ") and "\n" not in message
         assert any(w in message for w in ("invalid choice", "not allowed", "invalid int", "unrecognized"))
         assert capsys.readouterr().err == ""  # no usage
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, "prepare_data.py", "--val_fraction", "1.5"], cwd=root, capture_output=True,
+    done = subprocess.run([sys.executable, "prepare_data.py", "--val_fraction", "1.5"], cwd=ROOT, capture_output=True,
                           text=True)
     assert done.returncode == 1 and done.stderr.splitlines() == [
         "prepare_data.py: error: --val_fraction 1.5 is not allowed: must be between 0 and 1"]
@@ -531,19 +533,14 @@ def test_ctrl_c_as_the_workers_start_is_one_line(tmp_path):
     """Ctrl-C to the process group (as a terminal sends it) while the workers start, before init_worker makes them
     ignore it: each worker printed a KeyboardInterrupt traceback ("Exception in initializer") above the main
     process's line. The workers start with SIGINT blocked: the one line alone, status 130."""
-    import signal
-    import subprocess
-    import sys
-    import time
-    root = Path(__file__).resolve().parent.parent
     (tmp_path / "a.txt").write_text("pack my box with five dozen liquor jugs\n\n" * 2000)
     ready = tmp_path / "ready"
     argv = ["--dataset", "text", "--path", str(tmp_path / "a.txt"), "--workers", "2", "--out_dir", str(tmp_path / "o")]
-    code = (f"import sys, time, pathlib; sys.path.insert(0, {str(root)!r}); import prepare_data as m\n"
+    code = (f"import sys, time, pathlib; sys.path.insert(0, {str(ROOT)!r}); import prepare_data as m\n"
             "f = m.init_worker\n"
             f"def slow(*a):\n    pathlib.Path({str(ready)!r}).touch(); time.sleep(1); return f(*a)\n"
             f"m.init_worker = slow; m.main({argv!r})")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
@@ -561,8 +558,8 @@ def test_ctrl_c_as_the_workers_start_is_one_line(tmp_path):
 def test_a_ctrl_c_while_the_workers_fork_waits_for_the_last_fork():
     """A KeyboardInterrupt in the main process between two forks left a pool whose forked workers waited for tasks
     forever, and the exit waited for them: the Ctrl-C is held until the first task (which forks them all) is in, then
-    raised (or dropped, where SIGINT was ignored); SIGINT's handler and mask are as before."""
-    import signal
+    raised (or dropped, where SIGINT was ignored); SIGINT's handler and mask are as before (the handler this test
+    sets is undone after it: conftest's sigint_as_it_was)."""
 
     class Pool:
         def __init__(self):
@@ -573,20 +570,16 @@ def test_a_ctrl_c_while_the_workers_fork_waits_for_the_last_fork():
             # runs at its next check
             signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
             self.submitted.append(fn)
-    previous = signal.getsignal(signal.SIGINT)
-    try:
-        for handler in (signal.default_int_handler, signal.SIG_IGN):  # a terminal's, a background job's
-            signal.signal(signal.SIGINT, handler)
-            before, pool = signal.pthread_sigmask(signal.SIG_BLOCK, ()), Pool()
-            if handler is signal.SIG_IGN:
+    for handler in (signal.default_int_handler, signal.SIG_IGN):  # a terminal's, a background job's
+        signal.signal(signal.SIGINT, handler)
+        before, pool = signal.pthread_sigmask(signal.SIG_BLOCK, ()), Pool()
+        if handler is signal.SIG_IGN:
+            prepare_data.start_workers(pool)
+        else:
+            with pytest.raises(KeyboardInterrupt):
                 prepare_data.start_workers(pool)
-            else:
-                with pytest.raises(KeyboardInterrupt):
-                    prepare_data.start_workers(pool)
-            assert pool.submitted == [int]
-            assert signal.getsignal(signal.SIGINT) is handler and signal.pthread_sigmask(signal.SIG_BLOCK, ()) == before
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        assert pool.submitted == [int]
+        assert signal.getsignal(signal.SIGINT) is handler and signal.pthread_sigmask(signal.SIG_BLOCK, ()) == before
 
 
 @pytest.mark.parametrize("separator", [None, "<|endoftext|>"])
@@ -739,17 +732,12 @@ def test_files_are_created_as_the_umask_allows(tmp_path, umask):
 
 @pytest.mark.slow
 def test_a_sigkill_while_writing_leaves_the_old_dataset(tmp_path):
-    import subprocess
-    import sys
-    import time
-
     out = tmp_path / "out"
     run("--dataset", "files", "--path", write_corpus(tmp_path / "old", n=5), "--out_dir", out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     (tmp_path / "big.txt").write_text(("To be, or not to be, that is the question.\n" * 50 + "\n") * 10000)
-    root = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen([sys.executable, "prepare_data.py", "--dataset", "text", "--path", tmp_path / "big.txt",
-                             "--tokenizer", "gpt2", "--workers", "2", "--out_dir", out], cwd=root,
+                             "--tokenizer", "gpt2", "--workers", "2", "--out_dir", out], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pgrep = ["pgrep", "-f", "--", f"--out_dir {out}"]  # the main process, and its forked workers: the same command
     processes = lambda: subprocess.run(pgrep, capture_output=True, text=True).stdout
