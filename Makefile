@@ -78,12 +78,12 @@ code-data: $(VENV)/installed
 		--passkey 0.1 --passkey_tokens 192 --val_tokens 1000000 --seed 1337
 gpu-retrieval:
 	test -f $(CODE_DATA)/meta.json || { echo "gpu-retrieval: no $(CODE_DATA); run make code-data first"; exit 1; }
-	$(PY) -c "import data; exec('try:\n data.gpt2_encoding()\nexcept data.UserError as e:\n raise SystemExit(\"gpu-retrieval: %s\" % e)')"
+	$(PY) -c "from lexgpt import data; exec('try:\n data.gpt2_encoding()\nexcept data.UserError as e:\n raise SystemExit(\"gpu-retrieval: %s\" % e)')"
 	$(PY) train.py config/study_gpt2.py --data_dir=$(CODE_DATA) --pos=$(CODE_POS) --dtype=bfloat16 --compile=True \
 		--batch_size=128 --max_iters=5000 --lr_decay_iters=5000 --eval_iters=20 --out_dir=$(CODE_OUT) --overwrite=True
-	$(PY) eval_retrieval.py --ckpt $(CODE_OUT)/ckpt.pt --data_dir $(CODE_DATA) --probe repeat \
+	$(PY) study/eval_retrieval.py --ckpt $(CODE_OUT)/ckpt.pt --data_dir $(CODE_DATA) --probe repeat \
 		--attention causal,bca,sliding --dtype bfloat16 --json $(CODE_OUT)/repeat.json
-	$(PY) eval_retrieval.py --ckpt $(CODE_OUT)/ckpt.pt --data_dir $(CODE_DATA) --probe passkey --sequences 20 \
+	$(PY) study/eval_retrieval.py --ckpt $(CODE_OUT)/ckpt.pt --data_dir $(CODE_DATA) --probe passkey --sequences 20 \
 		--attention causal,bca,sliding --dtype bfloat16 --json $(CODE_OUT)/passkey.json
 
 # The paper's Tables 2 and 5 on natural text, and whether its context past l is used, on one GPU in about 10 minutes
@@ -107,9 +107,9 @@ gpu-study:
 		$(STUDY_TRAIN) --out_dir=$(STUDY_OUT)/$$pos --overwrite=True || exit 1; done 2>&1 | tee $(STUDY_OUT)/log.txt
 	$(PY) eval_extrapolate.py $(STUDY_CKPTS) --lengths $(STUDY_LENGTHS) --spans $(STUDY_SPANS) $(STUDY_RULES) \
 		--rope_scaling none,yarn $(STUDY_EVAL) --json $(STUDY_OUT)/perplexity.json 2>&1 | tee -a $(STUDY_OUT)/log.txt
-	$(PY) eval_retrieval.py $(STUDY_CKPTS) --probe context --sequences $(STUDY_SPANS) $(STUDY_RULES) $(STUDY_EVAL) \
+	$(PY) study/eval_retrieval.py $(STUDY_CKPTS) --probe context --sequences $(STUDY_SPANS) $(STUDY_RULES) $(STUDY_EVAL) \
 		--json $(STUDY_OUT)/context.json 2>&1 | tee -a $(STUDY_OUT)/log.txt
-	$(PY) eval_retrieval.py $(STUDY_CKPTS) --probe repeat --sweep --sequences 32 $(STUDY_RULES) $(STUDY_EVAL) \
+	$(PY) study/eval_retrieval.py $(STUDY_CKPTS) --probe repeat --sweep --sequences 32 $(STUDY_RULES) $(STUDY_EVAL) \
 		--json $(STUDY_OUT)/repeat_sweep.json 2>&1 | tee -a $(STUDY_OUT)/log.txt
 
 # The main job, on CPU: prepare the offline Shakespeare corpus (characters), train tiny xPos and RoPE models
@@ -126,7 +126,7 @@ demo: $(VENV)/installed
 	$(PY) eval_extrapolate.py --ckpt $(XPOS) --ckpt $(ROPE) --lengths 32,64,128,256,512,1024 --max_len 16384 \
 		--attention causal,bca,sliding,sinks --rope_scaling none,yarn --json $(DEMO)/extrapolation.json \
 		--plot $(DEMO)/extrapolation.png --plot_positions $(DEMO)/positions.png
-	$(PY) eval_retrieval.py --ckpt $(XPOS) --ckpt $(ROPE) --probe repeat --attention causal,bca --sequences 32 \
+	$(PY) study/eval_retrieval.py --ckpt $(XPOS) --ckpt $(ROPE) --probe repeat --attention causal,bca --sequences 32 \
 		--json $(DEMO)/repeat.json --plot $(DEMO)/repeat.png
 	$(PY) resolution.py --ckpt $(XPOS) --length 256 --bca both --json $(DEMO)/resolution_xpos.json
 	$(PY) resolution.py --ckpt $(ROPE) --length 256 --bca both --json $(DEMO)/resolution_rope.json
@@ -146,9 +146,9 @@ passkey: $(VENV)/installed
 	$(PY) prepare_data.py --dataset shakespeare --tokenizer char --passkey 0.5 --passkey_tokens 96 --out_dir $(PK_DATA)
 	$(PY) train.py config/shakespeare_char_passkey.py --overwrite=True
 	$(PY) train.py config/shakespeare_char_passkey_rope.py --overwrite=True
-	$(PY) eval_retrieval.py --ckpt $(PK_XPOS) --ckpt $(PK_ROPE) --probe passkey --attention causal,bca,sliding,sinks \
+	$(PY) study/eval_retrieval.py --ckpt $(PK_XPOS) --ckpt $(PK_ROPE) --probe passkey --attention causal,bca,sliding,sinks \
 		--sequences 20 --json $(PASSKEY)/passkey.json --plot $(PASSKEY)/passkey.png
-	$(PY) eval_retrieval.py --ckpt $(PK_XPOS) --ckpt $(PK_ROPE) --probe repeat --attention causal,bca,sliding,sinks \
+	$(PY) study/eval_retrieval.py --ckpt $(PK_XPOS) --ckpt $(PK_ROPE) --probe repeat --attention causal,bca,sliding,sinks \
 		--sequences 32 --json $(PASSKEY)/repeat.json --plot $(PASSKEY)/repeat.png
 
 clean:

@@ -50,11 +50,11 @@ from pathlib import Path
 
 import torch
 
-from cli import ArgumentParser, UserError
-from distributed import DTYPES, autocast, resolve_device, resolve_dtype
-from mfu import cpu_matmul_flops, peak_flops, train_flops_per_token
+from lexgpt.cli import ArgumentParser, UserError
+from lexgpt.distributed import DTYPES, autocast, resolve_device, resolve_dtype
+from lexgpt.mfu import cpu_matmul_flops, peak_flops, train_flops_per_token
 from model import GPT, POSITION_SCHEMES, GPTConfig
-from outputs import output_path, write_json
+from lexgpt.outputs import output_path, write_json
 
 SECTIONS = ("train", "length", "decode", "dtype", "data", "gpu")
 DEFAULT_SECTIONS = ("train", "length", "decode", "dtype", "data")

@@ -40,18 +40,18 @@ import sys
 import numpy as np
 import torch
 
-from checkpoint import load_checkpoint, load_model, model_config
+from lexgpt.checkpoint import load_checkpoint, load_model, model_config
 # one-line exits, printed once under torchrun
-from cli import ArgumentParser, error_exit, exit_interrupted
-from cli import UserError
-from data import checked, checkpoint_dataset, documents, read_tokens
-from distributed import (all_reduce_sum, autocast, resolve_dtype, setup_distributed,
+from lexgpt.cli import ArgumentParser, error_exit, exit_interrupted
+from lexgpt.cli import UserError
+from lexgpt.data import checked, checkpoint_dataset, documents, read_tokens
+from lexgpt.distributed import (all_reduce_sum, autocast, resolve_dtype, setup_distributed,
                          teardown_distributed)
-from inference_options import (BCA_MODES, RULE_FIELDS, add_checkpoint_args, attention_options,
+from lexgpt.inference_options import (BCA_MODES, RULE_FIELDS, add_checkpoint_args, attention_options,
                                curves_figure, default_batch_tokens, finish_curves,
                                learned_length_check, lex_documents, plan_runs, rule_fields,
                                rule_label)
-from outputs import output_path, write_json
+from lexgpt.outputs import output_path, write_json
 
 
 def parse_lengths(text):

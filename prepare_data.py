@@ -61,11 +61,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cli import ArgumentParser, UserError, die_with_parent, exit_interrupted
-from data import (PASSKEY_CHARS, SPLITS, Tokenizer, ends_sha256, load_meta, meta_problem,
+from lexgpt.cli import ArgumentParser, UserError, die_with_parent, exit_interrupted
+from lexgpt.data import (PASSKEY_CHARS, SPLITS, Tokenizer, ends_sha256, load_meta, meta_problem,
                   passkey_document, passkey_fixed_tokens)
-from outputs import writable_dir
-import retrieval_tasks
+from lexgpt.outputs import writable_dir
+from lexgpt import retrieval_tasks
 
 TINY_SHAKESPEARE = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
                     "tinyshakespeare/input.txt")

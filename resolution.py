@@ -30,15 +30,15 @@ import sys
 import torch
 
 from alternatives import scaling_of
-from checkpoint import load_model
-from cli import ArgumentParser, UserError, exit_interrupted
-from data import checked, checkpoint_dataset, documents, read_tokens
-from distributed import resolve_device
-from inference_options import (add_checkpoint_args, attention_options, check_rule,
+from lexgpt.checkpoint import load_model
+from lexgpt.cli import ArgumentParser, UserError, exit_interrupted
+from lexgpt.data import checked, checkpoint_dataset, documents, read_tokens
+from lexgpt.distributed import resolve_device
+from lexgpt.inference_options import (add_checkpoint_args, attention_options, check_rule,
                                learned_length_check, pointless, rule_fields,
                                rule_label, save_figure)
 from model import AttentionPlan, GPTConfig
-from outputs import output_path, pyplot, write_json
+from lexgpt.outputs import output_path, pyplot, write_json
 
 
 def resolution(curve):

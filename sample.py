@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 
 from alternatives import scaling_of
-from checkpoint import load_model
+from lexgpt.checkpoint import load_model
 # one-line exits, printed once under torchrun
-from cli import ArgumentParser, error_exit, exit_interrupted
-from cli import UserError, check_seed
-from data import checkpoint_dataset, tokenizer_from_meta
-from distributed import autocast, resolve_device, resolve_dtype
-from inference_options import (add_checkpoint_args, attention_options, check_rule,
+from lexgpt.cli import ArgumentParser, error_exit, exit_interrupted
+from lexgpt.cli import UserError, check_seed
+from lexgpt.data import checkpoint_dataset, tokenizer_from_meta
+from lexgpt.distributed import autocast, resolve_device, resolve_dtype
+from lexgpt.inference_options import (add_checkpoint_args, attention_options, check_rule,
                                learned_length_check, pointless)
 
 MIN_TEMPERATURE = 1e-4  # logits / temperature stays within float32 for logits up to 10^34

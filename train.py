@@ -24,14 +24,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
-from cli import UserError, error_exit, exit_interrupted
-from configurator import AT_LEAST_ONE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, configure
-from data import get_batch, read_tokens, sample_offsets, tokenizer_identity
-from distributed import DTYPES, all_reduce_sum, autocast, teardown_distributed
-from mfu import peak_flops, train_flops_per_token
-from run_dir import keep_checkpoint, release_run_dirs, remove_debris
-from train_setup import build, setup, start_log
+from lexgpt.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
+from lexgpt.cli import UserError, error_exit, exit_interrupted
+from lexgpt.configurator import AT_LEAST_ONE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, configure
+from lexgpt.data import get_batch, read_tokens, sample_offsets, tokenizer_identity
+from lexgpt.distributed import DTYPES, all_reduce_sum, autocast, teardown_distributed
+from lexgpt.mfu import peak_flops, train_flops_per_token
+from lexgpt.run_dir import keep_checkpoint, release_run_dirs, remove_debris
+from lexgpt.train_setup import build, setup, start_log
 
 
 @dataclass

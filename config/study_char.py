@@ -13,7 +13,7 @@ gradient_accumulation_steps = 2  # 32 sequences x 128 tokens = 4,096 tokens per 
 max_iters = 1000  # 4.1M tokens per run
 lr_decay_iters = 1000
 warmup_iters = 50
-# The rate that costs no scheme more than about 1% of its best final loss (python reproduce.py --tune,
+# The rate that costs no scheme more than about 1% of its best final loss (python study/reproduce.py --tune,
 # results/char/tuning.json): learned, rope and xpos do best at 8e-3 but lose at most 1.2% here, while at 8e-3
 # sinusoidal and none, which do best here, lose 11% and 6%.
 learning_rate = 4e-3

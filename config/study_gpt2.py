@@ -1,4 +1,4 @@
-# The study's GPT-2 BPE variant, for a GPU (python reproduce.py --variant gpt2 --device cuda): the same schemes,
+# The study's GPT-2 BPE variant, for a GPU (python study/reproduce.py --variant gpt2 --device cuda): the same schemes,
 # rules and measurements as config/study_char.py, on Shakespeare in GPT-2 tokens with a larger model. Not run by
 # the committed results; its numbers are yours to make.
 data_dir = "data/study_gpt2"

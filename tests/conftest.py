@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from checkpoint import CHECKPOINT_FORMAT, save_checkpoint
-from data import load_meta, tokenizer_identity
+from lexgpt.checkpoint import CHECKPOINT_FORMAT, save_checkpoint
+from lexgpt.data import load_meta, tokenizer_identity
 from model import GPT, GPTConfig
 from prepare_data import write_dataset
 

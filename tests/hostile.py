@@ -137,7 +137,7 @@ def alive(pid):
 
 def orphan(tmp):
     study = tmp / "study"
-    argv = [sys.executable, "reproduce.py", "--budget", "toy", "--schemes", "rope", "--results", str(study / "results"),
+    argv = [sys.executable, "study/reproduce.py", "--budget", "toy", "--schemes", "rope", "--results", str(study / "results"),
             "--runs", str(study / "runs"), "--data", str(study / "data")]
     proc = start(argv)
     trainer = []
@@ -226,7 +226,7 @@ def sigint_scripts(tmp, data):
                        check=True, capture_output=True)
     (tmp / "big").mkdir(exist_ok=True)
     (tmp / "big" / "a.txt").write_text("pack my box with five dozen liquor jugs\n\n" * 2000)
-    cases = (("eval_retrieval", "second_copy_nll", ["--ckpt", str(ckpt), "--probe", "repeat", "--span", "4",
+    cases = (("study.eval_retrieval", "second_copy_nll", ["--ckpt", str(ckpt), "--probe", "repeat", "--span", "4",
                                                     "--distances", "0", "--sequences", "2"]),
              ("sample", "sample", ["--ckpt", str(ckpt), "--max_new_tokens", "4"]),
              ("resolution", "theory", ["--theory", "--json", str(tmp / "theory.json")]),
@@ -234,6 +234,7 @@ def sigint_scripts(tmp, data):
                                                "2", "--out_dir", str(tmp / "interrupted")]))
     for script, held, argv in cases:
         ready = tmp / f"{script}.ready"
+        name = script.rpartition(".")[2]
         code = (f"import sys, time, pathlib; sys.path.insert(0, {str(ROOT)!r}); import {script} as m; f = m.{held}\n"
                 f"def slow(*a, **k):\n    pathlib.Path({str(ready)!r}).touch(); time.sleep(3 if {script == 'prepare_data'}"
                 f" else 60); return f(*a, **k)\n"
@@ -242,7 +243,7 @@ def sigint_scripts(tmp, data):
         wait_for(ready.exists, proc)
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal sends it: to the whole group, workers included
         err = proc.communicate(timeout=120)[1].strip()
-        check(proc.returncode == 130 and err.startswith(f"{script}.py: interrupted (Ctrl-C):")
+        check(proc.returncode == 130 and err.startswith(f"{name}.py: interrupted (Ctrl-C):")
               and len(err.splitlines()) == 1, f"sigint_scripts: {script}.py, one line and status 130",
               f"exit {proc.returncode}: {err}")
     check(not (tmp / "interrupted").exists() and not (tmp / "theory.json").exists(),
@@ -309,7 +310,7 @@ def full(tmp, data):
 
 def prepare_kill(tmp, data):
     sys.path.insert(0, str(ROOT))
-    import data as dataset_files
+    from lexgpt import data as dataset_files
     corpus, out = tmp / "kill_corpus", tmp / "kill_data"
     corpus.mkdir()
     (corpus / "small.txt").write_text("the quick brown fox jumps over the lazy dog\n\n" * 3000)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import eval_extrapolate
 import prepare_data
-from checkpoint import save_checkpoint
+from lexgpt.checkpoint import save_checkpoint
 from conftest import CHARS, make_checkpoint
 from model import AttentionRule, RopeScaling
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import data
+from lexgpt import data
 import prepare_data
-from data import Tokenizer, gpt2_encoding
+from lexgpt.data import Tokenizer, gpt2_encoding
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ("prepare_data.py", "train.py", "eval_extrapolate.py", "eval_retrieval.py", "resolution.py", "sample.py",
-           "reproduce.py")
+SCRIPTS = ("prepare_data.py", "train.py", "eval_extrapolate.py", "resolution.py", "sample.py",
+           "study/eval_retrieval.py", "study/reproduce.py")
 NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test does not run it
     "make ": "make test and make test-all run the suites; make demo and make passkey take minutes; make gpu-check "
              "and make gpu-retrieval need a GPU; make code-data tokenizes the whole virtualenv",
@@ -28,7 +28,7 @@ NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test
     "--device cuda": "needs a GPU",
     "bench.py": "a benchmark, minutes long (tests/test_bench.py runs it at a tiny scale)",
     "[": "a usage synopsis with placeholders",
-    "python reproduce.py$": "the whole study takes hours (tests/test_reproduce.py runs it on a toy budget)",
+    "python study/reproduce.py$": "the whole study takes hours (tests/test_reproduce.py runs it on a toy budget)",
     "reproduce.py --suite retrieval$": "the whole task suite takes hours "
                                        "(tests/test_retrieval_tasks.py runs it on a toy budget)",
     "reproduce.py --suite extension$": "fine-tunes nine models and scores fifteen: an hour (tests/test_reproduce.py "
@@ -80,7 +80,7 @@ def test_every_command_is_run_or_excused():
     assert len(commands) > 15
     assert page_commands(ROOT / "README.md"), "the README has commands of its own"
     run = [c for c in commands if skip_reason(c) is None]
-    assert {Path(c[1]).name for c in run if c[0] == "python"} == set(SCRIPTS)  # every script has a runnable line
+    assert {c[1] for c in run if c[0] == "python"} == set(SCRIPTS)  # every script has a runnable line
     for c in run:
         argv_for(c)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import resolution
-from checkpoint import save_checkpoint
+from lexgpt.checkpoint import save_checkpoint
 from conftest import make_checkpoint
 from model import AttentionRule, AttentionPlan, RopeScaling, alibi_slopes
 

@@ -102,7 +102,7 @@ def test_seed_temperature_weights_and_prompt_file_are_checked(tiny_data, tmp_pat
     """Each a one-line error (they were tracebacks): torch takes no seed >= 2^64, logits / 1e-40 overflow float32,
     NaN weights give NaN probabilities, and a prompt file that cannot be read."""
     import torch
-    from checkpoint import save_checkpoint
+    from lexgpt.checkpoint import save_checkpoint
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     ckpt = torch.load(tmp_path / "m.pt", weights_only=True)
     for weight in ckpt["model"].values():
@@ -122,7 +122,7 @@ def test_seed_temperature_weights_and_prompt_file_are_checked(tiny_data, tmp_pat
 
 def test_torchrun_is_refused_once(tiny_data, tmp_path, capsys, monkeypatch):
     """Under torchrun every rank printed every sample: sample.py runs as one process, and says so from rank 0 only."""
-    import cli
+    from lexgpt import cli
     from test_common import torchrun_vars
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     monkeypatch.setattr(cli, "QUIET_EXIT_SECONDS", 0, raising=False)

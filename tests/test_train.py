@@ -17,7 +17,7 @@ import torch
 
 import prepare_data
 import train
-import train_setup
+from lexgpt import train_setup
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -394,7 +394,7 @@ def test_out_dir_that_cannot_take_checkpoints_fails_before_training(data_dir, tm
             train.main(tiny_args(data_dir, out))
         assert "is a file, not a directory" in str(e.value.code)
     monkeypatch.setattr(train_setup, "GPT", None)  # proves no model is built before the error
-    import outputs
+    from lexgpt import outputs
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
@@ -410,7 +410,7 @@ def test_out_dir_that_cannot_take_checkpoints_fails_before_training(data_dir, tm
 
 
 def test_mfu_is_the_model_flops_over_time_and_peak(data_dir, tmp_path, monkeypatch, capsys):
-    from mfu import train_flops_per_token
+    from lexgpt.mfu import train_flops_per_token
 
     monkeypatch.setattr(train, "peak_flops", lambda device, dtype: 1e9)
     train.main(tiny_args(data_dir, tmp_path / "run"))
@@ -437,7 +437,7 @@ def test_no_mfu_on_a_cpu(data_dir, tmp_path, capsys):
 def test_gradient_norm_and_data_wait_are_logged(data_dir, tmp_path):
     """The first step's gradient norm, before clipping, equals one computed here by hand from the same weights and
     batch; the share of the step spent reading data is a fraction."""
-    from data import load_meta, read_tokens
+    from lexgpt.data import load_meta, read_tokens
 
     train.main(tiny_args(data_dir, tmp_path / "run", max_iters=2, grad_clip=0.5))
     first = read_log(tmp_path / "run")[0][0]
@@ -670,7 +670,7 @@ def test_unusable_out_dirs_are_one_line_errors(data_dir, tmp_path):
 
 
 def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(data_dir, tmp_path, monkeypatch):
-    import checkpoint
+    from lexgpt import checkpoint
     out = tmp_path / "run"
     train.main(tiny_args(data_dir, out, max_iters=3))
     before = (out / "ckpt.pt").read_bytes()
@@ -686,7 +686,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(data_dir, tmp_pa
 
 @pytest.mark.slow
 def test_resume_refuses_a_damaged_checkpoint(data_dir, tmp_path):
-    from checkpoint import save_checkpoint
+    from lexgpt.checkpoint import save_checkpoint
     from test_common import damage_record
     out = tmp_path / "run"
     train.main(tiny_args(data_dir, out, max_iters=3))
@@ -928,7 +928,7 @@ def test_a_fine_tune_starts_from_the_weights_at_a_new_length_with_its_scaling(da
 
 def val_loss(model, data_dir, block_size):
     """train.evaluate's val loss, computed here from its batches (seed 1337, stream 2, eval_iters 2, batch 4)."""
-    from data import get_batch, load_meta, read_tokens, sample_offsets
+    from lexgpt.data import get_batch, load_meta, read_tokens, sample_offsets
     meta = load_meta(data_dir)
     data = read_tokens(data_dir, "val", meta)
     model.eval()

@@ -1,11 +1,11 @@
 """
 The small-scale study of the paper's claims, in one resumable command:
 
-    python reproduce.py             # the whole study: data, training, evaluation, results/char
-    python reproduce.py --plan      # the jobs and what is finished, without running anything
-    python reproduce.py --report    # redraw the tables and plots from results/char alone
-    python reproduce.py --variant gpt2 --device cuda   # GPT-2 BPE tokens, for a GPU
-    python reproduce.py --budget toy --results /tmp/r --runs /tmp/o   # the pipeline in minutes
+    python study/reproduce.py             # the whole study: data, training, evaluation, results/char
+    python study/reproduce.py --plan      # the jobs and what is finished, without running anything
+    python study/reproduce.py --report    # redraw the tables and plots from results/char alone
+    python study/reproduce.py --variant gpt2 --device cuda   # GPT-2 BPE tokens, for a GPU
+    python study/reproduce.py --budget toy --results /tmp/r --runs /tmp/o   # the pipeline in minutes
 
 Every scheme trains on the same data with the same recipe (config/study_<variant>.py), token
 budget and seeds; only the position scheme changes. Each trained model is then measured with
@@ -46,20 +46,24 @@ import sys
 import time
 from pathlib import Path
 
-from checkpoint import load_checkpoint
-from cli import ArgumentParser, UserError, die_with_parent
-from outputs import OUTPUT_MARK, earlier_output, writable_dir, write_json
-from run_dir import run_dir_owner
-from study_extension import EXTENSION_SOURCES, extension_plan, extension_report
-from study_plan import (BUDGETS, NOT_RECIPE, PY, RETRIEVAL_BUDGETS, RETRIEVAL_CONFIG, SCHEMES,
+
+if __package__ in (None, ""):  # run as `python study/reproduce.py`: import from the repository root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from lexgpt.checkpoint import load_checkpoint
+from lexgpt.cli import ArgumentParser, UserError, die_with_parent
+from lexgpt.outputs import OUTPUT_MARK, earlier_output, writable_dir, write_json
+from lexgpt.run_dir import run_dir_owner
+from study.extension import EXTENSION_SOURCES, extension_plan, extension_report
+from study.jobs import (BUDGETS, NOT_RECIPE, PY, RETRIEVAL_BUDGETS, RETRIEVAL_CONFIG, SCHEMES,
                         SEEDS, SUITES, TUNE_FACTORS, TUNE_SCHEMES, VARIANTS, Job, expected_seconds,
                         plan, prepare_job, read_recipe, read_timings, retrieval_plan,
                         scheme_settings, schemes_of, settings_text, train_job)
-from study_files import check_outputs, compact_raw
-from study_report import report, retrieval_report
-from study_tables import clock
+from study.files import check_outputs, compact_raw
+from study.report import report, retrieval_report
+from study.tables import clock
 
-HERE = Path(__file__).resolve().parent  # the scripts and config files; the rest under the cwd
+HERE = Path(__file__).resolve().parents[1]  # the scripts and config files; the rest under the cwd
 REPORTS = {"study": report, "retrieval": retrieval_report, "extension": extension_report}
 PLANS = {"study": plan, "retrieval": retrieval_plan, "extension": extension_plan}
 

@@ -6,9 +6,9 @@ import shutil
 import numpy as np
 import pytest
 
-import checkpoint
-import data
-from cli import UserError
+from lexgpt import checkpoint
+from lexgpt import data
+from lexgpt.cli import UserError
 from conftest import make_checkpoint
 from prepare_data import write_dataset
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from cli import UserError
+from lexgpt.cli import UserError
 from model import GPT, GPTConfig
 
 # Format 2 (this version) records the tokenizer's identity, and goes with pos="sinusoidal" models

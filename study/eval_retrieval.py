@@ -2,16 +2,16 @@ r"""
 Does the model use the longer context? Retrieval probes for any checkpoints, under every attention
 rule and RoPE interpolation that eval_extrapolate.py has.
 
-    python eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe repeat [--span 32] \
+    python study/eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe repeat [--span 32] \
         [--distances 0,64,...] [--sequences 64] [--seed 0] [--attention ...] \
         [--rope_scaling ...] [--json F] [--plot F]
-    python eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe passkey [--lengths 128,256,...] \
+    python study/eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe passkey [--lengths 128,256,...] \
         [--depths 0,0.25,0.5,0.75,1] [--sequences 64] [--attention ...] [--rope_scaling ...] \
         [--json F] [--plot F]
-    python eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe task [--task copy,mqar,...] \
+    python study/eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe task [--task copy,mqar,...] \
         [--distances ...] [--lengths ...] [--sweep] [--sequences 64] [--attention ...] \
         [--rope_scaling ...] [--json F] [--plot F]
-    python eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe context [--lengths 2048] \
+    python study/eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe context [--lengths 2048] \
         [--sequences 64] [--stride 16] [--attention ...] [--json F] [--plot F]
 
 Repeat probe (no training change): each sequence is a span of r validation tokens, d tokens of
@@ -79,17 +79,21 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from checkpoint import load_checkpoint, load_model, model_config
-from cli import ArgumentParser, UserError, check_seed, exit_interrupted
-from data import (checked, checkpoint_dataset, documents, passkey_document, passkey_parts,
+
+if __package__ in (None, ""):  # run as `python study/eval_retrieval.py`: import from the repository root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from lexgpt.checkpoint import load_checkpoint, load_model, model_config
+from lexgpt.cli import ArgumentParser, UserError, check_seed, exit_interrupted
+from lexgpt.data import (checked, checkpoint_dataset, documents, passkey_document, passkey_parts,
                   read_tokens, tokenizer_from_meta)
-from distributed import autocast, resolve_device, resolve_dtype
-from inference_options import (RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure,
+from lexgpt.distributed import autocast, resolve_device, resolve_dtype
+from lexgpt.inference_options import (RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure,
                                default_batch_tokens, finish_curves, learned_length_check,
                                lex_documents, plan_runs, rule_fields, rule_label, save_figure)
 from model import RopeScaling
-from outputs import output_path, pyplot, write_json
-import retrieval_tasks
+from lexgpt.outputs import output_path, pyplot, write_json
+from lexgpt import retrieval_tasks
 
 PROBES = ("repeat", "passkey", "task", "context")
 DIGITS = 5  # the passkey's digits, as prepare_data.py --passkey writes them by default

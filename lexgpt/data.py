@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cli import UserError
+from lexgpt.cli import UserError
 
 
 # -------------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 import pytest
 
-from cli import UserError
-from configurator import AT_LEAST_ONE, FRACTION, POSITIVE, configure
+from lexgpt.cli import UserError
+from lexgpt.configurator import AT_LEAST_ONE, FRACTION, POSITIVE, configure
 
 DEFAULTS = dict(name="run", n_layer=6, lr=1e-3, flag=False, mode="a")
 CHOICES = dict(mode=("a", "b"))
@@ -67,7 +67,7 @@ def test_an_unreadable_config_file_is_one_line(tmp_path, monkeypatch):
 
 
 def test_seed_limit():
-    from configurator import SEED
+    from lexgpt.configurator import SEED
     assert "seed=-1 is not allowed" in str(pytest.raises(UserError, configure, dict(seed=1), ["--seed=-1"],
                                                          None, dict(seed=SEED)).value)
     assert configure(dict(seed=1), ["--seed=7"], None, dict(seed=SEED))["seed"] == 7

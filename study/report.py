@@ -12,14 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
-from checkpoint import load_checkpoint
-from cli import UserError
-from study_files import check_outputs, check_raw, write_summary
-from study_plan import (SEEDS, SUITE_SCHEMES, expected_seconds, plan, read_result, read_timings,
+from lexgpt.checkpoint import load_checkpoint
+from lexgpt.cli import UserError
+from study.files import check_outputs, check_raw, write_summary
+from study.jobs import (SEEDS, SUITE_SCHEMES, expected_seconds, plan, read_result, read_timings,
                         retrieval_plan, study_lengths, study_runs)
-from study_tables import (extension_markdown, plot_effective_context, plot_perplexity,
+from study.tables import (extension_markdown, plot_effective_context, plot_perplexity,
                           plot_task, retrieval_markdown, tables_markdown)
-from retrieval_tasks import PAIR_COUNT, SPAN, TASKS
+from lexgpt.retrieval_tasks import PAIR_COUNT, SPAN, TASKS
 
 # Schemes compared by area (different models, the same data and seeds): xPos's decay against
 # RoPE, and under YaRN

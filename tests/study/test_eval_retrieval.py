@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
-import data
-import eval_retrieval
+from lexgpt import checkpoint
+from lexgpt import data
+from study import eval_retrieval
 import prepare_data
 from conftest import make_checkpoint
-from data import PASSKEY_CHARS, Tokenizer
+from lexgpt.data import PASSKEY_CHARS, Tokenizer
 
 
 def run(*argv):
@@ -216,7 +216,7 @@ def test_seeds_and_non_finite_depths_are_one_line_errors(tiny_data, tmp_path, ar
 
 def test_the_learning_rate_trials_in_the_docs_match_their_json():
     """docs/retrieval.md's table of the trials at half the learning rate is their committed JSON, cell by cell."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     runs = {"alibi": "alibi_lr1.5e-3_s1338", "rope": "rope_lr1.5e-3_s1339"}
     rows = {scheme: json.loads((root / f"results/retrieval_trials/{run}.tasks.json").read_text())["rows"]
             for scheme, run in runs.items()}
@@ -237,7 +237,7 @@ def test_the_natural_text_tables_in_the_docs_match_their_json():
     """docs/retrieval.md's repeat-probe and passkey tables for the code models trained on a GPU are their committed
     JSON (results/code_gpt2), cell by cell: the gain ± its standard error, the passkey accuracy as the mean over the
     depths of each length."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     page = (root / "docs/retrieval.md").read_text().split("## Natural text on a GPU")[1].split("\n## ")[0]
     table = [[cell.strip() for cell in line.strip("|").split("|")] for line in page.splitlines()
              if line.startswith(("| xpos", "| rope"))]

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-from cli import UserError
+from lexgpt.cli import UserError
 
 
 def finite(low, high=math.inf):

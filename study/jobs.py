@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from checkpoint import load_checkpoint
-from cli import UserError
-from configurator import run_config_file
+from lexgpt.checkpoint import load_checkpoint
+from lexgpt.cli import UserError
+from lexgpt.configurator import run_config_file
 
 PY = sys.executable
 SEEDS = (1337, 1338, 1339)
@@ -406,16 +406,16 @@ def scheme_jobs(args, budget, scheme, runs, ckpts):
     probe = ["--probe", "repeat", "--span", str(l // 4)]
     if bounded:
         probe += ["--distances", ",".join(str(d) for d in (0, l // 8, l // 4, l // 2))]
-    jobs.append(job(f"repeat probe {scheme}", "repeat", "repeat", "eval_retrieval.py", *probe,
+    jobs.append(job(f"repeat probe {scheme}", "repeat", "repeat", "study/eval_retrieval.py", *probe,
                     "--sequences", str(budget["repeat_sequences"]),
                     "--attention", WINDOW_RULES))
     if interpolated:
         jobs.append(job(f"repeat probe {scheme}, interpolated", "repeat_scaled",
-                        "repeat_scaled", "eval_retrieval.py", *probe,
+                        "repeat_scaled", "study/eval_retrieval.py", *probe,
                         "--sequences", str(budget["scaled_sequences"]), "--attention", "causal",
                         "--rope_scaling", SCALINGS))
     if not bounded:  # is context beyond l used? (learned positions have none)
-        jobs.append(job(f"context {scheme}", "context", "context", "eval_retrieval.py",
+        jobs.append(job(f"context {scheme}", "context", "context", "study/eval_retrieval.py",
                         "--probe", "context", "--lengths", str(study_lengths(budget)[-1]),
                         "--sequences", str(budget["context_spans"]),
                         "--attention", WINDOW_RULES))
@@ -441,7 +441,7 @@ def passkey_job(args, budget, scheme, ckpt):
     out = Path(args.results) / "raw" / f"{scheme}.passkey.json"
     plot = Path(args.results) / f"passkey_{scheme}.png"
     lengths = ",".join(map(str, passkey_lengths(budget)))
-    command = [PY, "eval_retrieval.py", "--ckpt", str(ckpt), "--data_dir", str(Path(args.data)),
+    command = [PY, "study/eval_retrieval.py", "--ckpt", str(ckpt), "--data_dir", str(Path(args.data)),
                "--device", args.device, "--probe", "passkey", "--lengths", lengths,
                "--attention", WINDOW_RULES, "--sequences", str(budget["passkey_sequences"]),
                "--json", str(out), "--plot", str(plot)]
@@ -465,7 +465,7 @@ def retrieval_plan(args, budget):
             settings = dict(overrides, **budget["train"], seed=seed, out_dir=str(ckpt.parent),
                             data_dir=str(data), device=args.device)
             jobs.append(train_job(f"train {run}", RETRIEVAL_CONFIG, ckpt, settings, recipe))
-        common = [PY, "eval_retrieval.py", *ckpt_flags(ckpts), "--data_dir", str(data),
+        common = [PY, "study/eval_retrieval.py", *ckpt_flags(ckpts), "--data_dir", str(data),
                   "--device", args.device, "--probe", "task"]
         scalings = []
         if scheme in INTERPOLATED:

@@ -6,7 +6,7 @@ docs/retrieval.md).
 
     python prepare_data.py --dataset task --tasks all --block_size 128  # records, data/task_char
     python train.py config/retrieval.py --pos=xpos ...                   # as any dataset
-    python eval_retrieval.py --ckpt CKPT --task copy [--attention ...] [--rope_scaling ...]
+    python study/eval_retrieval.py --ckpt CKPT --task copy [--attention ...] [--rope_scaling ...]
 
 Every instance is text in one character vocabulary (CHARS), so a task dataset is an ordinary char
 dataset. Each has answer characters, scored by whether the model's most likely next token is the
@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from alternatives import RopeScaling
-from data import PASSKEY_CHARS, PASSKEY_QUESTION, PASSKEY_SENTENCE
+from lexgpt.data import PASSKEY_CHARS, PASSKEY_QUESTION, PASSKEY_SENTENCE
 
 TASKS = ("copy", "mqar", "passkey", "passkey_noise", "flipflop")
 CHARS = sorted(set(" .?<>" + string.digits + string.ascii_letters) | PASSKEY_CHARS)

@@ -7,11 +7,11 @@ Extrapolation is judged by these runs (paper §4.2), so every script must mean t
 same flags.
 """
 
-from cli import UserError
-from distributed import DTYPES
+from lexgpt.cli import UserError
+from lexgpt.distributed import DTYPES
 from alternatives import scaling_of
 from model import ATTENTION_RULES, ROPE_SCALINGS, AttentionPlan, AttentionRule, RopeScaling
-from outputs import pyplot
+from lexgpt.outputs import pyplot
 
 
 def learned_length_check(config, length, path):

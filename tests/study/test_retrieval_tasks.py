@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-import data
-import eval_retrieval
+from lexgpt import data
+from study import eval_retrieval
 import prepare_data
-import retrieval_tasks as tasks
-import study_plan
+from lexgpt import retrieval_tasks as tasks
+from study import jobs as study_plan
 from conftest import make_checkpoint
 from model import GPT, AttentionRule, GPTConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def brute_force_answers(task, text):
@@ -328,7 +328,7 @@ def test_learned_positions_are_scored_within_the_training_length(task_data, tmp_
 
 @pytest.mark.slow
 def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
-    argv = [sys.executable, "reproduce.py", "--suite", "retrieval", "--budget", "toy", "--schemes", "learned,rope",
+    argv = [sys.executable, "study/reproduce.py", "--suite", "retrieval", "--budget", "toy", "--schemes", "learned,rope",
             "--results", str(tmp_path / "results"), "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data")]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

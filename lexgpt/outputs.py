@@ -10,7 +10,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from cli import UserError
+from lexgpt.cli import UserError
 
 # Every JSON output carries this field: --json replaces a file only when it is an earlier output
 OUTPUT_MARK = {"written_by": "lex-gpt"}

@@ -13,18 +13,18 @@ import numpy as np
 import pytest
 import torch
 
-import reproduce
-import study_files
-import study_plan
-import study_report
-import study_tables
-from checkpoint import load_checkpoint
+from study import reproduce
+from study import files as study_files
+from study import jobs as study_plan
+from study import report as study_report
+from study import tables as study_tables
+from lexgpt.checkpoint import load_checkpoint
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def study(tmp, *extra):
-    argv = [sys.executable, "reproduce.py", "--budget", "toy", "--schemes", "learned,rope", "--results",
+    argv = [sys.executable, "study/reproduce.py", "--budget", "toy", "--schemes", "learned,rope", "--results",
             str(tmp / "results"), "--runs", str(tmp / "runs"), "--data", str(tmp / "data"), *extra]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
 
@@ -772,7 +772,7 @@ def test_toy_extension_end_to_end(tmp_path):
     """--suite extension on a toy budget (RoPE only): the study's models, then each fine-tuned at 4l with PI and
     YaRN (the scaling, its original length and the source in the checkpoint), every model scored, the table drawn;
     a second run has nothing to do."""
-    argv = [sys.executable, "reproduce.py", "--suite", "extension", "--budget", "toy", "--schemes", "rope",
+    argv = [sys.executable, "study/reproduce.py", "--suite", "extension", "--budget", "toy", "--schemes", "rope",
             "--results", str(tmp_path / "results"), "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data"),
             "--task_runs", str(tmp_path / "task_runs"), "--task_data", str(tmp_path / "task_data"),
             "--task_results", str(tmp_path / "task_results")]

@@ -1,17 +1,18 @@
 """Tests for the shared helper modules: checkpoints checked on load (checkpoint.py), devices and torchrun
 (distributed.py), one-line errors (cli.py), output paths (outputs.py), run directories (run_dir.py), MFU (mfu.py)."""
 
+import importlib
 import os
 
 import pytest
 import torch
 
-import checkpoint
-import cli
-import distributed
-import mfu
-import outputs
-import run_dir
+from lexgpt import checkpoint
+from lexgpt import cli
+from lexgpt import distributed
+from lexgpt import mfu
+from lexgpt import outputs
+from lexgpt import run_dir
 from conftest import make_checkpoint
 from test_data import dataset, error
 
@@ -315,18 +316,19 @@ def test_rendezvous_meets_and_catches_a_disagreement_on_world_size():
 
 
 @pytest.mark.parametrize("script, argv", [
-    ("eval_retrieval", ["--ckpt", "x", "--sequences", "abc"]),
+    ("study.eval_retrieval", ["--ckpt", "x", "--sequences", "abc"]),
     ("sample", ["--ckpt", "x", "--max_new_tokens", "abc"]),
     ("eval_extrapolate", ["--ckpt", "x", "--batch_tokens", "abc"]),
     ("resolution", ["--length", "abc"]),
-    ("reproduce", ["--budget", "huge"]),
+    ("study.reproduce", ["--budget", "huge"]),
     ("bench", ["--nope"]),
 ])
 def test_a_bad_flag_is_one_line_with_status_1(script, argv, capsys):
     """argparse's errors as every other error of the scripts: one line naming the flag, not the usage and status 2."""
-    module = __import__(script)
+    module = importlib.import_module(script)
     with pytest.raises(SystemExit) as e:
         module.main(argv)
-    assert isinstance(e.value.code, str) and e.value.code.startswith(f"{script}.py: error: ")
+    name = script.rpartition(".")[2]
+    assert isinstance(e.value.code, str) and e.value.code.startswith(f"{name}.py: error: ")
     assert "\n" not in e.value.code and ("abc" in e.value.code or "huge" in e.value.code or "--nope" in e.value.code)
     assert "usage:" not in capsys.readouterr().err

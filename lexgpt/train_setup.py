@@ -14,13 +14,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import checkpoint_path, load_checkpoint, load_weights, model_config
-from cli import UserError, rank_error
-from data import check_tokenizer, load_meta
-from distributed import all_reduce_sum, resolve_dtype, setup_distributed, teardown_distributed
+from lexgpt.checkpoint import checkpoint_path, load_checkpoint, load_weights, model_config
+from lexgpt.cli import UserError, rank_error
+from lexgpt.data import check_tokenizer, load_meta
+from lexgpt.distributed import all_reduce_sum, resolve_dtype, setup_distributed, teardown_distributed
 from model import GPT, GPTConfig
-from outputs import writable_dir
-from run_dir import Log, clear_run_dir, kept_checkpoints, open_log, own_run_dir
+from lexgpt.outputs import writable_dir
+from lexgpt.run_dir import Log, clear_run_dir, kept_checkpoints, open_log, own_run_dir
 
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
 # a fine-tune's own model settings; the others are its source's

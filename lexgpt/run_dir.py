@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from cli import UserError, launch_rank
+from lexgpt.cli import UserError, launch_rank
 
 # One owner: an advisory lock on out_dir/lock (flock), which the kernel drops when its process dies
 LOCK_NAME = "lock"

@@ -7,12 +7,12 @@ methods, and the report that tables them.
 import os
 from pathlib import Path
 
-from study_files import check_outputs, check_raw, write_summary
-from study_plan import (FINE_TUNES, PY, RETRIEVAL_CONFIG, SEEDS, VARIANTS, Job, ckpt_flags,
+from study.files import check_outputs, check_raw, write_summary
+from study.jobs import (FINE_TUNES, PY, RETRIEVAL_CONFIG, SEEDS, VARIANTS, Job, ckpt_flags,
                         plan, prepare_job, read_result, scheme_settings, schemes_of,
                         study_runs, train_job)
-from study_report import machine_of, note, spread, wall_time
-from study_tables import extension_markdown
+from study.report import machine_of, note, spread, wall_time
+from study.tables import extension_markdown
 
 
 # ------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from cli import UserError, rank_error, torchrun_env
+from lexgpt.cli import UserError, rank_error, torchrun_env
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 

@@ -4,8 +4,8 @@ alone (study_report.py writes it from the raw results): what the tables show is 
 file holds.
 """
 
-from outputs import pyplot
-from retrieval_tasks import by_elimination
+from lexgpt.outputs import pyplot
+from lexgpt.retrieval_tasks import by_elimination
 
 # The paper's numbers (its 1024-token models on arXiv text) beside ours, row by row: (our row
 # name, the paper's row name, the paper's values). Table 2: perplexity at 1/4, 1/2, 1, 2 and 4
