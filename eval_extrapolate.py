@@ -103,7 +103,7 @@ def score(model, stream, pieces, length, rule, scaling, batch_tokens, device, ct
         for b in range(0, len(group), per_batch):
             batch = group[b : b + per_batch]
             starts = np.array([s for s, _, _ in batch])
-            rows = np.stack([stream[s : s + size + 1] for s in starts])
+            rows = np.stack([stream.tokens[s : s + size + 1] for s in starts])
             xy = checked(rows, stream, starts).astype(np.int64)
             x, y = torch.from_numpy(xy[:, :-1]).to(device), torch.from_numpy(xy[:, 1:])
             with ctx:
@@ -251,7 +251,8 @@ def evaluate(args):
             label = rule_label(cfg.pos, rule, scaling, cfg.block_size)
             for length in lengths:
                 stride = args.stride or max(1, length // 2)
-                pieces = cut_pieces(args.protocol, length, len(stream), docs, max_len, stride)
+                pieces = cut_pieces(args.protocol, length, len(stream.tokens), docs, max_len,
+                                    stride)
                 batch_tokens = args.batch_tokens or default_batch_tokens(cfg, scaling)
                 sums = score(model, stream, pieces, length, rule, scaling, batch_tokens, device,
                              ctx, rank, world, ddp)

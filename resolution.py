@@ -208,7 +208,7 @@ def texts_from(meta, data_dir, length, max_texts):
               for s in [doc[i]]]
     texts = []
     for s in starts[:max_texts]:
-        text = checked(stream[s : s + length][None], stream, [s])[0]
+        text = checked(stream.tokens[s : s + length][None], stream, [s])[0]
         texts.append(torch.from_numpy(text.astype("int64")))
     return texts
 

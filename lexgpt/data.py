@@ -7,13 +7,13 @@ not its checkpoint's.
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from lexgpt.cli import UserError
-
 
 # -------------------------------------------------------------------------------------------------
 # Tokenizers
@@ -121,6 +121,7 @@ def passkey_fixed_tokens(tokenizer, digits):
 # documents in meta.json itself ("train_documents": [{name, start, end}, ...]); they still open.
 
 SPLITS = ("train", "val")
+MIN_SPLIT_TOKENS = 2  # one input and its target: anything shorter cannot be scored or trained on
 META_KEYS = ("tokenizer", "vocab_size", "dtype", "files")
 FILE_ROLES = (*SPLITS, *(f"{s}_{kind}" for kind in ("docs", "names", "answers") for s in SPLITS))
 TOKEN_DTYPES = ("uint16", "uint32")
@@ -206,7 +207,7 @@ def load_meta(data_dir, full=False):
         item = 1 if role.endswith("_answers") else sizes[unit]  # answers: a byte per token
         # names: checked by hash only
         count = entry[unit] if role.endswith("_names") else size // item
-        if unit == "tokens" and count < 2:
+        if unit == "tokens" and count < MIN_SPLIT_TOKENS:
             raise UserError(f"{dataset_file} is empty ({count} tokens): "
                             "rerun prepare_data.py with more text")
         if full and "sha256" not in entry:
@@ -340,23 +341,36 @@ def tokenizer_identity(meta):
             "chars_sha256": chars_sha256}
 
 
-def read_tokens(data_dir, split, meta):
-    """The split's tokens as a read-only memmap (re-opened per call by callers that loop: avoids a
-    memmap leak). It carries vocab_size, for get_batch's check of each batch."""
+@dataclass(frozen=True)
+class TokenFile:
+    """A split's token file as read_tokens opens it, with what its meta.json says the batches
+    drawn from it need."""
+
+    tokens: np.memmap  # the token ids, read-only
+    vocab_size: int  # every id is below it: checked on each read (checked)
+    record: int | None  # a task dataset's record length: sequences start at whole records
+    answers: np.memmap | None  # a task dataset's byte per token: 1 where it is an answer
+
+    @property
+    def path(self) -> Path:
+        return Path(self.tokens.filename)
+
+
+def read_tokens(data_dir: str | Path, split: str, meta: dict) -> TokenFile:
+    """The split's token file, its tokens a read-only memmap (re-opened per call by callers that
+    loop: avoids a memmap leak)."""
     entry = meta["files"][split]
     path = Path(data_dir) / entry["file"]
     if not path.is_file():
         raise UserError(f"{path} is gone: the dataset in {data_dir} was replaced or removed while "
                         "in use")
     tokens = np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(entry["tokens"],))
-    tokens.vocab_size = meta["vocab_size"]
-    tokens.record = meta.get("record")
-    tokens.answers = None
-    answers = meta["files"].get(f"{split}_answers")
-    if answers:  # a task dataset: 1 where the token is an answer, the only targets trained on
-        tokens.answers = np.memmap(Path(data_dir) / answers["file"], dtype=np.uint8, mode="r",
-                                   shape=(answers["tokens"],))
-    return tokens
+    answers = None
+    entry = meta["files"].get(f"{split}_answers")
+    if entry:  # a task dataset: 1 where the token is an answer, the only targets trained on
+        answers = np.memmap(Path(data_dir) / entry["file"], dtype=np.uint8, mode="r",
+                            shape=(entry["tokens"],))
+    return TokenFile(tokens, meta["vocab_size"], meta.get("record"), answers)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -391,25 +405,26 @@ def checkpoint_dataset(ckpt, path, data_dir=None):
 # a resumed run, draw the same ones.
 
 
-def checked(rows, data, offsets):
-    """rows read from the token file `data` (read_tokens) at `offsets`, one per row, after checking
-    that every id is below vocab_size: a file over FULL_CHECK_BYTES is not read whole on open, so
-    each read is checked, cheap next to the model."""
+def checked(rows: np.ndarray, data: TokenFile, offsets) -> np.ndarray:
+    """rows read from the token file `data` at `offsets`, one per row, after checking that every
+    id is below vocab_size: a file over FULL_CHECK_BYTES is not read whole on open, so each read is
+    checked, cheap next to the model."""
     bad = out_of_vocab(rows, data.vocab_size, offsets=offsets)
     if bad:
-        raise UserError(f"{data.filename}: {bad}: the file is damaged (prepare_data.py --verify "
-                        f"{Path(data.filename).parent} checks it in full); rerun prepare_data.py")
+        raise UserError(f"{data.path}: {bad}: the file is damaged (prepare_data.py --verify "
+                        f"{data.path.parent} checks it in full); rerun prepare_data.py")
     return rows
 
 
-def get_batch(data, offsets, block_size, device):
+def get_batch(data: TokenFile, offsets: np.ndarray, block_size: int,
+              device: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets: the block_size + 1 tokens at each offset, read in one gather rather than
     a slice per sequence, as x = all but the last and y = all but the first."""
     at = offsets[:, None] + np.arange(block_size + 1)
-    xy = torch.from_numpy(checked(data[at], data, offsets).astype(np.int64))
+    xy = torch.from_numpy(checked(data.tokens[at], data, offsets).astype(np.int64))
     x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
     # a task dataset: the loss is on the answers alone (-1: ignored)
-    if getattr(data, "answers", None) is not None:
+    if data.answers is not None:
         y[torch.from_numpy(data.answers[at[:, 1:]] == 0)] = -1
     if device.startswith("cuda"):
         x = x.pin_memory().to(device, non_blocking=True)
@@ -418,18 +433,19 @@ def get_batch(data, offsets, block_size, device):
     return x.to(device), y.to(device)
 
 
-def sample_offsets(seed, stream, index, data, count, block_size):
-    """Start offsets of `count` sequences in the token file `data` (read_tokens), a pure function of
+def sample_offsets(seed: int, stream: int, index: int, data: TokenFile, count: int,
+                   block_size: int) -> np.ndarray:
+    """Start offsets of `count` sequences in the token file `data`, a pure function of
     (seed, stream, index): 0 = training, 1/2 = eval. Anywhere in the stream; in a task dataset
     (retrieval_tasks.py), whose meta.json gives its record length, at the start of a record: each
     sequence is one whole instance."""
     rng = np.random.default_rng([seed, stream, index])
-    record = getattr(data, "record", None)
+    record = data.record
     if record:
         if block_size + 1 != record:
-            raise UserError(f"{Path(data.filename).parent} holds task records of {record} tokens, "
+            raise UserError(f"{data.path.parent} holds task records of {record} tokens, "
                             f"made for block_size {record - 1}: train with "
                             f"--block_size={record - 1}, or prepare the tasks again with "
                             f"--block_size {block_size}")
-        return rng.integers(0, len(data) // record, size=count) * record
-    return rng.integers(0, len(data) - block_size, size=count)
+        return rng.integers(0, len(data.tokens) // record, size=count) * record
+    return rng.integers(0, len(data.tokens) - block_size, size=count)

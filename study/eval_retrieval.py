@@ -148,7 +148,8 @@ def loaded(plans, device):
     for p in plans:
         model, _ = load_model(p.path, device)
         tokens = read_tokens(p.data_dir, "val", p.meta)
-        stream = checked(np.asarray(tokens)[None], tokens, [0])[0]  # read whole, so checked whole
+        # read whole, so checked whole
+        stream = checked(np.asarray(tokens.tokens)[None], tokens, [0])[0]
         yield p, model, stream
 
 

@@ -9,8 +9,8 @@ import torch
 
 from lexgpt.checkpoint import CHECKPOINT_FORMAT, save_checkpoint
 from lexgpt.data import load_meta, tokenizer_identity
+from lexgpt.dataset_writer import write_dataset
 from model import GPT, GPTConfig
-from prepare_data import write_dataset
 
 CHARS = list("abcdefghijk")
 VAL_DOC_LENGTHS = (40, 25, 10)  # validation documents, in stream order

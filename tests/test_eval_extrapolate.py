@@ -445,7 +445,7 @@ def steep_xpos_checkpoint(path, data_dir, scale_base=4.0):
 def test_xpos_without_bca_scores_finite_far_past_float32s_range(tmp_path):
     """The issue's command: --bca off at 256 and 512 x block_size, where one factor over the sequence would be 3.5^256
     and 3.5^512 (float32 holds 3.5^70): both rows finite, and close to each other (the same model, more context)."""
-    from prepare_data import write_dataset
+    from lexgpt.dataset_writer import write_dataset
     rng = np.random.default_rng(0)
     val, train = (rng.integers(0, len(CHARS), n).astype(np.uint16) for n in (4200, 500))
     write_dataset(tmp_path / "d", {"train": (train, [[0, 500]], ["train"]), "val": (val, [[0, 4200]], ["v"])},

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lexgpt import data
 import prepare_data
+from lexgpt import data, dataset_writer, downloads, sources
 from lexgpt.data import Tokenizer, gpt2_encoding
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -295,7 +295,7 @@ def test_a_url_that_is_not_http_is_an_error_at_once(tmp_path, capsys, url):
     assert "retrying" not in capsys.readouterr().err and not (tmp_path / "cache").exists()
     # download() itself (a URL given by a caller that skipped parse_args): no retry for what is not a network error
     with pytest.raises(prepare_data.UserError) as e:
-        prepare_data.download(url, tmp_path / "cache", retries=3, backoff=0.01)
+        downloads.download(url, tmp_path / "cache", retries=3, backoff=0.01)
     assert "download of" in str(e.value) and "tries" not in str(e.value)
     assert "retrying" not in capsys.readouterr().err
 
@@ -374,7 +374,7 @@ def test_what_a_killed_run_left_is_journaled_and_removed_by_the_next(tmp_path, m
     monkeypatch.setattr(prepare_data, "settle", real_settle)
     meta = data.load_meta(out)  # complete: the old dataset (killed before the commit) or the new one
     assert len(data.documents(out, "train", meta)) == (6 if kill_at == 8 else 9)
-    named = {"meta.json", "train.bin", "val.bin", prepare_data.JOURNAL, *(e["file"] for e in meta["files"].values())}
+    named = {"meta.json", "train.bin", "val.bin", dataset_writer.JOURNAL, *(e["file"] for e in meta["files"].values())}
     assert set(os.listdir(out)) - named  # files of the other dataset, left behind
     run("--dataset", "files", "--path", new, "--out_dir", out)
     meta = data.load_meta(out)
@@ -420,7 +420,7 @@ def test_foreign_files_are_refused_unless_allowed_and_never_removed(tmp_path, mo
     # a folder that only holds our dataset and a journaled killed run's leftovers is ours: no flag needed
     mine = tmp_path / "mine"
     run("--dataset", "files", "--path", corpus, "--out_dir", mine)
-    prepare_data.Temporary(mine, []).file.write(b"left by a killed run")
+    dataset_writer.Temporary(mine, []).file.write(b"left by a killed run")
     run("--dataset", "files", "--path", corpus, "--out_dir", mine)
     assert sorted(p.name for p in mine.iterdir()) == sorted(["meta.json", "train.bin", "val.bin",
                                                              *(e["file"] for e in meta["files"].values())])
@@ -619,7 +619,7 @@ def split_at_separator_lines(text, separator):
 @pytest.mark.slow
 @pytest.mark.parametrize("separator", ["", "%%"])
 def test_many_short_documents_read_in_small_blocks(tmp_path, monkeypatch, separator):
-    """Documents found where they are tokenized (the blocks' Runs) are the brute-force line-by-line split, in
+    """Documents found where they are tokenized (the blocks' DocumentBytes) are the brute-force line-by-line split, in
     order, whatever the read size, with 1 and 2 workers; copied to train and val in windows of a few tokens."""
     rng = random.Random(3)
     pieces = []
@@ -634,7 +634,7 @@ def test_many_short_documents_read_in_small_blocks(tmp_path, monkeypatch, separa
     monkeypatch.setattr(prepare_data, "COPY_TOKENS", 5)
     tok = Tokenizer("gpt2")
     for read, workers in ((13, 1), (64, 2), (4096, 2)):
-        monkeypatch.setattr(prepare_data, "READ_BYTES", read)
+        monkeypatch.setattr(sources, "READ_BYTES", read)
         out = tmp_path / f"r{read}w{workers}"
         run("--dataset", "text", "--path", tmp_path / "c.txt", "--out_dir", out, "--tokenizer", "gpt2",
             "--separator", separator, "--val_documents", 17, "--workers", workers)
@@ -680,7 +680,7 @@ def test_nanogpt_files_convert_and_train(tmp_path):
     assert meta["tokenizer"] == "gpt2" and meta["dtype"] == "uint16"
     for split in ("train", "val"):
         original = np.fromfile(tmp_path / "nano" / f"{split}.bin", np.uint16)
-        assert data.read_tokens(tmp_path / "out", split, meta).tolist() == original.tolist()  # unchanged
+        assert data.read_tokens(tmp_path / "out", split, meta).tokens.tolist() == original.tolist()  # unchanged
         offsets = data.documents(tmp_path / "out", split, meta)
         assert [original[a:b].tolist() for a, b in offsets] == [d.tolist() for d in docs[split]]
         assert data.document_names(tmp_path / "out", split, meta) is None
@@ -782,7 +782,7 @@ def test_out_of_disk_or_memory_is_one_line_and_keeps_the_old_dataset(tmp_path, m
     run("--dataset", "files", "--path", corpus, "--out_dir", out, "--tokenizer", "gpt2")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     if failure == "disk full":
-        real_write, written = prepare_data.Temporary.write, []
+        real_write, written = dataset_writer.Temporary.write, []
 
         def write(self, data):  # the disk fills up part way through
             written.append(len(data))
@@ -790,14 +790,14 @@ def test_out_of_disk_or_memory_is_one_line_and_keeps_the_old_dataset(tmp_path, m
                 raise OSError(errno.ENOSPC, "No space left on device")
             real_write(self, data)
 
-        monkeypatch.setattr(prepare_data.Temporary, "write", write)
+        monkeypatch.setattr(dataset_writer.Temporary, "write", write)
     else:
         error = MemoryError if failure == "memory" else Panic
 
         def encode(self, text):
             raise error("allocation failed")
 
-        monkeypatch.setattr(prepare_data.Tokenizer, "encode", encode)
+        monkeypatch.setattr(Tokenizer, "encode", encode)
     with pytest.raises(SystemExit) as e:
         run("--dataset", "files", "--path", write_corpus(tmp_path / "new", n=9), "--out_dir", out, "--tokenizer",
             "gpt2", "--workers", 2)
@@ -915,13 +915,13 @@ def test_cut_at_keeps_the_tokens_of_the_whole():
         text = tricky_text(rng, rng.randrange(2, 40))
         whole = encode(text)
         for near in range(1, len(text)):
-            i = prepare_data.cut_at(text, near)
+            i = sources.cut_at(text, near)
             if i is not None:
                 assert 0 < i < len(text)
                 assert encode(text[:i]) + encode(text[i:]) == whole, (text, i)
                 cuts += 1
     assert cuts > 5000
-    assert prepare_data.cut_at("aaaa", 2) is None and prepare_data.cut_at("!?!?", 2) is None  # nowhere safe
+    assert sources.cut_at("aaaa", 2) is None and sources.cut_at("!?!?", 2) is None  # nowhere safe
 
 
 @pytest.mark.slow
@@ -942,8 +942,8 @@ def test_a_long_document_in_pieces_gives_the_tokens_of_one_piece(tmp_path, monke
     (corpus / "spaces.txt").write_text("a" * 30 + " " * 40 + "\n \n" + "next " * 30 + "\n\n\n", encoding="utf-8")
     argv = ["--dataset", dataset, "--path", corpus, "--tokenizer", tokenizer, "--val_documents", "1"]
     run(*argv, "--out_dir", tmp_path / "whole")
-    monkeypatch.setattr(prepare_data, "PIECE_CHARS", 97)
-    monkeypatch.setattr(prepare_data, "READ_BYTES", 13)
+    monkeypatch.setattr(sources, "PIECE_CHARS", 97)
+    monkeypatch.setattr(sources, "READ_BYTES", 13)
     for workers in (1, 2):
         run(*argv, "--out_dir", tmp_path / f"pieces{workers}", "--workers", workers)
         (meta, train, val), (meta_whole, train_whole, val_whole) = load(tmp_path / f"pieces{workers}"), \
@@ -965,8 +965,8 @@ def test_undecodable_bytes_in_a_long_document(tmp_path, monkeypatch, dataset):
     with pytest.raises(SystemExit) as whole:
         run(*argv, "--out_dir", tmp_path / "w")
     run(*argv, "--out_dir", tmp_path / "w", "--errors", "replace")
-    monkeypatch.setattr(prepare_data, "PIECE_CHARS", 50)
-    monkeypatch.setattr(prepare_data, "READ_BYTES", 7)
+    monkeypatch.setattr(sources, "PIECE_CHARS", 50)
+    monkeypatch.setattr(sources, "READ_BYTES", 7)
     with pytest.raises(SystemExit) as pieces:
         run(*argv, "--out_dir", tmp_path / "p")
     assert "is not valid UTF-8 (byte 450)" in str(whole.value.code)

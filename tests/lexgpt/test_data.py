@@ -6,11 +6,10 @@ import shutil
 import numpy as np
 import pytest
 
-from lexgpt import checkpoint
-from lexgpt import data
-from lexgpt.cli import UserError
 from conftest import make_checkpoint
-from prepare_data import write_dataset
+from lexgpt import checkpoint, data
+from lexgpt.cli import UserError
+from lexgpt.dataset_writer import write_dataset
 
 
 def dataset(root, seed=0, vocab="abcdefghijk", n_train=500, n_val=75):
@@ -43,7 +42,24 @@ def error(fn, *args, **kwargs):
 def test_load_meta_accepts_a_complete_dataset(tmp_path):
     meta = data.load_meta(dataset(tmp_path / "a"))
     assert meta["files"]["train"]["tokens"] == 500
-    assert len(data.read_tokens(tmp_path / "a", "val", meta)) == 75
+    assert len(data.read_tokens(tmp_path / "a", "val", meta).tokens) == 75
+
+
+def test_read_tokens_gives_the_split_and_what_its_batches_need(tmp_path):
+    """A token file: the ids written (regenerated from the same seed), read-only; vocab_size from meta.json; no
+    record or answers outside a task dataset; and nothing more can be hung on it."""
+    import dataclasses
+
+    meta = data.load_meta(dataset(tmp_path / "a", seed=3))
+    rng = np.random.default_rng(3)
+    written = {"train": rng.integers(0, 11, 500), "val": rng.integers(0, 11, 75)}
+    for split, want in written.items():
+        split_file = data.read_tokens(tmp_path / "a", split, meta)
+        assert split_file.tokens.tolist() == want.tolist() and not split_file.tokens.flags.writeable
+        assert (split_file.vocab_size, split_file.record, split_file.answers) == (11, None, None)
+        assert split_file.path == file_of(tmp_path / "a", split)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            split_file.record = 97
 
 
 def test_mixed_directory_assembled_by_hand_is_refused(tmp_path):

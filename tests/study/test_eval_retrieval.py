@@ -279,7 +279,7 @@ def test_context_gain_against_each_window_scored_alone(tiny_data, tmp_path, atte
     row = json.loads(out.read_text())["rows"][0]
     assert row["beyond"] == L
     model, _ = checkpoint.load_model(ckpt, "cpu")
-    stream = data.read_tokens(tiny_data, "val", data.load_meta(tiny_data))
+    stream = data.read_tokens(tiny_data, "val", data.load_meta(tiny_data)).tokens
     span = torch.from_numpy(np.asarray(stream[:33]).astype(np.int64))[None]  # the first document's only 33-token span
     x, y = span[:, :-1], span[:, 1:]
     nll = lambda logits, target: torch.nn.functional.cross_entropy(logits[0].double(), target[0]).item()

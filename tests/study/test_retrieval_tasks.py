@@ -134,24 +134,25 @@ def task_data(tmp_path_factory):
 def test_records_are_whole_instances_with_their_answers_marked(task_data):
     meta = data.load_meta(task_data, full=True)
     assert meta["record"] == 97 and meta["tasks"] == list(tasks.TASKS) and meta["chars"] == tasks.CHARS
-    tokens = data.read_tokens(task_data, "train", meta)
-    assert len(tokens) == 60 * 97 and len(data.read_tokens(task_data, "val", meta)) == 6 * 97
+    train = data.read_tokens(task_data, "train", meta)
+    tokens = train.tokens
+    assert len(tokens) == 60 * 97 and len(data.read_tokens(task_data, "val", meta).tokens) == 6 * 97
     for i in range(60):
         text = "".join(tasks.CHARS[t] for t in tokens[i * 97 : (i + 1) * 97])
         turn = [t for t in tasks.TASKS for _ in range(tasks.SHARE[t])]
         task = turn[i % len(turn)]  # in turn, SHARE of each
-        marked = set(np.flatnonzero(tokens.answers[i * 97 : (i + 1) * 97]).tolist())
+        marked = set(np.flatnonzero(train.answers[i * 97 : (i + 1) * 97]).tolist())
         truth = brute_force_answers(task, text)
         assert marked and all(text[p] == truth[p] for p in marked)
-    offsets = data.sample_offsets(1, 0, 3, tokens, 16, 96)
+    offsets = data.sample_offsets(1, 0, 3, train, 16, 96)
     assert (offsets % 97 == 0).all()  # a sequence is a whole record
-    x, y = data.get_batch(tokens, offsets, 96, "cpu")
+    x, y = data.get_batch(train, offsets, 96, "cpu")
     for row, at in enumerate(offsets):
-        want = np.where(tokens.answers[at + 1 : at + 97] == 1, tokens[at + 1 : at + 97].astype(np.int64), -1)
+        want = np.where(train.answers[at + 1 : at + 97] == 1, tokens[at + 1 : at + 97].astype(np.int64), -1)
         assert y[row].tolist() == want.tolist() and x[row].tolist() == tokens[at : at + 96].tolist()
     with pytest.raises(data.UserError, match="holds task records of 97 tokens, made for block_size 96: train with "
                                              "--block_size=96"):
-        data.sample_offsets(1, 0, 3, tokens, 16, 64)
+        data.sample_offsets(1, 0, 3, train, 16, 64)
     subprocess.run([sys.executable, "prepare_data.py", "--verify", str(task_data)], cwd=ROOT, check=True,
                    capture_output=True)
 
