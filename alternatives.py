@@ -1,12 +1,13 @@
 """The inference-time alternatives to xPos + BCA that people compare it with, each in one
 place, outside the method's path: attention sinks (StreamingLLM), RoPE interpolation (PI,
 NTK, dynamic NTK, YaRN), and the masks of ALiBi and of the sliding and sinks windows.
-model.py calls them at the lines marked "alternatives:"; the sliding window is otherwise
-BCA's window mechanism with another width.
+model.py calls them at the lines marked "alternatives:", and only when one is asked for;
+the sliding window is otherwise BCA's segments with another width. Also the one number check
+model.py and this file share (is_number).
 
-Nothing here imports model.py: the AttentionPlan model.py passes in is used for its fields
-and methods (rule, segment, reach, slopes, masks; rotate and visible, the one rotation and the one
-visibility mask)."""
+Nothing here imports model.py: the AttentionPlan (and KVCache) model.py passes in is used for
+its fields and methods (rule, segment, reach, slopes, masks; rotate and visible, the one
+rotation and the one visibility mask)."""
 
 import math
 from dataclasses import dataclass
@@ -21,12 +22,15 @@ import torch
 # method is the identity at s <= 1.
 
 ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
+# those a model may be fine-tuned with: a fixed factor (dynamic NTK recomputes it each pass)
+TRAINED_SCALINGS = tuple(m for m in ROPE_SCALINGS if m != "dynamic_ntk")
 # YaRN's ramp ends, in turns over the training length (its LLaMA defaults)
 YARN_ALPHA, YARN_BETA = 1.0, 32.0
 
 
-def is_int(x):
-    return isinstance(x, int) and not isinstance(x, bool)
+def is_number(x: object, kinds: type | tuple[type, ...] = (int, float)) -> bool:
+    """x is one of kinds (int and float: any real number), and not a bool."""
+    return isinstance(x, kinds) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -57,14 +61,13 @@ class RopeScaling:
             raise ValueError(f"rope_scaling={self.method!r} is not allowed: "
                              f"must be one of {methods}")
         length = self.original_length
-        if length is not None and not (is_int(length) and length > 0):
+        if length is not None and not (is_number(length, int) and length > 0):
             raise ValueError(f"original_length={length!r} is not allowed: "
                              "must be a positive integer")
         s = self.factor
         if s is None:
             return
-        number = isinstance(s, (int, float)) and not isinstance(s, bool)
-        if not (number and 0 < s < math.inf):
+        if not (is_number(s) and 0 < s < math.inf):
             raise ValueError(f"rope_factor={s!r} is not allowed: "
                              "must be a finite number > 0")
         if self.method == "none":
@@ -75,14 +78,17 @@ class RopeScaling:
                              "rope_scaling='dynamic_ntk': it recomputes s "
                              "from the current length")
 
-    def factor_at(self, n_keys, block_size):
+    def factor_at(self, n_keys: int, block_size: int) -> float:
         """s for a pass in which one query sees at most n_keys positions."""
         if self.factor is not None:
             return float(self.factor)
         return n_keys / block_size
 
 
-def scaling_of(config, rope_scaling=None):
+NO_SCALING = RopeScaling()  # RoPE as trained
+
+
+def scaling_of(config, rope_scaling: RopeScaling | str | None = None) -> RopeScaling:
     """The RopeScaling of a pass: the one asked for (a RopeScaling or its name), or else the
     one the model was fine-tuned with (GPTConfig.rope_scaling: none for most models)."""
     if isinstance(rope_scaling, RopeScaling):
@@ -90,18 +96,18 @@ def scaling_of(config, rope_scaling=None):
     if rope_scaling is not None:
         return RopeScaling(rope_scaling)
     if config.rope_scaling == "none":
-        return RopeScaling("none")
+        return NO_SCALING
     length = config.rope_original_length or None
     return RopeScaling(config.rope_scaling, config.rope_factor, length)
 
 
-def check_trained_scaling(config, require, is_number):
+def check_trained_scaling(config, require) -> None:
     """GPTConfig's checks of the scaling a model is fine-tuned with: a fixed factor s > 1
     (dynamic NTK has none), on rotary angles (rope, or xpos with its rotation)."""
     method = config.rope_scaling
     s = config.rope_factor
-    fixed = method in ROPE_SCALINGS and method != "dynamic_ntk"
-    require(fixed, "rope_scaling", "must be one of none, pi, ntk, yarn")
+    require(method in TRAINED_SCALINGS, "rope_scaling",
+            f"must be one of {', '.join(TRAINED_SCALINGS)}")
     rotates = config.pos == "rope"
     rotates = rotates or config.pos == "xpos" and config.xpos_rotate
     has_none = f"pos={config.pos!r}"
@@ -161,36 +167,49 @@ def interpolate(theta, scaling, factor, block_size):
 
 
 # ----------------------------------------------------------------------------
-# The sliding and sinks windows (model.py's rule table): AttentionRule's checks of W and S, and
-# how far a window sees.
+# The sliding and sinks windows (model.py's rule table): AttentionRule's checks of W and S,
+# where a rule is made, and how far a window sees.
 
 
-def check_window(rule):
-    """AttentionRule's checks of W and S: positive integers, and S < W under sinks (the window
-    holds the sinks and at least one recent key)."""
+def check_window(rule) -> None:
+    """AttentionRule's checks of W and S, where the rule is made: positive integers, and
+    check_sinks when W is given."""
     window = 1 if rule.window is None else rule.window
     for flag, value in (("window", window), ("sinks", rule.sinks)):
-        if not (is_int(value) and value > 0):
+        if not (is_number(value, int) and value > 0):
             raise ValueError(f"{flag}={value!r} is not allowed: must be a positive integer")
-    if rule.name == "sinks" and rule.window is not None and rule.sinks >= rule.window:
-        raise ValueError(f"sinks={rule.sinks} is not allowed with window={rule.window}: "
-                         "the window holds the sinks and at least one recent key, so "
-                         "sinks must be < window")
+    if rule.name == "sinks" and rule.window is not None:
+        check_sinks(rule.sinks, rule.window)
 
 
-def window_reach(rule):
-    """How far back a query sees past the first segment (AttentionPlan.reach): W under the
-    sliding window, W - S recent keys under sinks; None (no limit) under causal and BCA."""
-    if rule.name == "sliding":
-        return rule.window
-    if rule.name == "sinks":
-        return rule.window - rule.sinks
-    return None
+def check_sinks(sinks: int, window: int) -> None:
+    """S < W under sinks: the window holds the sinks and at least one recent key."""
+    if sinks >= window:
+        raise ValueError(f"sinks={sinks} is not allowed with window={window}: the window "
+                         "holds the sinks and at least one recent key, so sinks must be < "
+                         "window")
+
+
+def window_reach(rule) -> int:
+    """How far back a query sees past the first segment (AttentionPlan.reach) under a resolved
+    sliding or sinks rule: W under sliding, the W - S recent keys under sinks."""
+    return rule.window - rule.sinks if rule.name == "sinks" else rule.window
 
 
 # ----------------------------------------------------------------------------
-# Masks other than a causal one: ALiBi's bias, and the band of a window that ends before the
-# first key (sliding, sinks).
+# Masks other than a causal one: ALiBi's bias (and its slopes), and the band of a window that
+# ends before the first key (sliding, sinks).
+
+
+def alibi_slopes(n_head: int) -> torch.Tensor:
+    """ALiBi's head slopes (Press et al. §3): 2^(-8i/n) for i = 1..n when n is a power of two;
+    otherwise the slopes for the power of two p below n, then every other slope for 2p until
+    there are n."""
+    def geometric(n):
+        return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
+    p = 2 ** int(math.log2(n_head))
+    extra = geometric(2 * p)[0::2][: n_head - p]
+    return torch.tensor(geometric(p) + extra)
 
 
 def attention_mask(plan, queries, keys, dtype, device):
@@ -221,19 +240,22 @@ def attention_mask(plan, queries, keys, dtype, device):
 # softmax must put somewhere; dropping them is what breaks a plain sliding window.
 
 
-def sinks_kv(plan, k, v):
-    """The sinks rule's S sinks: the first S raw keys and values of k, v (B, nh, T, hd); None
-    under any other rule."""
-    if plan.rule.name != "sinks":
+def cached_sinks(cache, k: torch.Tensor, v: torch.Tensor,
+                 S: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The sinks a KV cache keeps past every segment: the first S raw keys and values, from
+    those held and the new k, v; None while the sequence has fewer than S tokens."""
+    if cache.end() + k.size(2) < S:
         return None
-    S = plan.rule.sinks
-    return k[:, :, :S], v[:, :, :S]
+    old = slice(0, cache.held)
+    sink_k = torch.cat((cache.k[:, :, old], k[:, :, :S]), dim=2)
+    sink_v = torch.cat((cache.v[:, :, old], v[:, :, :S]), dim=2)
+    return sink_k[:, :, :S].clone(), sink_v[:, :, :S].clone()
 
 
 def attention_with_sinks(q, k, v, plan, queries, keys, sink_kv):
-    """The sinks rule past its first window, for raw q at window-frame positions `queries` and
-    raw k, v at `keys`: every query sees the S sinks (sink_kv: their raw keys and values,
-    batch B, for a batch of B * n windows) and the window's keys at distance < W - S.
+    """The sinks rule past its first segment, for raw q at frame positions `queries` and raw
+    k, v at `keys`: every query sees the S sinks (sink_kv: their raw keys and values, batch B,
+    for a batch of B * n frames) and the keys at distance < W - S.
 
     StreamingLLM positions keys by their place in its cache: the sinks at 0 .. S-1 and the
     recent keys right after them, so a query stands at W-1 as seen from the sinks but at its
@@ -242,7 +264,7 @@ def attention_with_sinks(q, k, v, plan, queries, keys, sink_kv):
     sqrt(d) - slope * distance) @ [sink_v | v]."""
     S = plan.rule.sinks
     W = plan.rule.window
-    repeat = q.size(0) // sink_kv[0].size(0)  # windows per sequence
+    repeat = q.size(0) // sink_kv[0].size(0)  # frames per sequence
     sink_k, sink_v = (x.repeat_interleave(repeat, dim=0) for x in sink_kv)
     dtype = v.dtype
     device = v.device

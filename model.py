@@ -4,14 +4,15 @@ Transformer" (Sun et al.): xPos (§3.2, Eq. 10, Algorithm 1) and blockwise causa
 BCA (§3.3).
 
 Read top to bottom: config -> position schemes -> attention rules -> AttentionPlan (xPos,
-the rule's segments) -> attend (the mask) -> KV cache -> the modules (BCA's window pass is in
-CausalSelfAttention) -> GPT. The alternatives people compare with (attention sinks, RoPE
+the rule's segments) -> attend (the mask) -> KV cache -> the modules (BCA's segment pass is
+in CausalSelfAttention) -> GPT. The alternatives people compare with (attention sinks, RoPE
 interpolation, ALiBi's and the windows' masks) live in alternatives.py and enter at the
-lines marked "alternatives:"; a reader of the method may skip those lines.
+lines marked "alternatives:", only when asked for. Rules and configs are checked where they
+are made, not on each pass.
 
 Conventions: attention tensors are (B, n_head, T, head_dim); rotary pairs are interleaved,
 (x0, x1), (x2, x3), ..., as in Algorithm 1; positions are integer ranges in a frame,
-absolute (0 .. T-1) or a window's (0 .. 2w-1); nothing length-dependent lives in the
+absolute (0 .. T-1) or two segments' (0 .. 2w-1); nothing length-dependent lives in the
 state_dict, so a checkpoint runs at any length.
 """
 
@@ -20,24 +21,20 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from torch import Tensor
 from torch.nn import functional as F
 from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
 import alternatives
-from alternatives import ROPE_SCALINGS, RopeScaling  # noqa: F401 (interface)
+from alternatives import ROPE_SCALINGS, RopeScaling, alibi_slopes, is_number  # noqa: F401
 
 POSITION_SCHEMES = ("learned", "sinusoidal", "rope", "alibi", "xpos", "none")
 
 
-def is_number(x, kinds=(int, float)):
-    return isinstance(x, kinds) and not isinstance(x, bool)
-
-
 @dataclass
 class GPTConfig:
-    # the training length l; BCA cuts queries into the paper's blocks of l/2, called
-    # segments here (a Block is a layer)
+    # the training length l (BCA's segments are l/2)
     block_size: int = 1024
     vocab_size: int = 50304
     n_layer: int = 12
@@ -61,8 +58,8 @@ class GPTConfig:
     rope_factor: float = 1.0
     rope_original_length: int = 0
 
-    def __post_init__(self):
-        def require(ok, name, allowed):
+    def __post_init__(self) -> None:
+        def require(ok: bool, name: str, allowed: str) -> None:
             if not ok:
                 value = getattr(self, name)
                 raise ValueError(f"GPTConfig.{name}={value!r} is not allowed: {allowed}")
@@ -93,14 +90,14 @@ class GPTConfig:
         for name in ("bias", "xpos_rotate"):
             require(isinstance(getattr(self, name), bool), name, "must be True or False")
         # alternatives: the RoPE scaling a model is fine-tuned with
-        alternatives.check_trained_scaling(self, require, is_number)
+        alternatives.check_trained_scaling(self, require)
 
 
 # Position schemes: learned and sinusoidal add to the token embeddings (GPT.start_pass);
-# rope, xpos and alibi act inside attention.
+# rope, xpos and alibi (its slopes: alternatives.py) act inside attention.
 
 
-def sinusoidal_embedding(pos, dim):
+def sinusoidal_embedding(pos: Tensor, dim: int) -> Tensor:
     """Vaswani et al.'s table at any position:
     PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(p / 10000^(2i/dim))."""
     i = torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32)
@@ -109,33 +106,22 @@ def sinusoidal_embedding(pos, dim):
     return pe.flatten(1)[:, :dim]
 
 
-def alibi_slopes(n_head):
-    """ALiBi's head slopes (Press et al. §3): 2^(-8i/n) for i = 1..n when n is a power of two;
-    otherwise the slopes for the power of two p below n, then every other slope for 2p until
-    there are n."""
-    def geometric(n):
-        return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
-    p = 2 ** int(math.log2(n_head))
-    extra = geometric(2 * p)[0::2][: n_head - p]
-    return torch.tensor(geometric(p) + extra)
-
-
 # Attention rules: which keys query t sees. All are for inference only (training is plain
-# causal attention at length l = block_size); each window rule costs O(T * W).
+# causal attention at the training length l = block_size).
 #
 #   rule     query t sees                 positions, for relative schemes
 #   causal   0 .. t                       absolute
-#   bca      (t//H - 1)*H .. t, H = l/2   rebased into 0 .. l-1  (§3.3)
-#   sliding  t-W+1 .. t                   rebased: no distance passes W-1
+#   bca      (t//w - 1)*w .. t, w = l/2   in 0 .. l-1  (§3.3)
+#   sliding  t-W+1 .. t                   no distance passes W-1
 #   sinks    0 .. S-1, t-(W-S)+1 .. t     sinks at 0 .. S-1, query at W-1 (alternatives.py)
 #
-# BCA: a query sees the whole previous segment of H = l/2 tokens (the paper's block) and its
-# own causally, so no distance reaches the training length l; through n_layer layers
-# information still travels n_layer * H tokens back. The window rules share one mechanism:
-# queries are cut into segments of w tokens (H for bca, W for sliding and sinks); segment i
-# sees keys of segments i-1 and i only, in the frame 0 .. 2w-1, and past the first segment
-# only those within its reach (W for sliding, W-S for the sinks' recent keys). Up to T = w
-# every rule is plain causal attention.
+# A segment is w consecutive tokens, the paper's "block" (a Block here is a layer): w = l/2
+# under BCA, w = W under sliding and sinks, whose window W bounds the keys a query sees.
+# Under these segmented rules segment i attends to segments i-1 and i only, in their frame
+# 0 .. 2w-1, past the first segment only to keys within reach (W under sliding, W-S recent
+# keys under sinks, all under BCA): O(T * w). Under BCA no distance reaches l, and through
+# n_layer layers information still travels n_layer * w tokens back. Up to T = w every rule
+# is causal attention.
 
 ATTENTION_RULES = ("auto", "causal", "bca", "sliding", "sinks")
 
@@ -144,24 +130,32 @@ ATTENTION_RULES = ("auto", "causal", "bca", "sliding", "sinks")
 class AttentionRule:
     """One rule of the table above; auto is bca past block_size, causal up to it."""
     name: str = "auto"
-    window: int = None  # W for sliding and sinks (None: block_size)
+    window: int = None  # W of sliding and sinks (None: block_size)
     sinks: int = 4  # S, the first tokens sinks keep (StreamingLLM's 4)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.name not in ATTENTION_RULES:
             rules = ", ".join(ATTENTION_RULES)
             raise ValueError(f"attention={self.name!r} is not allowed: must be one of {rules}")
         alternatives.check_window(self)  # alternatives: W and S of sliding and sinks
 
-    def resolve(self, n_tokens, block_size):
-        """The rule for n_tokens: auto decided, W filled in."""
+    def resolve(self, n_tokens: int, block_size: int) -> "AttentionRule":
+        """The rule for n_tokens: auto decided, W filled in (BCA's is l, two segments); not
+        checked again (this rule was), but for S < W where block_size gives sinks its W."""
         name = self.name
         if name == "auto":
             name = "bca" if n_tokens > block_size else "causal"
-        window = self.window or block_size  # W of sliding and sinks
-        if name in ("causal", "bca"):  # no W; BCA's is block_size
-            window = block_size if name == "bca" else None
-        return AttentionRule(name, window, self.sinks)
+        window = {"causal": None, "bca": block_size}.get(name, self.window or block_size)
+        if name == "sinks":  # alternatives: S < W
+            alternatives.check_sinks(self.sinks, window)
+        resolved = object.__new__(AttentionRule)  # no __post_init__: no checks again
+        resolved.__dict__.update(name=name, window=window, sinks=self.sinks)
+        return resolved
+
+
+AUTO = AttentionRule()  # the default rule
+RuleLike = AttentionRule | str | None  # a rule, its name, or None: auto
+ScalingLike = RopeScaling | str | None  # a RoPE scaling, its name, or None: the model's own
 
 
 class AttentionPlan:
@@ -177,24 +171,27 @@ class AttentionPlan:
     decaying with distance. RoPE is xPos with zeta = 1. The centre c cancels in q.k; in the
     middle of the queries (as in the official code) it halves the largest factor."""
 
-    def __init__(self, config, n_tokens, attention=None, rope_scaling=None, device=None):
+    def __init__(self, config: GPTConfig, n_tokens: int, attention: RuleLike = None,
+                 rope_scaling: ScalingLike = None, device: torch.device | None = None):
         l = config.block_size
         if config.pos == "learned" and n_tokens > l:
             raise ValueError(f"pos='learned' cannot go past block_size={l} (asked for {n_tokens} "
                              "positions): learned absolute positions cannot extrapolate")
-        if not isinstance(attention, AttentionRule):  # None or a name
-            attention = AttentionRule(attention or "auto")
+        if not isinstance(attention, AttentionRule):  # a name, or None: auto
+            attention = AttentionRule(attention) if attention else AUTO
         self.rule = rule = attention.resolve(n_tokens, l)
-        W = rule.window
-        self.segment = W // 2 if rule.name == "bca" else W  # w (None: causal attention)
-        self.reach = alternatives.window_reach(rule)  # alternatives: how far a window sees
-        self.frame = n_tokens  # positions: the sequence's, or a window's 0 .. 2w-1
+        # w: l/2 under BCA, W under sliding and sinks, None under causal attention
+        self.segment = rule.window // 2 if rule.name == "bca" else rule.window
+        # alternatives: how far sliding and sinks see past the first segment (None: no limit)
+        self.reach = alternatives.window_reach(rule) if rule.name in ("sliding", "sinks") else None
+        self.frame = n_tokens  # positions: the sequence's, or two segments' 0 .. 2w-1
         if self.segment and n_tokens > self.segment:
             self.frame = 2 * self.segment
         self.masks = {}
-        # alternatives: RoPE interpolation at s, from the most keys one query sees
-        self.scaling = alternatives.scaling_of(config, rope_scaling)
-        self.rope_factor = self.scaling.factor_at(min(n_tokens, W or n_tokens), l)
+        # alternatives: RoPE interpolation, asked for or fine-tuned with (s = 1: none)
+        self.scaling, self.rope_factor = alternatives.NO_SCALING, 1.0
+        if rope_scaling is not None or config.rope_scaling != "none":
+            self.scaling = alternatives.scaling_of(config, rope_scaling)
         d = config.n_embd // config.n_head
         gamma = config.xpos_gamma
         j = torch.arange(d // 2, device=device, dtype=torch.float32)
@@ -203,27 +200,28 @@ class AttentionPlan:
             self.theta = 0 * self.theta  # Table 4's xPos without rotation
         self.zeta = (2 * j + gamma * d) / ((1 + gamma) * d)  # (d/2,)
         self.rotation = self.decay = self.slopes = None
-        self.chunk = self.frame
+        self.span = self.frame  # the most queries attend takes at once (xPos: float16's)
         if config.pos in ("rope", "xpos"):
             theta, sharpen = self.theta, 1.0
-            if self.scaling.method != "none":  # alternatives: RoPE interpolation
+            if self.scaling.method != "none":  # alternatives: RoPE interpolation at s
+                self.rope_factor = self.scaling.factor_at(min(n_tokens, rule.window or n_tokens), l)
                 theta, sharpen = alternatives.interpolate(theta, self.scaling, self.rope_factor, l)
             angle = torch.arange(self.frame, device=device)[:, None] * theta  # (frame, d/2)
             self.rotation = sharpen * torch.stack((angle.cos(), angle.sin()), -1)
         if config.pos == "xpos":
             # Over n queries centred on c, q and k carry factors up to zeta_0^(-n/2/scale):
-            # at most `chunk` queries at a time keep them <= 2^8, within float16 at any T.
+            # a span of at most n queries keeps them <= 2^8, within float16 at any T.
             scale = config.xpos_scale_base
             half = 8 * math.log(2) * scale / math.log(1 + 1 / gamma)  # n/2 where it is 2^8
-            if 2 * half < self.frame:  # scale = inf: no decay, no chunks
-                self.chunk = 2 * int(half) + 1
+            if 2 * half < self.frame:  # scale = inf: no decay, one span
+                self.span = 2 * int(half) + 1
             # row i is zeta^(e/scale) at e = i - frame, for e = m - c or n - c
             e = torch.arange(-self.frame, self.frame, device=device, dtype=torch.float32)
             self.decay = self.zeta[:, None] ** (e[:, None, None] / scale)  # (2 frame, d/2, 1)
-        if config.pos == "alibi":
-            self.slopes = alibi_slopes(config.n_head).to(device)[:, None, None]  # (nh, 1, 1)
+        if config.pos == "alibi":  # alternatives: ALiBi's slopes, (nh, 1, 1)
+            self.slopes = alibi_slopes(config.n_head).to(device)[:, None, None]
 
-    def rotate(self, q, k, queries, keys):
+    def rotate(self, q: Tensor, k: Tensor, queries: range, keys: range) -> tuple[Tensor, Tensor]:
         """q at frame positions `queries` and k at `keys`, in float32, rotated by Algorithm 1:
         each pair, a complex number, times e^(i m theta_j) and xPos's zeta^(+-(m-c)/scale),
         c in the middle of the queries."""
@@ -245,9 +243,9 @@ class AttentionPlan:
             else:  # the same product in complex numbers: one kernel in eager mode
                 y = torch.view_as_real(torch.view_as_complex(x) * torch.view_as_complex(f))
             rotated.append(y.flatten(-2))  # (..., T, d)
-        return rotated
+        return tuple(rotated)
 
-    def visible(self, queries, keys, device=None):
+    def visible(self, queries: range, keys: range, device: torch.device | None = None) -> Tensor:
         """(Q, K) bool: query i sees key j <= i, and past the first segment only while
         i - j < reach (sliding, sinks)."""
         i = torch.arange(queries.start, queries.stop, device=device)[:, None]
@@ -258,17 +256,18 @@ class AttentionPlan:
         return seen
 
 
-def attend(q, k, v, plan, queries, keys, sink_kv=None, dropout_p=0.0):
-    """Causal attention of raw q at frame positions `queries` to raw k, v at `keys` (ranges
-    that end together), rotated by the plan. Relative schemes use differences only, so the
-    frame is the caller's: absolute positions, or a window's 0 .. 2w-1. The causal mask is
-    SDPA's is_causal where queries and keys start together (its fast kernels), else a
-    lower-right one (none for one query): no tensor, and no additive -inf, which would turn
-    an overflowed xPos score into NaN. ALiBi and window bands: alternatives.attention_mask."""
+def attend(q: Tensor, k: Tensor, v: Tensor, plan: AttentionPlan, queries: range, keys: range,
+           sink_kv: tuple[Tensor, Tensor] | None = None, dropout_p: float = 0.0) -> Tensor:
+    """Causal attention of raw q at frame positions `queries` to raw k, v at `keys` (ranges that
+    end together), rotated by the plan, plan.span queries at a time. Relative schemes use
+    differences only, so the frame is the caller's: absolute, or two segments' 0 .. 2w-1. The
+    causal mask is SDPA's is_causal where queries and keys start together (its fast kernels),
+    else a lower-right one (none for one query): no tensor, and no additive -inf, which would
+    turn an overflowed xPos score into NaN. ALiBi's, windows' masks: alternatives.attention_mask."""
     ys = []
-    for start in range(queries.start, queries.stop, plan.chunk):  # xPos: chunks of queries
-        qs = range(start, min(start + plan.chunk, queries.stop))
-        ks = range(keys.start, qs.stop)  # the keys up to the chunk's last query
+    for start in range(queries.start, queries.stop, plan.span):  # xPos: spans of queries
+        qs = range(start, min(start + plan.span, queries.stop))
+        ks = range(keys.start, qs.stop)  # the keys up to the span's last query
         qi = q[:, :, start - queries.start : qs.stop - queries.start]
         ki, vi = k[:, :, : len(ks)], v[:, :, : len(ks)]
         if sink_kv is not None and start >= plan.segment:  # alternatives: StreamingLLM
@@ -288,12 +287,12 @@ def attend(q, k, v, plan, queries, keys, sink_kv=None, dropout_p=0.0):
 
 class KVCache:
     """One layer's keys and values for generation, chunked prefill and streaming evaluation,
-    stored raw and rotated when read: neither a moving window nor a growing interpolation
-    factor re-positions what is stored. Under a window rule it holds at most two segments,
+    stored raw and rotated when read: neither a moving frame nor a growing interpolation
+    factor re-positions what is stored. Under a segmented rule it holds at most two segments,
     so a token costs the same at any length (for BCA the paper's "recurrently reuses the
     overlapped key and value vectors"); under causal attention every key."""
 
-    def __init__(self, plan, max_tokens):
+    def __init__(self, plan: AttentionPlan, max_tokens: int):
         self.plan = plan  # the plan of a pass over max_tokens
         self.max_tokens = max_tokens
         self.start = 0  # absolute position of the first key held
@@ -301,13 +300,13 @@ class KVCache:
         self.k = self.v = None  # (B, n_head, capacity, head_dim)
         self.sink_kv = None  # alternatives: the sinks rule's first S keys
 
-    def end(self):
+    def end(self) -> int:
         """Absolute position of the next token."""
         return self.start + self.held
 
-    def attend_new(self, q, k, v, plan):
+    def attend_new(self, q: Tensor, k: Tensor, v: Tensor, plan: AttentionPlan) -> Tensor:
         """Store the new tokens' keys and values and attend from their queries, in runs within
-        one segment (under causal attention, all at once): before each run the window moves
+        one segment (under causal attention, all at once): before each run the frame moves
         on, dropping a segment."""
         w = plan.segment
         n = q.size(2)
@@ -319,8 +318,8 @@ class KVCache:
             raise ValueError(f"this KV cache holds a batch of {self.k.size(0)} in {self.v.dtype}, "
                              f"got {k.size(0)} in {v.dtype}: make a new one (new_cache) for "
                              "another batch size or precision")
-        if plan.rule.name == "sinks" and self.sink_kv is None:
-            self.keep_sinks(k, v, plan.rule.sinks)  # alternatives: the first S
+        if plan.rule.name == "sinks" and self.sink_kv is None:  # alternatives: the first S
+            self.sink_kv = alternatives.cached_sinks(self, k, v, plan.rule.sinks)
         ys = []
         i = 0
         while i < n:
@@ -328,7 +327,7 @@ class KVCache:
             run = n - i
             if w:
                 run = min(run, w - t % w)
-                self.drop(max(0, (t // w - 1) * w) - self.start)  # the window's first key
+                self.drop(max(0, (t // w - 1) * w) - self.start)  # the frame's first key
             self.k[:, :, self.held : self.held + run] = k[:, :, i : i + run]
             self.v[:, :, self.held : self.held + run] = v[:, :, i : i + run]
             self.held += run
@@ -340,7 +339,7 @@ class KVCache:
             i += run
         return torch.cat(ys, dim=2)
 
-    def drop(self, n):
+    def drop(self, n: int) -> None:
         """Forget the first n keys held (at most w stay: no overlap)."""
         if n <= 0:
             return
@@ -349,20 +348,11 @@ class KVCache:
         for buf in (self.k, self.v):
             buf[:, :, : self.held] = buf[:, :, n : n + self.held]
 
-    def keep_sinks(self, k, v, S):
-        """alternatives: the sinks rule keeps the first S keys and values past every window,
-        once the sequence has S tokens."""
-        if self.end() + k.size(2) < S:
-            return
-        old = slice(0, self.held)
-        sink_k = torch.cat((self.k[:, :, old], k[:, :, :S]), dim=2)
-        sink_v = torch.cat((self.v[:, :, old], v[:, :, :S]), dim=2)
-        self.sink_kv = sink_k[:, :, :S].clone(), sink_v[:, :, :S].clone()
 
 
 class CausalSelfAttention(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
         C = config.n_embd
@@ -370,7 +360,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(C, C, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, plan, cache=None):
+    def forward(self, x: Tensor, plan: AttentionPlan, cache: KVCache | None = None) -> Tensor:
         B, T, C = x.size()
         nh = self.config.n_head
         hd = C // nh
@@ -383,10 +373,12 @@ class CausalSelfAttention(nn.Module):
             p = self.config.dropout if self.training else 0.0
             y = attend(q, k, v, plan, range(T), range(T), dropout_p=p)
         else:
-            # BCA (§3.3) and the other windows, all segments at once: segment i > 0 attends
-            # to segments i-1 and i in the frame 0 .. 2w-1 (queries at w .. 2w-1), so under
-            # BCA no distance reaches l. The last segment's zero padding is in the future.
-            sink_kv = alternatives.sinks_kv(plan, k, v)  # alternatives: the sinks' S
+            # BCA (§3.3) and the other segmented rules, all segments at once: segment i > 0
+            # attends to segments i-1 and i in their frame 0 .. 2w-1 (queries at w .. 2w-1), so
+            # under BCA no distance reaches l. The last segment's zero padding is the future.
+            sink_kv = None  # alternatives: the sinks rule's S sinks, its first keys and values
+            if plan.rule.name == "sinks":
+                sink_kv = k[:, :, : plan.rule.sinks], v[:, :, : plan.rule.sinks]
             n = -(-T // w)  # segments, each qn, kn, vn: (B, n, nh, w, hd)
             qn, kn, vn = F.pad(qkv, (0, 0, 0, -T % w)).view(3, B, nh, n, w, hd).transpose(2, 3)
             kw = torch.cat((kn[:, :-1], kn[:, 1:]), dim=3).flatten(0, 1)  # (B*(n-1), nh, 2w, hd)
@@ -403,7 +395,7 @@ class CausalSelfAttention(nn.Module):
 
 class MLP(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config: GPTConfig):
         super().__init__()
         C = config.n_embd
         self.c_fc = nn.Linear(C, 4 * C, bias=config.bias)
@@ -411,7 +403,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * C, C, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         x = self.c_fc(x)
         x = self.gelu(x)
         x = self.c_proj(x)
@@ -420,14 +412,14 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config: GPTConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, plan, cache=None):
+    def forward(self, x: Tensor, plan: AttentionPlan, cache: KVCache | None = None) -> Tensor:
         x = x + self.attn(self.ln_1(x), plan, cache)
         x = x + self.mlp(self.ln_2(x))
         return x
@@ -435,7 +427,7 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
         C = config.n_embd
@@ -458,16 +450,17 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=std)
 
-    def _init_weights(self, module):
+    def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             torch.nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets=None, *, attention=None, rope_scaling=None, cache=None):
-        """(logits, loss) of idx, targets (B, T) (-1: ignored; None: the last logits only).
-        attention: an AttentionRule or its name (default: BCA past block_size);
-        rope_scaling: a RopeScaling or its name; cache: new_cache's, which fixes both."""
+    def forward(self, idx: Tensor, targets: Tensor | None = None, *, attention: RuleLike = None,
+                rope_scaling: ScalingLike = None,
+                cache: list[KVCache] | None = None) -> tuple[Tensor, Tensor | None]:
+        """(logits, loss) of idx, targets (B, T) (-1: ignored; None: the last logits only);
+        attention by default BCA past block_size; a cache (new_cache's) fixes both options."""
         plan, x = self.start_pass(idx, attention, rope_scaling, cache)  # x: (B, T, n_embd)
         for i, block in enumerate(self.transformer.h):
             if self.grad_checkpoint and self.training:
@@ -481,26 +474,29 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return logits, loss
 
-    def start_pass(self, idx, attention, rope_scaling, cache):
+    def start_pass(self, idx: Tensor, attention: RuleLike, rope_scaling: ScalingLike,
+                   cache: list[KVCache] | None) -> tuple[AttentionPlan, Tensor]:
         """(plan, x): the pass's AttentionPlan (a cache's own), and the first block's input:
         the token embeddings, plus learned or sinusoidal positions."""
-        B, T = idx.size()
-        start = cache[0].end() if cache else 0
+        T = idx.size(1)
         if cache:
-            plan = self.cached_plan(cache, start + T, attention, rope_scaling, idx.device)
+            plan = self.cached_plan(cache, cache[0].end() + T, attention, rope_scaling, idx.device)
         else:
             plan = AttentionPlan(self.config, T, attention, rope_scaling, idx.device)
-        pos = torch.arange(start, start + T, device=idx.device)
         x = self.transformer.wte(idx)  # (B, T, n_embd)
-        if self.config.pos == "learned":
-            x = x + self.transformer.wpe(pos)
-        if self.config.pos == "sinusoidal":
-            # tokens times sqrt(n_embd) (Vaswani et al. §3.4), or the table would drown them
-            x = x * math.sqrt(self.config.n_embd)
-            x = x + sinusoidal_embedding(pos, self.config.n_embd).to(x.dtype)
+        if self.config.pos in ("learned", "sinusoidal"):  # absolute positions, added here
+            start = cache[0].end() if cache else 0
+            pos = torch.arange(start, start + T, device=idx.device)
+            if self.config.pos == "learned":
+                x = x + self.transformer.wpe(pos)
+            else:  # tokens times sqrt(n_embd) (Vaswani et al. §3.4), or the table drowns them
+                x = x * math.sqrt(self.config.n_embd)
+                x = x + sinusoidal_embedding(pos, self.config.n_embd).to(x.dtype)
         return plan, self.transformer.drop(x)
 
-    def hidden_states(self, idx, attention=None, rope_scaling=None, cache=None):
+    def hidden_states(self, idx: Tensor, attention: RuleLike = None,
+                      rope_scaling: ScalingLike = None,
+                      cache: list[KVCache] | None = None) -> Tensor:
         """forward's final hidden states (B, T, n_embd), before the output layer; for
         evaluation (no activation checkpointing)."""
         plan, x = self.start_pass(idx, attention, rope_scaling, cache)
@@ -508,7 +504,8 @@ class GPT(nn.Module):
             x = block(x, plan, cache[i] if cache else None)
         return self.transformer.ln_f(x)
 
-    def cached_plan(self, cache, end, attention, rope_scaling, device):
+    def cached_plan(self, cache: list[KVCache], end: int, attention: RuleLike,
+                    rope_scaling: ScalingLike, device: torch.device) -> AttentionPlan:
         """The plan a KV cache was made with, checked against the pass."""
         if attention is not None or rope_scaling is not None:
             raise ValueError("attention and rope_scaling are fixed when the cache is made: "
@@ -521,7 +518,8 @@ class GPT(nn.Module):
             plan = AttentionPlan(self.config, end, plan.rule, plan.scaling, device)
         return plan
 
-    def new_cache(self, max_tokens, attention=None, rope_scaling=None):
+    def new_cache(self, max_tokens: int, attention: RuleLike = None,
+                  rope_scaling: ScalingLike = None) -> list[KVCache]:
         """An empty KV cache, one KVCache per layer, with the rule and the plan of a pass over
         max_tokens."""
         device = self.lm_head.weight.device
@@ -529,10 +527,11 @@ class GPT(nn.Module):
         return [KVCache(plan, max_tokens) for _ in self.transformer.h]
 
     @torch.no_grad()
-    def token_nll(self, idx, targets, *, attention=None, rope_scaling=None, chunk_tokens=16384):
+    def token_nll(self, idx: Tensor, targets: Tensor, *, attention: RuleLike = None,
+                  rope_scaling: ScalingLike = None, chunk_tokens: int = 16384) -> Tensor:
         """(B, T) next-token NLL for evaluation, chunk_tokens / B positions at a time, equal to
-        the one-piece pass. Under a window rule the sequence streams through a KV cache of
-        one window (memory flat at any T); under causal attention only the output layer goes
+        the one-piece pass. Under a segmented rule the sequence streams through a KV cache
+        of two segments (memory flat at any T); under causal attention only the output layer goes
         chunk by chunk (bounding the logits). Dynamic NTK, where it scales anything, decodes
         token by token past block_size: each token at the factor of its own length."""
         B, T = idx.size()
@@ -560,7 +559,7 @@ class GPT(nn.Module):
             nll.append(loss.view(B, -1))
         return torch.cat(nll, dim=1)
 
-    def logits(self, x):
+    def logits(self, x: Tensor) -> Tensor:
         """The output layer, in float32 outside training even under autocast: evaluation should
         not measure bfloat16's rounding of the logits (about +-0.06 at |logit| 20)."""
         if self.training:
@@ -569,8 +568,9 @@ class GPT(nn.Module):
             return self.lm_head(x.float())
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, *, attention=None,
-                 rope_scaling=None):
+    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, *, attention: RuleLike = None,
+                 rope_scaling: ScalingLike = None) -> Tensor:
         """Sample max_new_tokens tokens after idx (B, T) with a KV cache. The context is never
         cropped: past block_size every scheme but learned keeps going, by default with BCA,
         at a flat cost a token."""

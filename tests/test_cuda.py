@@ -111,4 +111,4 @@ def test_xpos_float16_without_bca_stays_finite():
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
         logits, loss = m(idx, idx, attention="causal")
     assert torch.isfinite(logits).all() and torch.isfinite(loss)
-    assert AttentionPlan(m.config, 16384, "causal").chunk < 16384  # the queries went in chunks here
+    assert AttentionPlan(m.config, 16384, "causal").span < 16384  # the queries went in spans here

@@ -10,6 +10,7 @@ from torch.nn.attention.bias import CausalBias
 
 import alternatives
 import model
+import read_path
 import resolution
 from model import GPT, GPTConfig, POSITION_SCHEMES, AttentionPlan, alibi_slopes
 
@@ -151,13 +152,13 @@ def test_compiled_rotation_is_real_arithmetic_and_equals_eager(pos, attention):
 
 
 @pytest.mark.slow
-def test_compiled_passes_through_xpos_chunks_and_the_kv_cache_equal_eager():
-    """torch.compile where attend meets many ranges of positions: xPos's float16 chunks (a scale base of 2 makes a
-    chunk 17 queries) under causal attention, BCA and sinks, and decoding through the KV cache a token at a time.
+def test_compiled_passes_through_xpos_spans_and_the_kv_cache_equal_eager():
+    """torch.compile where attend meets many ranges of positions: xPos's float16 spans (a scale base of 2 makes a
+    span 17 queries) under causal attention, BCA and sinks, and decoding through the KV cache a token at a time.
     Dynamo compiles attend on its own at several ranges there; each pass must run and equal the eager one."""
     torch._dynamo.reset()
     m, x = tiny("xpos", block_size=32, xpos_scale_base=2.0), tokens(75)
-    assert AttentionPlan(m.config, 75, "causal").chunk < 75 and AttentionPlan(m.config, 75, "bca").chunk < 32
+    assert AttentionPlan(m.config, 75, "causal").span < 75 and AttentionPlan(m.config, 75, "bca").span < 32
     compiled = torch.compile(m, backend="aot_eager")
     with torch.no_grad():
         for rule in ("causal", "bca", model.AttentionRule("sinks", 24, 3)):
@@ -591,26 +592,26 @@ def test_xpos_float16_without_bca_at_16k_with_the_papers_defaults(monkeypatch):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
         logits, loss = m(idx, idx, attention="causal")
         assert torch.isfinite(logits).all() and torch.isfinite(loss)
-        monkeypatch.setattr(model, "AttentionPlan", unchunked)  # all 16,384 queries in one call: it overflows
+        monkeypatch.setattr(model, "AttentionPlan", one_span)  # all 16,384 queries in one call: it overflows
         assert not torch.isfinite(m(idx, idx, attention="causal")[0]).all()
 
 
-class unchunked(AttentionPlan):
-    """The table with xPos's chunking of queries turned off: one attention call for every query."""
+class one_span(AttentionPlan):
+    """The plan with xPos's spans of queries turned off: one attention call for every query."""
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        self.chunk = self.frame
+        self.span = self.frame
 
 
-def test_xpos_attends_in_chunks_that_keep_every_factor_under_2_to_the_8(monkeypatch):
+def test_xpos_attends_in_spans_that_keep_every_factor_under_2_to_the_8(monkeypatch):
     cfg = GPTConfig(n_head=1, n_embd=16, pos="xpos")  # scale_base 512, gamma 0.4
     # over n queries centred on their middle the largest factor is zeta_0^(-(n//2)/512), zeta_0 = 0.4/1.4 (Eq. 9):
-    # 3.5^8 in one call over 8,192 tokens; the chunk is the largest n whose factor stays <= 2^8, found by search
+    # 3.5^8 in one call over 8,192 tokens; the span is the largest n whose factor stays <= 2^8, found by search
     largest = lambda n: (1.4 / 0.4) ** ((n // 2) / 512)
     assert largest(8192) == pytest.approx(3.5**8, rel=1e-12) and largest(8192) > 2**8
     table = AttentionPlan(cfg, 8192, "causal")
-    assert table.chunk == max(n for n in range(1, 8192) if largest(n) <= 2**8)
+    assert table.span == max(n for n in range(1, 8192) if largest(n) <= 2**8)
     seen, sdpa = [], F.scaled_dot_product_attention
 
     def spy(q, k, v, attn_mask=None, **kw):  # every call: its queries, their dtype, and the largest |q| it was given
@@ -623,10 +624,10 @@ def test_xpos_attends_in_chunks_that_keep_every_factor_under_2_to_the_8(monkeypa
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         q = k = v = torch.ones(1, 1, 8192, 16, dtype=dtype)
         assert model.attend(q, k, v, table, range(8192), range(8192)).dtype == dtype
-        assert [n for n, _, _ in seen] == [table.chunk, 8192 - table.chunk]
+        assert [n for n, _, _ in seen] == [table.span, 8192 - table.span]
         assert all(d == dtype and top <= 2**8 * math.sqrt(2) * 1.01 for _, d, top in seen)  # pairs (1, 1) times F
         seen.clear()
-    for queries, keys in ((range(0, table.chunk), range(0, table.chunk)), (range(5000, 8192), range(0, 8192))):
+    for queries, keys in ((range(0, table.span), range(0, table.span)), (range(5000, 8192), range(0, 8192))):
         q_factor, k_factor = factors(table, queries, keys)
         assert q_factor.norm(dim=-1).max() <= 2**8 * 1.001 and k_factor.norm(dim=-1).max() <= 2**8 * 1.001
 
@@ -647,7 +648,7 @@ def test_xpos_without_bca_far_past_float32s_range_matches_float64():
         want.append(torch.softmax(s.masked_fill(pos[None] > pos[rows, None], -math.inf), -1) @ v[0, 0].double())
     want = torch.cat(want)
     torch.testing.assert_close(y[0, 0].double(), want, rtol=1e-4, atol=1e-4)
-    assert not torch.isfinite(model.attend(q, k, v, unchunked(cfg, T, "causal"), range(T), range(T))).all()
+    assert not torch.isfinite(model.attend(q, k, v, one_span(cfg, T, "causal"), range(T), range(T))).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -664,20 +665,20 @@ def test_xpos_model_without_bca_finite_at_80_blocks(dtype, scale_base):
         assert torch.isfinite(m(idx[:, :1], cache=cache)[0]).all()
 
 
-def test_sinks_attend_in_chunks_like_the_other_rules(monkeypatch):
-    """Under the sinks rule a window's W queries go through xPos's chunks too: finite where one call would overflow
+def test_sinks_attend_in_spans_like_the_other_rules(monkeypatch):
+    """Under the sinks rule a window's W queries go through xPos's spans too: finite where one call would overflow
     (W = 128 at scale_base 0.5: factors up to 3.5^128), and the same as one call where that stays finite."""
     idx = tokens(300, batch=1, vocab=50)
     m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=0.5)
     with torch.no_grad():
         assert torch.isfinite(m.hidden_states(idx, "sinks")).all()
         m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=4.0)
-        chunked = m.hidden_states(idx, "sinks")
-        assert AttentionPlan(m.config, 300, "sinks").chunk < 128  # the window's queries do go in chunks
-        monkeypatch.setattr(model, "AttentionPlan", unchunked)
-        torch.testing.assert_close(chunked, m.hidden_states(idx, "sinks"), rtol=1e-4, atol=1e-5)
+        spanned = m.hidden_states(idx, "sinks")
+        assert AttentionPlan(m.config, 300, "sinks").span < 128  # the window's queries do go in spans
+        monkeypatch.setattr(model, "AttentionPlan", one_span)
+        torch.testing.assert_close(spanned, m.hidden_states(idx, "sinks"), rtol=1e-4, atol=1e-5)
         m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=0.5)
-        assert not torch.isfinite(m.hidden_states(idx, "sinks")).all()  # the overflow the chunks avoid
+        assert not torch.isfinite(m.hidden_states(idx, "sinks")).all()  # the overflow the spans avoid
         monkeypatch.undo()
         for scale_base in (0.5, 1e-30):  # and streamed through the KV cache, a few tokens at a time
             m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=scale_base)
@@ -776,7 +777,7 @@ def test_cached_decoding_matches_full_forward(pos, rule, prompt):
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
 @pytest.mark.parametrize("rule", RULES[1:])
 def test_chunked_prefill_matches_full_forward(pos, rule):
-    """A cache takes chunks of any size: within a block, across one or several boundaries, after a decode."""
+    """A cache takes chunks of any size: within a segment, across one or several boundaries, after a decode."""
     m = tiny(pos)
     total = 8 if pos == "learned" else 37
     seq = tokens(total)
@@ -982,3 +983,59 @@ def test_odd_head_dim_rejected_for_rotary_only():
 def test_bad_bca_value():
     with pytest.raises(ValueError, match="attention='on'"):
         tiny("xpos")(tokens(4), attention="on")
+
+
+# --- the method's path ---------------------------------------------------------------------
+
+
+def test_the_read_path_to_the_first_attention_call_is_the_method():
+    """The issue's measure, traced with sys.settrace over every file of the repository
+    (read_path.py): from the entry into GPT.forward to the first F.scaled_dot_product_attention
+    of an xPos pass past block_size (BCA), at most 100 unique lines in at most 12 definitions,
+    at most 3 of them outside model.py. Over the whole pass no check runs (a rule and a config
+    are checked where they are made) and nothing of alternatives.py (none was asked for)."""
+    path = read_path.trace()
+    outside = path.outside_model()
+    print(f"read path: {len(path.lines)} lines, {len(path.definitions)} definitions, "
+          f"{len(outside)} outside model.py {outside}, model.py depth {path.model_depth}; "
+          f"whole pass: {len(path.pass_lines)} lines, {len(path.pass_definitions)} definitions")
+    assert len(path.lines) <= 100 and len(path.definitions) <= 12 and len(outside) <= 3
+    assert path.definitions[0] == ("model.py", "GPT.forward")
+    assert ("model.py", "attend") in path.definitions
+    assert not [d for d in path.pass_definitions if d[1].endswith("__post_init__")]
+    assert [f for f, _ in path.pass_definitions] == ["model.py"] * len(path.pass_definitions)
+
+
+def test_a_resolved_rule_is_the_rule_of_the_table():
+    """resolve makes its rule without checking it again: it is still the AttentionRule the
+    table gives (equal, same hash and repr as one made and checked by hand), and S < W is still
+    checked where block_size gives sinks its W."""
+    Rule = model.AttentionRule
+    for rule, n_tokens, want in ((Rule(), 65, Rule("bca", 64)),
+                                 (Rule(), 64, Rule("causal")),
+                                 (Rule("causal", 5), 99, Rule("causal")),
+                                 (Rule("sliding"), 10, Rule("sliding", 64)),
+                                 (Rule("sinks", 9, 2), 10, Rule("sinks", 9, 2))):
+        got = rule.resolve(n_tokens, 64)
+        assert type(got) is Rule and got == want and hash(got) == hash(want)
+        assert repr(got) == repr(want)
+    with pytest.raises(ValueError, match="sinks=64 is not allowed with window=64"):
+        Rule("sinks", sinks=64).resolve(10, 64)
+
+
+def test_one_number_check():
+    """alternatives.is_number, the one check behind GPTConfig's, AttentionRule's and
+    RopeScaling's: a bool is no number."""
+    is_number = alternatives.is_number
+    assert model.is_number is is_number
+    assert is_number(3) and is_number(2.5) and is_number(4, int)
+    assert not is_number(True) and not is_number(2.5, int)
+    assert not is_number("3") and not is_number(None)
+    for make in (lambda: model.AttentionRule("sliding", True),
+                 lambda: model.AttentionRule("sinks", 8, True),
+                 lambda: model.RopeScaling("pi", True),
+                 lambda: model.RopeScaling("yarn", 2.0, True),
+                 lambda: GPTConfig(n_layer=True), lambda: GPTConfig(dropout=False),
+                 lambda: GPTConfig(pos="rope", rope_scaling="pi", rope_factor=True)):
+        with pytest.raises(ValueError, match="=True is not allowed|=False is not allowed"):
+            make()
