@@ -11,27 +11,33 @@ writes. Every global batch is drawn from np.random.default_rng([seed, 0, iter]) 
 per-rank micro-batches: 1 and N processes, and a resumed run, see the same batches.
 """
 
+import json
 import math
 import os
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
+from typing import TextIO
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lexgpt.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
+from lexgpt.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, load_weights, save_checkpoint
 from lexgpt.cli import UserError, error_exit, exit_interrupted
-from lexgpt.configurator import AT_LEAST_ONE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, configure
+from lexgpt.configurator import (AT_LEAST_ONE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED,
+                                 configure)
 from lexgpt.data import get_batch, read_tokens, sample_offsets, tokenizer_identity
 from lexgpt.distributed import DTYPES, all_reduce_sum, autocast, teardown_distributed
 from lexgpt.mfu import peak_flops, train_flops_per_token
-from lexgpt.run_dir import keep_checkpoint, release_run_dirs, remove_debris
-from lexgpt.train_setup import build, setup, start_log
+from lexgpt.run_dir import (clear_run_dir, keep_checkpoint, open_log, release_run_dirs,
+                            remove_debris)
+from lexgpt.train_setup import TrainRun, setup
+from model import GPT, ROPE_SCALINGS
 
 
 @dataclass
@@ -94,8 +100,9 @@ class TrainConfig:
     overwrite: bool = False  # init_from=scratch over an out_dir with ckpt.pt: refused unless True
 
 
-CHOICES = dict(lr_schedule=("cosine", "polynomial"), dtype=DTYPES,
-               rope_scaling=("none", "pi", "ntk", "yarn"))
+# dynamic NTK recomputes its factor at every pass: a model is fine-tuned with a fixed one
+TRAINED_SCALINGS = tuple(m for m in ROPE_SCALINGS if m != "dynamic_ntk")
+CHOICES = dict(lr_schedule=("cosine", "polynomial"), dtype=DTYPES, rope_scaling=TRAINED_SCALINGS)
 CLIP = (NON_NEGATIVE[0], "a finite number >= 0 (0 disables clipping)")
 LIMITS = dict(  # numeric keys, checked once the whole configuration is known
     learning_rate=POSITIVE, min_lr=NON_NEGATIVE, weight_decay=NON_NEGATIVE, beta1=FRACTION,
@@ -107,11 +114,11 @@ LIMITS = dict(  # numeric keys, checked once the whole configuration is known
     gradient_accumulation_steps=AT_LEAST_ONE)
 
 
-def load_config(argv):
+def load_config(argv: list[str]) -> TrainConfig:
     return TrainConfig(**configure(asdict(TrainConfig()), argv, CHOICES, LIMITS))
 
 
-def get_lr(it, cfg):
+def get_lr(it: int, cfg: TrainConfig) -> float:
     """Linear warmup (non-zero at step 0), then cosine or polynomial decay to min_lr at
     lr_decay_iters."""
     if not cfg.decay_lr:
@@ -128,8 +135,195 @@ def get_lr(it, cfg):
     return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)
 
 
+# -------------------------------------------------------------------------------------------------
+# The model, AdamW and the GradScaler, and the checkpoint that saves them
+
+
+@dataclass
+class Trainer:
+    """What the steps run and update. model is raw_model compiled and DDP-wrapped as asked; a
+    checkpoint saves raw_model's weights, under their own names."""
+    model: torch.nn.Module
+    raw_model: GPT
+    optimizer: torch.optim.AdamW
+    scaler: torch.amp.GradScaler
+
+
+def build(cfg: TrainConfig, run: TrainRun, ckpt: dict | None, weights: dict | None) -> Trainer:
+    """The model, AdamW and the GradScaler: fresh, from a fine-tune's source weights, or as the
+    checkpoint left them."""
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts them too)
+    raw_model = GPT(run.gpt_config).to(run.device)
+    raw_model.grad_checkpoint = cfg.grad_checkpoint
+    # AdamW, weight decay on matrices and embeddings only. The fused kernel (one pass over each
+    # parameter) where torch has it, CUDA and CPU, is safe with float16's GradScaler
+    # (docs/engineering_notes.md); MPS keeps the default.
+    params = [p for p in raw_model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                                  eps=cfg.adam_eps, fused=run.device_type in ("cuda", "cpu"))
+    scaler = torch.amp.GradScaler(run.device_type, enabled=run.dtype == "float16")
+    torch.manual_seed(cfg.seed + run.rank)  # dropout differs between ranks
+    if weights is not None:  # a fine-tune: the source's weights, nothing else of its state
+        load_weights(raw_model, weights, run.init["path"])
+    if ckpt:
+        restore(ckpt, run, raw_model, optimizer, scaler)
+    model = raw_model
+    if cfg.compile:
+        model = torch.compile(model)
+    if run.ddp:
+        device_ids = [torch.device(run.device)] if run.device_type == "cuda" else None
+        model = DDP(model, device_ids=device_ids)
+    return Trainer(model, raw_model, optimizer, scaler)
+
+
+def restore(ckpt: dict, run: TrainRun, model: GPT, optimizer: torch.optim.AdamW,
+            scaler: torch.amp.GradScaler) -> None:
+    """The state a checkpoint left (save): weights, AdamW's and the GradScaler's state, each rank's
+    RNG."""
+    fused = optimizer.defaults["fused"]
+    load_weights(model, ckpt["model"], run.ckpt_path)
+    for group in ckpt["optimizer"]["param_groups"]:  # the saved choice may be another device's:
+        group["fused"] = fused  # this run's, set before loading, places the state to suit it
+    optimizer.load_state_dict(ckpt["optimizer"])
+    if scaler.is_enabled() and ckpt["scaler"]:  # a bfloat16/float32 run saved none: start afresh
+        scaler.load_state_dict(ckpt["scaler"])
+    rngs = ckpt["rng"]  # each rank's
+    if len(rngs) == run.world:
+        torch.set_rng_state(rngs[run.rank]["torch"])
+        if run.device_type == "cuda" and rngs[run.rank]["cuda"] is not None:
+            torch.cuda.set_rng_state(rngs[run.rank]["cuda"], run.device)
+    elif run.master:
+        print(f"note: checkpoint from {len(rngs)} processes, resuming on {run.world}: dropout "
+              "RNG reseeded")
+
+
+def save(cfg: TrainConfig, run: TrainRun, trainer: Trainer, iter_num: int, best_val_loss: float,
+         best: bool = False) -> float:
+    """Write ckpt.pt, the state before iteration iter_num, with every rank's RNG state (atomically:
+    a kill mid-write leaves the previous one), and with keep_checkpoints=K keep it beside the K
+    latest and the best (keep_checkpoint). Returns when (time.monotonic())."""
+    rng = {"torch": torch.get_rng_state(), "cuda": None}
+    if run.device_type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(run.device)
+    rngs = [rng]
+    if run.ddp:
+        rngs = [None] * run.world
+        dist.all_gather_object(rngs, rng)
+    saved = time.monotonic()
+    if not run.master:
+        return saved
+    sampler = {"sampler": "np.random.default_rng([seed, 0, iter])", "seed": cfg.seed,
+               "next_iter": iter_num}
+    ckpt = {"model": trainer.raw_model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
+            "scaler": trainer.scaler.state_dict(), "model_args": asdict(run.gpt_config),
+            "format": CHECKPOINT_FORMAT, "tokenizer": tokenizer_identity(run.meta),
+            "iter_num": iter_num, "best_val_loss": best_val_loss, "config": asdict(cfg),
+            "rng": rngs, "data": sampler}
+    if run.init:
+        ckpt["init"] = run.init
+    save_checkpoint(ckpt, run.ckpt_path)
+    if cfg.keep_checkpoints:
+        keep_checkpoint(run.ckpt_path, iter_num, cfg.keep_checkpoints, best)
+    return saved
+
+
+# -------------------------------------------------------------------------------------------------
+# The log: log.jsonl, wandb and the console
+
+
+def finite_or_none(v: float) -> float | None:
+    """v, or None (JSON's null) where it is not finite."""
+    if math.isfinite(v):
+        return v
+    return None
+
+
+class Log:
+    """Rank 0's record of the run: log.jsonl, the same numbers under nanoGPT's names to wandb
+    when it is on, and the console. The other ranks' writes nothing."""
+
+    def __init__(self, file: TextIO | None = None, wandb_run=None):
+        self.file = file
+        self.wandb = wandb_run
+
+    def write(self, entry: dict, wandb_entry: dict) -> None:
+        if self.file is None:
+            return
+        self.file.write(json.dumps(entry) + "\n")
+        self.file.flush()
+        if self.wandb:
+            self.wandb.log(wandb_entry)
+
+    def evaluation(self, iter_num: int, losses: dict, lr: float) -> None:
+        if self.file is None:
+            return
+        train_loss, val_loss = losses["train"], losses["val"]
+        self.write({"iter": iter_num, "val_loss": val_loss, "train_loss": train_loss},
+                   {"iter": iter_num, "train/loss": train_loss, "val/loss": val_loss, "lr": lr})
+        print(f"iter {iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f}")
+
+    def step(self, entry: dict) -> None:
+        """A training step: a loss or norm that is not finite (a step the GradScaler skipped) is
+        logged as null."""
+        if self.file is None:
+            return
+        logged = dict(entry, loss=finite_or_none(entry["loss"]),
+                      grad_norm=finite_or_none(entry["grad_norm"]))
+        names = ("iter", "loss", "lr", "mfu", "grad_norm", "data_wait", "peak_mem_gib")
+        self.write(logged, {k: logged[k] for k in names if k in logged})
+        extra = ""
+        if "grad_scale" in entry:
+            extra += f", scale {entry['grad_scale']:g}, skipped {entry['skipped_steps']}"
+        if "peak_mem_gib" in entry:
+            extra += f", peak mem {entry['peak_mem_gib']:.2f} GiB"
+        mfu = "n/a"
+        if "mfu" in entry:
+            mfu = f"{entry['mfu']:.2%}"
+        print(f"iter {entry['iter']}: loss {entry['loss']:.4f}, lr {entry['lr']:.2e}, "
+              f"{entry['ms_per_iter']:.0f} ms, {entry['tokens_per_s']:,.0f} tok/s, "
+              f"grad norm {entry['grad_norm']:.3g}, data {entry['data_wait']:.0%}, "
+              f"mfu {mfu}{extra}")
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+def start_log(cfg: TrainConfig, run: TrainRun, model: GPT) -> Log:
+    """Rank 0: log.jsonl (on resume, without the entries the resumed run writes again:
+    open_log), the wandb run and the run's first line."""
+    if not run.master:
+        return Log()
+    fresh = cfg.init_from != "resume"
+    clear_run_dir(run.ckpt_path, fresh)
+    file = open_log(run.ckpt_path.with_name("log.jsonl"), run.start_iter)
+    if run.init and fresh:
+        print(f"fine-tuning {run.init['path']} (iter {run.init['iter_num']}) at "
+              f"block_size={cfg.block_size}, rope_scaling={cfg.rope_scaling}")
+    wandb_run = None
+    if cfg.wandb_log:
+        import wandb
+        name = cfg.wandb_run_name or None
+        wandb_run = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
+    n_params = sum(p.numel() for p in model.parameters())
+    batch = cfg.batch_size * cfg.gradient_accumulation_steps
+    print(f"{n_params / 1e6:.2f}M parameters, pos={cfg.pos}, {run.device} {run.dtype}, "
+          f"{run.world} process(es), global batch {batch} x {cfg.block_size} tokens, "
+          f"iterations {run.start_iter} -> {cfg.max_iters}")
+    return Log(file, wandb_run)
+
+
+# -------------------------------------------------------------------------------------------------
+# The steps
+
+
 @torch.no_grad()
-def evaluate(model, cfg, run, ctx):
+def evaluate(model: torch.nn.Module, cfg: TrainConfig, run: TrainRun,
+             ctx: AbstractContextManager) -> dict:
     """Mean loss over eval_iters fixed batches per split; batch k runs on rank k % world."""
     model.eval()
     out = {}
@@ -148,10 +342,12 @@ def evaluate(model, cfg, run, ctx):
     return out
 
 
-def train_step(model, optimizer, scaler, cfg, run, ctx, iter_num):
+def train_step(trainer: Trainer, cfg: TrainConfig, run: TrainRun, ctx: AbstractContextManager,
+               iter_num: int) -> tuple[torch.Tensor, torch.Tensor, float]:
     """This rank's micro-steps of the global batch, then AdamW through the GradScaler (a no-op
     unless float16). Returns the summed loss and the gradient norm before clipping, unread on the
     device (reading makes the host wait), and the seconds spent reading batches."""
+    model, optimizer, scaler = trainer.model, trainer.optimizer, trainer.scaler
     for group in optimizer.param_groups:
         group["lr"] = get_lr(iter_num, cfg)
     micro_steps = cfg.gradient_accumulation_steps // run.world
@@ -185,9 +381,10 @@ def train_step(model, optimizer, scaler, cfg, run, ctx, iter_num):
     return loss_sum, grad_norm, data_seconds
 
 
-def memory_and_scaler(run, optimizer, scaler, iter_num):
+def memory_and_scaler(run: TrainRun, trainer: Trainer, iter_num: int) -> dict:
     """Peak GPU memory, and the GradScaler's scale and the steps it skipped, which AdamW did not
     count, since the run started."""
+    optimizer, scaler = trainer.optimizer, trainer.scaler
     state = {}
     if run.device_type == "cuda":
         state["peak_mem_gib"] = torch.cuda.max_memory_allocated(run.device) / 2**30
@@ -199,36 +396,7 @@ def memory_and_scaler(run, optimizer, scaler, iter_num):
     return state
 
 
-def save(cfg, run, iter_num, model, optimizer, scaler, best_val_loss, best=False):
-    """Write ckpt.pt, the state before iteration iter_num, with every rank's RNG state (atomically:
-    a kill mid-write leaves the previous one), and with keep_checkpoints=K keep it beside the K
-    latest and the best (keep_checkpoint). Returns when (time.monotonic())."""
-    rng = {"torch": torch.get_rng_state(), "cuda": None}
-    if run.device_type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state(run.device)
-    rngs = [rng]
-    if run.ddp:
-        rngs = [None] * run.world
-        dist.all_gather_object(rngs, rng)
-    saved = time.monotonic()
-    if not run.master:
-        return saved
-    sampler = {"sampler": "np.random.default_rng([seed, 0, iter])", "seed": cfg.seed,
-               "next_iter": iter_num}
-    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(), "model_args": asdict(run.gpt_config),
-            "format": CHECKPOINT_FORMAT, "tokenizer": tokenizer_identity(run.meta),
-            "iter_num": iter_num, "best_val_loss": best_val_loss, "config": asdict(cfg),
-            "rng": rngs, "data": sampler}
-    if run.source:
-        ckpt["init"] = run.source
-    save_checkpoint(ckpt, run.ckpt_path)
-    if cfg.keep_checkpoints:
-        keep_checkpoint(run.ckpt_path, iter_num, cfg.keep_checkpoints, best)
-    return saved
-
-
-def catch_stop_signals():
+def catch_stop_signals() -> list[str]:
     """SIGTERM (a scheduler preempting the job; torchrun passes it on to every rank) and SIGUSR1
     (SLURM's --signal=USR1@120 warning, say) ask for a checkpoint and a clean stop at the next log
     step, where the ranks agree on it. Returns the list the names of the caught signals go to."""
@@ -242,18 +410,18 @@ def catch_stop_signals():
     return caught
 
 
-def finish(log, run):
+def finish(log: Log, run: TrainRun) -> None:
     log.close()
     teardown_distributed(run.ddp)
 
 
-def stop(log, run, problem):
+def stop(log: Log, run: TrainRun, problem: str) -> None:
     """Stop on a non-finite loss: every rank gets here at the same iteration (all-reduced)."""
     finish(log, run)
     raise UserError(f"{problem}; stopped, the last good checkpoint ({run.ckpt_path}) is kept")
 
 
-def train(cfg):
+def train(cfg: TrainConfig) -> None:
     cfg, run, ckpt, weights = setup(cfg)
     if run.start_iter >= cfg.max_iters:
         if run.master:
@@ -261,11 +429,10 @@ def train(cfg):
                   "no checkpoint written")
         teardown_distributed(run.ddp)
         return
-    raw_model, model, optimizer, scaler = build(cfg, run, ckpt, weights)
+    trainer = build(cfg, run, ckpt, weights)
     best_val_loss = ckpt["best_val_loss"] if ckpt else float("inf")
     ckpt = weights = None  # free their memory: the model and optimizer hold their state now
-    state = (raw_model, optimizer, scaler)  # what a checkpoint saves
-    log = start_log(cfg, run, raw_model)
+    log = start_log(cfg, run, trainer.raw_model)
     ctx = autocast(run.device, run.dtype)
     tokens = cfg.batch_size * cfg.gradient_accumulation_steps * cfg.block_size  # an iteration's
     flops_per_token = train_flops_per_token(run.gpt_config)
@@ -280,21 +447,20 @@ def train(cfg):
         # evaluate, and write the checkpoint (unless this process has not trained yet: at its
         # first iteration the checkpoint, if any, is already this state)
         if iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters:
-            losses = evaluate(model, cfg, run, ctx)
+            losses = evaluate(trainer.model, cfg, run, ctx)
             if not math.isfinite(losses["val"]):
                 stop(log, run, f"non-finite val loss {losses['val']} at iter {iter_num}")
             best = losses["val"] < best_val_loss
             best_val_loss = min(best_val_loss, losses["val"])
             log.evaluation(iter_num, losses, get_lr(iter_num, cfg))
             if iter_num > run.start_iter:
-                last_save = save(cfg, run, iter_num, *state, best_val_loss, best)
+                last_save = save(cfg, run, trainer, iter_num, best_val_loss, best)
             t0 = time.perf_counter()  # evaluation is not training time
         if iter_num >= cfg.max_iters:
             break
 
-        loss_sum, grad_norm, data_seconds = train_step(model, optimizer, scaler, cfg, run, ctx,
-                                                       iter_num)
-        if not scaler.is_enabled():  # float16's GradScaler skips such a step itself: no error
+        loss_sum, grad_norm, data_seconds = train_step(trainer, cfg, run, ctx, iter_num)
+        if not trainer.scaler.is_enabled():  # float16's GradScaler skips such a step: no error
             first = (first_nonfinite < 0) & ~torch.isfinite(loss_sum)
             first_nonfinite = torch.where(first, iter_num, first_nonfinite)
         t1 = time.perf_counter()  # before the loss is read, as nanoGPT: no wait for the device
@@ -323,12 +489,12 @@ def train(cfg):
                          "data_wait": data_seconds / dt}
                 if peak:  # the global batch ran on world devices, each with this peak
                     entry["mfu"] = flops_per_token * tokens / dt / (run.world * peak)
-                entry.update(memory_and_scaler(run, optimizer, scaler, iter_num))
+                entry.update(memory_and_scaler(run, trainer, iter_num))
                 log.step(entry)
             next_iter = iter_num + 1
             evaluates = next_iter % cfg.eval_interval == 0 or next_iter == cfg.max_iters
             if stopping or (due and not evaluates):  # (else at the evaluation just below)
-                last_save = save(cfg, run, next_iter, *state, best_val_loss)
+                last_save = save(cfg, run, trainer, next_iter, best_val_loss)
                 t0 = time.perf_counter()
             if stopping:
                 caught = (stop_signals or ["a signal on another rank"])[0]
@@ -342,7 +508,7 @@ def train(cfg):
         print(f"done: {run.ckpt_path} (iter {iter_num}, best val loss {best_val_loss:.4f})")
 
 
-def kept(cfg):
+def kept(cfg: TrainConfig | None) -> str:
     """What a Ctrl-C leaves behind, for its one line: the last checkpoint, to go on from."""
     if cfg is None:
         return "no checkpoint was written"
@@ -356,7 +522,7 @@ def kept(cfg):
     return f"{path} (iter {iter_num}) is kept: continue with --init_from=resume"
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     cfg, made, failed = None, False, True
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv)

@@ -1,12 +1,11 @@
 """
-A training run's directory (out_dir): one process owns it at a time; its log (log.jsonl, mirrored
-to wandb and the console: Log) equals the uninterrupted run's after any number of kills and
-resumes; kept checkpoints are put in place by renames; and a failed start leaves it as it was.
+A training run's directory (out_dir): one process owns it at a time; its log.jsonl (open_log)
+equals the uninterrupted run's after any number of kills and resumes; kept checkpoints are put in
+place by renames; and a failed start leaves it as it was.
 """
 
 import fcntl
 import json
-import math
 import os
 import shutil
 import socket
@@ -179,61 +178,3 @@ def remove_debris(out_dir, made):
             out_dir.rmdir()
     except OSError:
         pass
-
-
-class Log:
-    """Rank 0's record of the run: log.jsonl, the same numbers under nanoGPT's names to wandb
-    when it is on, and the console. The other ranks' writes nothing."""
-
-    def __init__(self, file=None, wandb_run=None):
-        self.file = file
-        self.wandb = wandb_run
-
-    def write(self, entry, wandb_entry):
-        if self.file is None:
-            return
-        self.file.write(json.dumps(entry) + "\n")
-        self.file.flush()
-        if self.wandb:
-            self.wandb.log(wandb_entry)
-
-    def evaluation(self, iter_num, losses, lr):
-        if self.file is None:
-            return
-        train_loss, val_loss = losses["train"], losses["val"]
-        self.write({"iter": iter_num, "val_loss": val_loss, "train_loss": train_loss},
-                   {"iter": iter_num, "train/loss": train_loss, "val/loss": val_loss, "lr": lr})
-        print(f"iter {iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f}")
-
-    def step(self, entry):
-        """A training step: a loss or norm that is not finite (a step the GradScaler skipped) is
-        logged as null."""
-        if self.file is None:
-            return
-        logged = dict(entry, loss=finite(entry["loss"]), grad_norm=finite(entry["grad_norm"]))
-        names = ("iter", "loss", "lr", "mfu", "grad_norm", "data_wait", "peak_mem_gib")
-        self.write(logged, {k: logged[k] for k in names if k in logged})
-        extra = ""
-        if "grad_scale" in entry:
-            extra += f", scale {entry['grad_scale']:g}, skipped {entry['skipped_steps']}"
-        if "peak_mem_gib" in entry:
-            extra += f", peak mem {entry['peak_mem_gib']:.2f} GiB"
-        mfu = "n/a"
-        if "mfu" in entry:
-            mfu = f"{entry['mfu']:.2%}"
-        print(f"iter {entry['iter']}: loss {entry['loss']:.4f}, lr {entry['lr']:.2e}, "
-              f"{entry['ms_per_iter']:.0f} ms, {entry['tokens_per_s']:,.0f} tok/s, "
-              f"grad norm {entry['grad_norm']:.3g}, data {entry['data_wait']:.0%}, "
-              f"mfu {mfu}{extra}")
-
-    def close(self):
-        if self.file is not None:
-            self.file.close()
-        if self.wandb:
-            self.wandb.finish()
-
-
-def finite(v):
-    if math.isfinite(v):
-        return v
-    return None

@@ -393,7 +393,7 @@ def test_out_dir_that_cannot_take_checkpoints_fails_before_training(data_dir, tm
         with pytest.raises(SystemExit) as e:
             train.main(tiny_args(data_dir, out))
         assert "is a file, not a directory" in str(e.value.code)
-    monkeypatch.setattr(train_setup, "GPT", None)  # proves no model is built before the error
+    monkeypatch.setattr(train, "GPT", None)  # proves no model is built before the error
     from lexgpt import outputs
 
     def refuse(*args, **kwargs):
@@ -557,6 +557,34 @@ def test_loss_is_read_at_log_steps_only(data_dir, tmp_path, monkeypatch):
     # 3 evaluations of 2 splits (sum, count), each before its iteration's log step (loss, non-finite flag, gradient
     # norm, and the two flags that decide a checkpoint and a stop on every rank alike)
     assert reduced == [2, 2, 5, 2, 2, 5, 2, 2]
+
+
+def test_one_iteration_reads_in_train_py(data_dir, tmp_path):
+    """One training iteration, from one optimizer step to the next (the second to the third, with a log step and no
+    evaluation between): the repository files whose code it runs (sys.settrace's call events), besides train.py and
+    the method (model.py, alternatives.py), are at most 2."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    entered, steps, previous = set(), [], sys.gettrace()
+
+    def trace(frame, event, arg):  # the global trace function: called as each new frame starts
+        path = Path(frame.f_code.co_filename)
+        if ROOT in path.parents and ".venv" not in path.parts and path != Path(__file__).resolve():  # (after_step)
+            entered.add(path.relative_to(ROOT).as_posix())
+
+    def after_step(optimizer, args, kwargs):
+        steps.append(1)
+        sys.settrace(trace if len(steps) == 2 else previous)
+
+    hook = register_optimizer_step_post_hook(after_step)
+    try:
+        train.main(tiny_args(data_dir, tmp_path / "run", max_iters=3, eval_interval=3, log_interval=1))
+    finally:
+        hook.remove()
+        sys.settrace(previous)
+    assert len(steps) == 3 and {"train.py", "model.py"} <= entered
+    others = sorted(entered - {"train.py", "model.py", "alternatives.py"})
+    print(f"one iteration also enters: {others}")
+    assert len(others) <= 2, others
 
 
 def test_non_finite_loss_between_log_steps_stops_at_the_next(data_dir, tmp_path, monkeypatch):
