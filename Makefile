@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test test-all demo passkey bench gpu-check gpu-bench code-data gpu-retrieval gpu-study stress clean
+.PHONY: test test-all lint demo passkey bench gpu-check gpu-bench code-data gpu-retrieval gpu-study stress clean
 
 $(VENV)/installed: requirements.txt requirements-data.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(VENV)/installed: requirements.txt requirements-data.txt requirements-test.txt
 # the tests marked slow (the toy study, every documented command, torch.compile, the benchmark's own test).
 test: $(VENV)/installed
 	$(PY) -m pytest -m "not slow"
+
+# The house's habits in sources and tests (ruff.toml): 100 columns, no unused names, imports sorted.
+lint: $(VENV)/installed
+	$(VENV)/bin/ruff check .
 
 # Everything (what CI runs): the whole suite, the slow tests included, then the two-process stress loop and the
 # hostile attacks on the processes' life cycle (two trainers on one out_dir, an orphaned reproduce.py job, Ctrl-C;

@@ -21,6 +21,8 @@ NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test
     "make ": "make test and make test-all run the suites; make demo and make passkey take minutes; make gpu-check "
              "and make gpu-retrieval need a GPU; make code-data tokenizes the whole virtualenv",
     "pip install": "installs packages",
+    "git apply": "changes the code: tests/test_forking.py applies docs/forking.md's patch to a copy",
+    "prope": "needs docs/forking.md's patch: tests/test_forking.py applies it and runs these on a copy",
     "--nproc_per_node=8": "needs 8 GPUs",
     "--nnodes=2": "needs two machines",
     "--dataset url": "needs the network",
@@ -40,8 +42,9 @@ SHORTEN_TRAINING = ["--max_iters=2", "--eval_iters=1"]
 
 
 def pages():
-    """README.md first, then every page of docs/ in alphabetical order: the order their commands run in."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """README.md first, then study/README.md, then every page of docs/ in alphabetical order: the order their
+    commands run in."""
+    return [ROOT / "README.md", ROOT / "study" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def page_commands(page):
@@ -127,77 +130,12 @@ def test_commands_run_in_order(tmp_path):
         assert "Traceback" not in result.stderr, f"{page}: {' '.join(command)}\n{result.stderr[-2000:]}"
 
 
-def read_path():
-    """Traced, not counted by hand: every model.py definition entered from GPT.forward until its first attention
-    call (F.scaled_dot_product_attention), in order, on xPos past block_size (so under BCA), and the most model.py
-    frames on the stack at any attention call of the pass (the call depth; GPT.forward is 1). A closure or
-    comprehension on the path would show here under its own name. Also the alternatives.py definitions the path
-    enters on the way (the windows' checks, reach and sinks; RopeScaling)."""
-    import torch
-    from torch.nn import functional as F
-    import alternatives
-    import model
-    torch.manual_seed(0)
-    config = model.GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=16, pos="xpos")
-    gpt = model.GPT(config).eval()
-    idx = torch.randint(0, 11, (1, 40))
-    path = str(Path(model.__file__).resolve())
-    beside = str(Path(alternatives.__file__).resolve())
-    entered, depths, elsewhere = [], [], []
-    seen = {path: entered, beside: elsewhere}  # the definitions entered, by file
-
-    def frames_in_model_py(frame):
-        n = 0
-        while frame is not None:
-            n += frame.f_code.co_filename == path
-            frame = frame.f_back
-        return n
-
-    def profile(frame, event, arg):
-        names = seen.get(frame.f_code.co_filename)
-        if event == "call" and names is not None and not depths and frame.f_code.co_qualname not in names:
-            names.append(frame.f_code.co_qualname)
-        if event == "c_call" and arg is F.scaled_dot_product_attention:
-            depths.append(frames_in_model_py(frame))
-
-    sys.setprofile(profile)
-    try:
-        with torch.no_grad():
-            gpt(idx)
-    finally:
-        sys.setprofile(None)
-    assert depths, "the pass never called F.scaled_dot_product_attention"
-    return entered, max(depths), elsewhere
-
-
 def test_the_tour_of_model_py_is_the_traced_read_path():
-    """Each [`name`](model.py#Ln) of the README's tour points at the line that defines name; the path's table lists
-    exactly the definitions a traced pass runs before attention, and the README gives their number, their unique
-    lines and the call depth as traced."""
-    import ast
-    readme = (ROOT / "README.md").read_text()
-    tree = ast.parse((ROOT / "model.py").read_text())
-    defs = {}
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            defs[node.name] = node
-            if isinstance(node, ast.ClassDef):
-                defs.update({f"{node.name}.{n.name}": n for n in node.body if isinstance(n, ast.FunctionDef)})
-    links = re.findall(r"\[`([\w.]+)`\]\(model\.py#L(\d+)\)", readme)
-    for name, line in links:
-        assert name in defs and defs[name].lineno == int(line), f"README: {name} is not defined at model.py line {line}"
-    entered, depth, elsewhere = read_path()
-    table = re.findall(r"^\| \d+ \| \[`([\w.]+)`\]", readme, flags=re.M)
-    assert sorted(table) == sorted(entered), f"the README's path {table} is not the traced one {entered}"
-    lines = set()
-    for name in entered:
-        lines |= set(range(defs[name].lineno, defs[name].end_lineno + 1))
-    assert f"These {len(entered)} definitions hold {len(lines)} lines" in readme
-    assert f"call depth {depth}" in readme
-    named = ", ".join(f"`{name}`" for name in elsewhere)
-    assert f"the path enters {len(elsewhere)} definitions of alternatives.py ({named})" in readme
-    n_lines = len((ROOT / "model.py").read_text().splitlines())
-    assert f"`model.py` ({n_lines} lines)" in readme
-    marked = sum("# alternatives:" in line for line in (ROOT / "model.py").read_text().splitlines())
-    words = ["Six", "Seven", "Eight", "Nine", "Ten", "Eleven", "Twelve"]
-    assert f"{words[marked - 6]} lines marked `alternatives:`" in readme
+    """The README's tour is what `python tests/tour.py` writes from the trace (tests/read_path.py): the
+    definitions an xPos pass past block_size (so under BCA) runs before its first attention call, in
+    order, and the trace's numbers. It names definitions, not lines: moving code in model.py keeps it
+    current."""
+    import tour
+    have, want = tour.current((ROOT / "README.md").read_text())
+    assert have == want, "the README's tour is not the traced path: run python tests/tour.py"
+    assert tour.TO_DESCRIBE not in have, "a definition of the tour is not described"
