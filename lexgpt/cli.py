@@ -39,11 +39,20 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-def check_seed(seed, flag="--seed"):
-    """A seed both torch.manual_seed and numpy's SeedSequence take, or a one-line error (numpy
-    refuses negative seeds, torch those of 2^64 and over; 2^63 leaves room for seed + rank)."""
-    if not (isinstance(seed, int) and 0 <= seed < 2**63):
-        raise UserError(f"{flag} {seed} is not allowed: must be an integer from 0 to 2**63 - 1")
+# The one seed rule, for the scripts' --seed and train.py's seed key (configurator.SEED)
+SEED_RULE = "an integer from 0 to 2**63 - 1"
+
+
+def is_seed(seed: object) -> bool:
+    """Whether both torch.manual_seed and numpy's SeedSequence take seed (numpy refuses negative
+    seeds, torch those of 2^64 and over; 2^63 leaves room for seed + rank): SEED_RULE."""
+    return isinstance(seed, int) and 0 <= seed < 2**63
+
+
+def check_seed(seed: object, flag: str = "--seed") -> int:
+    """seed if is_seed, else a one-line error."""
+    if not is_seed(seed):
+        raise UserError(f"{flag} {seed} is not allowed: must be {SEED_RULE}")
     return seed
 
 

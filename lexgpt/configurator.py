@@ -16,11 +16,12 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
-from lexgpt.cli import UserError
+from lexgpt.cli import SEED_RULE, UserError, is_seed
 
 
-def finite(low, high=math.inf):
+def in_range(low: float, high: float = math.inf) -> Callable[[float], bool]:
     """A range check: finite, low <= v < high (NaN fails every comparison)."""
 
     def check(v):
@@ -29,32 +30,26 @@ def finite(low, high=math.inf):
     return check
 
 
-def positive(v):
-    return finite(0)(v) and v > 0
+def positive(v: float) -> bool:
+    return in_range(0)(v) and v > 0
 
 
-def at_least_zero(v):
+def at_least_zero(v: int) -> bool:
     return v >= 0
 
 
-def at_least_one(v):
+def at_least_one(v: int) -> bool:
     return v >= 1
-
-
-def seed_range(v):
-    return 0 <= v < 2**63
 
 
 # (check, what it allows) pairs for limits
 POSITIVE = (positive, "a finite number > 0")
-NON_NEGATIVE = (finite(0), "a finite number >= 0")
-FRACTION = (finite(0, 1), "in [0, 1)")
+NON_NEGATIVE = (in_range(0), "a finite number >= 0")
+FRACTION = (in_range(0, 1), "in [0, 1)")
 COUNT = (at_least_zero, "an integer >= 0")
 AT_LEAST_ONE = (at_least_one, "an integer >= 1")
-SEED = (
-    seed_range,
-    "an integer from 0 to 2**63 - 1 (numpy takes no negative seed, torch none >= 2**64)",
-)
+# cli's seed rule (--seed's too); set_key has made the value an int by now
+SEED = (is_seed, f"{SEED_RULE} (numpy takes no negative seed, torch none >= 2**64)")
 
 
 def configure(defaults, argv, choices=None, limits=None):

@@ -71,3 +71,26 @@ def test_seed_limit():
     assert "seed=-1 is not allowed" in str(pytest.raises(UserError, configure, dict(seed=1), ["--seed=-1"],
                                                          None, dict(seed=SEED)).value)
     assert configure(dict(seed=1), ["--seed=7"], None, dict(seed=SEED))["seed"] == 7
+
+
+@pytest.mark.parametrize("seed", [-1, 0, 7, 2**63 - 1, 2**63, 10**23])
+def test_the_seed_key_and_the_seed_flag_share_one_rule(seed):
+    """train.py's seed key and the scripts' --seed take the seeds numpy (none negative) and torch (none >= 2^64) both
+    take, with room for seed + rank: 0 .. 2^63 - 1, one rule."""
+    from lexgpt.cli import check_seed
+    from lexgpt.configurator import SEED
+    allowed = 0 <= seed < 2**63
+    try:
+        check_seed(seed)
+        flag = True
+    except UserError as e:
+        flag = False
+        assert str(e) == f"--seed {seed} is not allowed: must be an integer from 0 to 2**63 - 1"
+    try:
+        configure(dict(seed=1), [f"--seed={seed}"], None, dict(seed=SEED))
+        key = True
+    except UserError as e:
+        key = False
+        assert str(e) == (f"config key seed={seed} is not allowed: must be an integer from 0 to 2**63 - 1 (numpy "
+                          "takes no negative seed, torch none >= 2**64)")
+    assert flag == key == allowed
