@@ -36,22 +36,23 @@ NaN in the table.
 import argparse
 import math
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from lexgpt.checkpoint import load_checkpoint, load_model, model_config
 # one-line exits, printed once under torchrun
-from lexgpt.cli import ArgumentParser, error_exit, exit_interrupted
-from lexgpt.cli import UserError
-from lexgpt.data import checked, checkpoint_dataset, documents, read_tokens
-from lexgpt.distributed import (all_reduce_sum, autocast, resolve_dtype, setup_distributed,
-                         teardown_distributed)
-from lexgpt.inference_options import (BCA_MODES, RULE_FIELDS, add_checkpoint_args, attention_options,
-                               curves_figure, default_batch_tokens, finish_curves,
-                               learned_length_check, lex_documents, plan_runs, rule_fields,
-                               rule_label)
+from lexgpt.cli import ArgumentParser, UserError, error_exit, exit_interrupted
+from lexgpt.data import TokenFile, checked, checkpoint_dataset, documents, read_tokens
+from lexgpt.inference_options import (BCA_MODES, RULE_FIELDS, Runtime, Variant,
+                                      add_checkpoint_args, attention_options, checked_variants,
+                                      curves_figure, finish_curves, learned_length_check,
+                                      lex_documents, rule_fields, rule_label)
 from lexgpt.outputs import output_path, write_json
+from model import GPT, AttentionRule, RopeScaling
 
 
 def parse_lengths(text):
@@ -75,7 +76,7 @@ def cut_pieces(protocol, length, n_tokens, docs, max_len, stride):
     if protocol == "chunks":
         return [(i, length, 0) for i in range(0, n_tokens - length, length)]
     out = []
-    scored_until = 0  # sliding: targets up to index scored_until are done
+    scored_until = 0  # the sliding protocol: targets up to index scored_until are done
     for begin in range(0, n_tokens - 1, stride):
         end = min(begin + length, n_tokens - 1)
         out.append((begin, end - begin, scored_until - begin if scored_until > begin else 0))
@@ -86,15 +87,16 @@ def cut_pieces(protocol, length, n_tokens, docs, max_len, stride):
 
 
 @torch.no_grad()
-def score(model, stream, pieces, length, rule, scaling, batch_tokens, device, ctx, rank, world,
-          ddp):
+def score(model: GPT, stream: TokenFile, pieces: list[tuple[int, int, int]], length: int,
+          variant: Variant, runtime: Runtime) -> torch.Tensor:
     """Sum of NLL, tokens scored, and per-position sums and counts, over this rank's share of
-    pieces. Memory: at most batch_tokens tokens per forward pass; a longer sequence is streamed
-    through the KV cache batch_tokens tokens at a time, which under BCA keeps memory flat at any
-    length."""
+    pieces, summed over the ranks. Memory: at most variant.batch_tokens tokens per forward pass; a
+    longer sequence is streamed through the KV cache batch_tokens tokens at a time, which under
+    BCA keeps memory flat at any length."""
+    device, batch_tokens = runtime.device, variant.batch_tokens
     # nll, tokens, pos_nll[L], pos_count[L]
     sums = torch.zeros(2 + 2 * length, dtype=torch.float64, device=device)
-    mine = pieces[rank::world]
+    mine = pieces[runtime.rank :: runtime.world]
     by_size = {}
     for seg in mine:
         by_size.setdefault(seg[1], []).append(seg)
@@ -106,9 +108,9 @@ def score(model, stream, pieces, length, rule, scaling, batch_tokens, device, ct
             rows = np.stack([stream.tokens[s : s + size + 1] for s in starts])
             xy = checked(rows, stream, starts).astype(np.int64)
             x, y = torch.from_numpy(xy[:, :-1]).to(device), torch.from_numpy(xy[:, 1:])
-            with ctx:
-                nll = model.token_nll(x, y.to(device), attention=rule, rope_scaling=scaling,
-                                      chunk_tokens=batch_tokens)
+            with runtime.ctx:
+                nll = model.token_nll(x, y.to(device), attention=variant.rule,
+                                      rope_scaling=variant.scaling, chunk_tokens=batch_tokens)
             first_scored = torch.tensor([f for _, _, f in batch], device=device)
             scored = torch.arange(size, device=device)[None, :] >= first_scored[:, None]
             nll = nll.double() * scored
@@ -116,7 +118,7 @@ def score(model, stream, pieces, length, rule, scaling, batch_tokens, device, ct
             sums[1] += scored.sum()
             sums[2 : 2 + size] += nll.sum(0)
             sums[2 + length : 2 + length + size] += scored.sum(0)
-    return all_reduce_sum(sums, ddp).cpu()
+    return runtime.all_reduce_sum(sums).cpu()
 
 
 def markdown_table(rows, lengths):
@@ -170,7 +172,19 @@ def plot_positions(rows, curves, block_sizes, path):
     finish_curves(fig, ax, len(labels), block_sizes, path)
 
 
-def check_args(args):
+class Request(NamedTuple):
+    """What the command line asks for, checked before any checkpoint is read (check_args)."""
+
+    lengths: list[int]
+    max_len: int
+    rules: list[AttentionRule]
+    scalings: list[RopeScaling | None]  # None: each checkpoint's own
+    json_path: Path | None
+    plot_path: Path | None
+    positions_path: Path | None
+
+
+def check_args(args: argparse.Namespace) -> Request:
     """Everything about the command line that can be checked before a checkpoint is read."""
     lengths = parse_lengths(args.lengths)
     for flag in ("max_len", "batch_tokens", "stride"):
@@ -198,71 +212,95 @@ def check_args(args):
         raise UserError(f"--json, --plot and --plot_positions name the same file "
                         f"({', '.join(map(str, named))}): "
                         "each needs its own, or the last would replace the others")
-    return (lengths, max_len, rules, scalings, *outputs)
+    return Request(lengths, max_len, rules, scalings, *outputs)
 
 
-def plan(args, ckpt_path, lengths, max_len, rules, scalings):
+class Preflight(NamedTuple):
+    """One checkpoint, checked before any checkpoint is scored: what will be scored, on which
+    text."""
+
+    path: str
+    data_dir: Path
+    meta: dict
+    docs: list[dict] | None  # the lex protocol's spans (None under the others)
+    short_docs: int  # the documents too short for the lex protocol
+    variants: list[Variant]
+    skipped: list[str]  # a line per combination that makes no sense, and why
+
+
+def preflight(args: argparse.Namespace, request: Request, ckpt_path: str) -> Preflight:
     """One checkpoint's checks, before any scoring: its model, its dataset, every rule and every
-    length. Returns (data_dir, meta, lex documents, skipped count, [(rule, scaling)] to score,
-    [combinations skipped, and why])."""
+    length."""
+    lengths, max_len = request.lengths, request.max_len
     # lazily: the weights are read when the model is scored
     ckpt = load_checkpoint(ckpt_path, mmap=True)
     config = model_config(ckpt, ckpt_path)
     learned_length_check(config, lengths[-1], ckpt_path)
-    runs, pointless_runs = plan_runs(config, rules, scalings, lengths[-1], ckpt_path)
+    variants, skipped = checked_variants(config, request.rules, request.scalings, lengths[-1],
+                                         ckpt_path, args.batch_tokens)
     data_dir, meta = checkpoint_dataset(ckpt, ckpt_path, args.data_dir)
     n_tokens = meta["files"]["val"]["tokens"]
     if args.protocol != "lex" and lengths[-1] >= n_tokens:
         raise UserError(f"length {lengths[-1]} needs {lengths[-1] + 1} validation tokens, "
                         f"but {data_dir} has {n_tokens}: lower --lengths")
     if args.protocol == "lex":
-        docs, skipped = lex_documents(documents(data_dir, "val", meta), max_len, args.spans)
+        docs, short = lex_documents(documents(data_dir, "val", meta), max_len, args.spans)
     else:
-        docs, skipped = None, 0
-    return data_dir, meta, docs, skipped, runs, pointless_runs
+        docs, short = None, 0
+    return Preflight(ckpt_path, data_dir, meta, docs, short, variants, skipped)
 
 
-def evaluate(args):
-    lengths, max_len, rules, scalings, json_path, plot_path, positions_path = check_args(args)
-    ddp, rank, world, device = setup_distributed(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    ctx = autocast(device, dtype)
-    plans = [(ckpt_path, *plan(args, ckpt_path, lengths, max_len, rules, scalings))
-             for ckpt_path in args.ckpt]
-    rows = []
-    curves = []
-    notes = []
+@dataclass
+class Results:
+    """What a run has measured so far (report prints it): a row and a per-position curve per
+    checkpoint, variant and length, and the lines printed above the table."""
+
+    skipped: list[str]  # every checkpoint's Preflight.skipped
+    rows: list[dict] = field(default_factory=list)
+    curves: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # a line per checkpoint scored: its text
+
+
+def evaluate(args: argparse.Namespace) -> list[dict]:
+    request = check_args(args)
+    lengths, max_len = request.lengths, request.max_len
+    runtime = Runtime.joined(args.device, args.dtype)
+    dtype = runtime.dtype
+    preflights = [preflight(args, request, ckpt_path) for ckpt_path in args.ckpt]
+    results = Results(skipped=[line for pf in preflights for line in pf.skipped])
+    rows, curves = results.rows, results.curves
     block_sizes = set()
-    skipped_runs = [line for p in plans for line in p[-1]]
-    for ckpt_path, data_dir, meta, docs, skipped, runs, _ in plans:
-        model, ckpt = load_model(ckpt_path, device)
+    for pf in preflights:
+        ckpt_path = pf.path
+        model, ckpt = load_model(ckpt_path, runtime.device)
         cfg = model.config
         block_sizes.add(cfg.block_size)
-        stream = read_tokens(data_dir, "val", meta)
+        stream = read_tokens(pf.data_dir, "val", pf.meta)
         if args.protocol == "lex":
             if args.spans == "first":
                 what = "validation documents"
             else:
                 what = (f"spans of validation documents (--spans {args.spans}: not only each "
                         "document's first, as the paper)")
-            notes.append(f"{ckpt_path}: lex protocol, {len(docs)} {what} x {max_len} tokens "
-                         f"({skipped} documents shorter than {max_len + 1} skipped)")
-        for rule, scaling in runs:
+            results.notes.append(f"{ckpt_path}: lex protocol, {len(pf.docs)} {what} x "
+                                 f"{max_len} tokens ({pf.short_docs} documents shorter than "
+                                 f"{max_len + 1} skipped)")
+        for variant in pf.variants:
+            rule, scaling = variant.rule, variant.scaling
             label = rule_label(cfg.pos, rule, scaling, cfg.block_size)
             for length in lengths:
                 stride = args.stride or max(1, length // 2)
-                pieces = cut_pieces(args.protocol, length, len(stream.tokens), docs, max_len,
+                pieces = cut_pieces(args.protocol, length, len(stream.tokens), pf.docs, max_len,
                                     stride)
-                batch_tokens = args.batch_tokens or default_batch_tokens(cfg, scaling)
-                sums = score(model, stream, pieces, length, rule, scaling, batch_tokens, device,
-                             ctx, rank, world, ddp)
+                # positional: tests/hostile.py holds score with a wrapper of *args alone
+                sums = score(model, stream, pieces, length, variant, runtime)
                 nll = (sums[0] / sums[1]).item()
                 # all-reduced: every rank stops here together; the rows so far are kept
                 if not math.isfinite(nll):
-                    done = (args, dtype, lengths, max_len, rows, curves, notes, skipped_runs,
-                            json_path)
-                    kept = report(*done) if rank == 0 and rows else ""
-                    teardown_distributed(ddp)
+                    kept = ""
+                    if runtime.rank == 0 and rows:
+                        kept = report(args, request, dtype, results)
+                    runtime.teardown()
                     raise UserError(f"non-finite NLL ({nll}) for {ckpt_path} at length {length} "
                                     f"in {dtype} ({label}): "
                                     f"{non_finite_cause(model, dtype)}{kept}")
@@ -274,32 +312,34 @@ def evaluate(args):
                 curve = (sums[2 : 2 + length] / counts.clamp(min=1)).tolist()
                 keys = ("ckpt", "pos", *RULE_FIELDS, "length")
                 curves.append({k: row[k] for k in keys} | {"mean_nll": curve})
-                if rank == 0 and args.verbose:
+                if runtime.rank == 0 and args.verbose:
                     print(f"{row['label']:>24} {length:>6}: ppl {row['ppl']:.3f} "
                           f"over {row['tokens']:,} tokens", file=sys.stderr)
-    if rank == 0:
-        report(args, dtype, lengths, max_len, rows, curves, notes, skipped_runs, json_path)
-        if plot_path:
-            plot(rows, lengths, block_sizes, plot_path)
-        if positions_path:
-            plot_positions(rows, curves, block_sizes, positions_path)
-    teardown_distributed(ddp)
+    if runtime.rank == 0:
+        report(args, request, dtype, results)
+        if request.plot_path:
+            plot(rows, lengths, block_sizes, request.plot_path)
+        if request.positions_path:
+            plot_positions(rows, curves, block_sizes, request.positions_path)
+    runtime.teardown()
     return rows
 
 
-def report(args, dtype, lengths, max_len, rows, curves, notes, skipped_runs, json_path):
+def report(args: argparse.Namespace, request: Request, dtype: str, results: Results) -> str:
     """Print the table of the rows scored (and write them to --json); what to add to an error that
     stops early."""
-    print("\n".join(notes))
-    print("\n".join(skipped_runs))
+    rows, json_path = results.rows, request.json_path
+    print("\n".join(results.notes))
+    print("\n".join(results.skipped))
     print(f"perplexity ({args.protocol} protocol, {dtype}; ↑ = higher than at the previous "
           "length)\n")
-    print(markdown_table(rows, lengths))
+    print(markdown_table(rows, request.lengths))
     if json_path:
         keys = ("ckpt", "pos", *RULE_FIELDS, "length", "ppl", "nll", "tokens", "label")
-        write_json(json_path, {"protocol": args.protocol, "max_len": max_len, "spans": args.spans,
+        write_json(json_path, {"protocol": args.protocol, "max_len": request.max_len,
+                               "spans": args.spans,
                                "rows": [{k: r[k] for k in keys} for r in rows],
-                               "curves": curves, "skipped": skipped_runs})
+                               "curves": results.curves, "skipped": results.skipped})
     kept = f"; the {len(rows)} rows scored before it are printed above"
     if json_path:
         kept += f" and in {json_path}"

@@ -25,20 +25,19 @@ made here:
 
 import argparse
 import math
-import sys
 
 import torch
 
 from alternatives import scaling_of
 from lexgpt.checkpoint import load_model
-from lexgpt.cli import ArgumentParser, UserError, exit_interrupted
+# one-line exits, printed once under torchrun
+from lexgpt.cli import ArgumentParser, UserError, error_exit, exit_interrupted
 from lexgpt.data import checked, checkpoint_dataset, documents, read_tokens
-from lexgpt.distributed import resolve_device
-from lexgpt.inference_options import (add_checkpoint_args, attention_options, check_rule,
-                               learned_length_check, pointless, rule_fields,
-                               rule_label, save_figure)
-from model import AttentionPlan, GPTConfig
+from lexgpt.inference_options import (Runtime, add_checkpoint_args, attention_options, check_rule,
+                                      learned_length_check, pointless, rule_fields, rule_label,
+                                      save_figure)
 from lexgpt.outputs import output_path, pyplot, write_json
+from model import AttentionPlan, GPTConfig
 
 
 def resolution(curve):
@@ -298,8 +297,8 @@ def run(args):
             raise UserError("--plot draws the theory curves (--theory); "
                             "measured curves are in --json's s_hat")
         rules, scalings = attention_options(args, several=True)
-        device = resolve_device(args.device)
-        model, ckpt = load_model(args.ckpt, device)
+        runtime = Runtime.local(args.device)  # float32: resolution.py has no --dtype
+        model, ckpt = load_model(args.ckpt, runtime.device)
         cfg = model.config
         learned_length_check(cfg, args.length, args.ckpt)
         for rule in rules:
@@ -365,7 +364,7 @@ def main(argv=None):
     try:
         return run(parse_args(argv))
     except UserError as e:
-        sys.exit(f"resolution.py: error: {e}")
+        error_exit("resolution.py", e)  # once under torchrun, from rank 0
     except KeyboardInterrupt:
         exit_interrupted("resolution.py", interrupted)
 

@@ -25,12 +25,10 @@ import torch
 from alternatives import scaling_of
 from lexgpt.checkpoint import load_model
 # one-line exits, printed once under torchrun
-from lexgpt.cli import ArgumentParser, error_exit, exit_interrupted
-from lexgpt.cli import UserError, check_seed
+from lexgpt.cli import ArgumentParser, UserError, check_seed, error_exit, exit_interrupted
 from lexgpt.data import checkpoint_dataset, tokenizer_from_meta
-from lexgpt.distributed import autocast, resolve_device, resolve_dtype
-from lexgpt.inference_options import (add_checkpoint_args, attention_options, check_rule,
-                               learned_length_check, pointless)
+from lexgpt.inference_options import (Runtime, add_checkpoint_args, attention_options, check_rule,
+                                      learned_length_check, pointless)
 
 MIN_TEMPERATURE = 1e-4  # logits / temperature stays within float32 for logits up to 10^34
 
@@ -53,7 +51,7 @@ def sample(args):
     if "RANK" in os.environ:  # torchrun: each rank would print every sample
         raise UserError(f"RANK={os.environ['RANK']} is set (torchrun?): sample.py runs as one "
                         "process; run it with python, not torchrun")
-    device = resolve_device(args.device)
+    runtime = Runtime.local(args.device, args.dtype)
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise UserError("--max_new_tokens and --num_samples must be >= 1")
     # logits / 1e-40 overflow float32, and softmax gives NaN
@@ -64,7 +62,7 @@ def sample(args):
     if args.top_k is not None and args.top_k < 1:
         raise UserError(f"--top_k {args.top_k} must be >= 1")
     (rule,), (scaling,) = attention_options(args)
-    model, ckpt = load_model(args.ckpt, device)
+    model, ckpt = load_model(args.ckpt, runtime.device)
     scaling = scaling_of(model.config, scaling)
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise UserError(f"checkpoint {args.ckpt} holds non-finite weights (inf or NaN): "
@@ -85,8 +83,8 @@ def sample(args):
     learned_length_check(model.config, len(ids) + args.max_new_tokens - 1, args.ckpt)
     check_rule(rule, len(ids) + args.max_new_tokens - 1, model.config.block_size, args.ckpt)
     torch.manual_seed(args.seed)
-    x = torch.tensor([ids], dtype=torch.long, device=device)
-    with torch.no_grad(), autocast(device, resolve_dtype(args.dtype, device)):
+    x = torch.tensor([ids], dtype=torch.long, device=runtime.device)
+    with torch.no_grad(), runtime.ctx:
         for k in range(args.num_samples):
             try:
                 y = model.generate(x, args.max_new_tokens, args.temperature, args.top_k,
@@ -96,7 +94,7 @@ def sample(args):
                 if "probability tensor" not in str(e):
                     raise
                 raise UserError(f"{args.ckpt}: the next-token probabilities are not finite "
-                                f"(inf or NaN) in {resolve_dtype(args.dtype, device)}: "
+                                f"(inf or NaN) in {runtime.dtype}: "
                                 "try --dtype float32 or a higher --temperature") from None
             print(tokenizer.decode(y[0].tolist()))
             print("-" * 40 if k + 1 < args.num_samples else "", flush=True)

@@ -2,16 +2,73 @@
 Shared by the scripts that read checkpoints (eval_extrapolate.py, eval_retrieval.py, resolution.py,
 sample.py): the flags that choose how a trained model attends at inference (the attention rule,
 such as the paper's blockwise causal attention, §3.3, and RoPE interpolation), with one meaning in
-every script and checked before any work; the fields and labels of their results; and their plots.
-Extrapolation is judged by these runs (paper §4.2), so every script must mean the same thing by the
-same flags.
+every script and checked before any work; where and in what precision they compute (Runtime); the
+fields and labels of their results; and their plots. Extrapolation is judged by these runs (paper
+§4.2), so every script must mean the same thing by the same flags.
 """
 
-from lexgpt.cli import UserError
-from lexgpt.distributed import DTYPES
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
 from alternatives import scaling_of
-from model import ATTENTION_RULES, ROPE_SCALINGS, AttentionPlan, AttentionRule, RopeScaling
+from lexgpt.cli import UserError
+from lexgpt.distributed import (DTYPES, all_reduce_sum, autocast, resolve_device, resolve_dtype,
+                                setup_distributed, teardown_distributed)
 from lexgpt.outputs import pyplot
+from model import (ATTENTION_RULES, ROPE_SCALINGS, AttentionPlan, AttentionRule, GPTConfig,
+                   RopeScaling)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where an evaluation script computes: its device, its dtype (autocast's, applied by ctx) and
+    its place among torchrun's ranks (rank 0 of 1 without torchrun). One object for what every
+    scoring function needs besides the model and its inputs."""
+
+    device: str
+    dtype: str = "float32"
+    rank: int = 0
+    world: int = 1
+    ddp: bool = False  # in a process group: sums are all-reduced
+
+    @classmethod
+    def local(cls, device: str, dtype: str = "float32") -> "Runtime":
+        """One process: --device and --dtype resolved (distributed.resolve_device and
+        resolve_dtype)."""
+        device = resolve_device(device)
+        return cls(device, resolve_dtype(dtype, device))
+
+    @classmethod
+    def joined(cls, device: str, dtype: str) -> "Runtime":
+        """Under torchrun, this rank in the process group (distributed.setup_distributed); else
+        local's. Leave the group with teardown."""
+        ddp, rank, world, device = setup_distributed(device)
+        return cls(device, resolve_dtype(dtype, device), rank, world, ddp)
+
+    @property
+    def ctx(self) -> AbstractContextManager:
+        """The autocast context of dtype (none in float32), as nanoGPT names it."""
+        return autocast(self.device, self.dtype)
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        return all_reduce_sum(t, self.ddp)
+
+    def teardown(self) -> None:
+        teardown_distributed(self.ddp)
+
+
+class Variant(NamedTuple):
+    """One way a checkpoint is scored: which keys a query sees, the RoPE interpolation (resolved
+    against the checkpoint, scaling_of), and the tokens per forward pass (--batch_tokens, or
+    default_batch_tokens, which depends on the interpolation): they bound memory, and leave the
+    scores as they are up to rounding."""
+
+    rule: AttentionRule
+    scaling: RopeScaling
+    batch_tokens: int
 
 
 def learned_length_check(config, length, path):
@@ -125,7 +182,7 @@ def attention_options(args, several=False):
         value = getattr(args, flag[2:])
         if value is not None and not set(rules) & set(names):
             raise UserError(f"{flag} {value} applies to --attention {' or '.join(rules)} only")
-    own = args.rope_scaling is None  # the checkpoint's own scaling (plan_runs, scaling_of)
+    own = args.rope_scaling is None  # the checkpoint's own scaling (checked_variants, scaling_of)
     if own:
         methods = []
     else:
@@ -174,10 +231,13 @@ def pointless(config, rule, scaling):
     return None
 
 
-def plan_runs(config, rules, scalings, longest, path):
-    """The (rule, scaling) pairs a checkpoint is scored with, every rule checked up to the longest
-    length, and a line for each pair skipped because it makes no sense (pointless)."""
-    runs = []
+def checked_variants(config: GPTConfig, rules: list[AttentionRule],
+                     scalings: list[RopeScaling | None], longest: int, path: str,
+                     batch_tokens: int | None = None) -> tuple[list[Variant], list[str]]:
+    """The Variants a checkpoint is scored with, every rule checked up to the longest length
+    (batch_tokens: --batch_tokens, None for default_batch_tokens), and a line for each
+    combination skipped because it makes no sense (pointless)."""
+    variants = []
     skipped = []
     for rule in rules:
         check_rule(rule, longest, config.block_size, path)
@@ -187,8 +247,9 @@ def plan_runs(config, rules, scalings, longest, path):
                 label = rule_label(config.pos, rule, scaling, config.block_size)
                 skipped.append(f"{path}: skipped {label}: {why}")
             else:
-                runs.append((rule, scaling))
-    return runs, skipped
+                tokens = batch_tokens or default_batch_tokens(config, scaling)
+                variants.append(Variant(rule, scaling, tokens))
+    return variants, skipped
 
 
 # the keys of rule_fields

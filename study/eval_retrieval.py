@@ -5,9 +5,9 @@ rule and RoPE interpolation that eval_extrapolate.py has.
     python study/eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe repeat [--span 32] \
         [--distances 0,64,...] [--sequences 64] [--seed 0] [--attention ...] \
         [--rope_scaling ...] [--json F] [--plot F]
-    python study/eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe passkey [--lengths 128,256,...] \
-        [--depths 0,0.25,0.5,0.75,1] [--sequences 64] [--attention ...] [--rope_scaling ...] \
-        [--json F] [--plot F]
+    python study/eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe passkey \
+        [--lengths 128,256,...] [--depths 0,0.25,0.5,0.75,1] [--sequences 64] [--attention ...] \
+        [--rope_scaling ...] [--json F] [--plot F]
     python study/eval_retrieval.py --ckpt CKPT [--ckpt ...] --probe task [--task copy,mqar,...] \
         [--distances ...] [--lengths ...] [--sweep] [--sequences 64] [--attention ...] \
         [--rope_scaling ...] [--json F] [--plot F]
@@ -74,26 +74,27 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 
 
-if __package__ in (None, ""):  # run as `python study/eval_retrieval.py`: import from the repository root
+# run as `python study/eval_retrieval.py`: import from the repository root
+if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from lexgpt.checkpoint import load_checkpoint, load_model, model_config
-from lexgpt.cli import ArgumentParser, UserError, check_seed, exit_interrupted
-from lexgpt.data import (checked, checkpoint_dataset, documents, passkey_document, passkey_parts,
-                  read_tokens, tokenizer_from_meta)
-from lexgpt.distributed import autocast, resolve_device, resolve_dtype
-from lexgpt.inference_options import (RULE_FIELDS, add_checkpoint_args, attention_options, curves_figure,
-                               default_batch_tokens, finish_curves, learned_length_check,
-                               lex_documents, plan_runs, rule_fields, rule_label, save_figure)
-from model import RopeScaling
-from lexgpt.outputs import output_path, pyplot, write_json
 from lexgpt import retrieval_tasks
+from lexgpt.checkpoint import load_checkpoint, load_model, model_config
+from lexgpt.cli import ArgumentParser, UserError, check_seed, error_exit, exit_interrupted
+from lexgpt.data import (Tokenizer, checked, checkpoint_dataset, documents, passkey_document,
+                         passkey_parts, read_tokens, tokenizer_from_meta)
+from lexgpt.inference_options import (RULE_FIELDS, Runtime, Variant, add_checkpoint_args,
+                                      attention_options, checked_variants, curves_figure,
+                                      default_batch_tokens, finish_curves, learned_length_check,
+                                      lex_documents, rule_fields, rule_label, save_figure)
+from lexgpt.outputs import output_path, pyplot, write_json
+from model import GPT, GPTConfig, RopeScaling
 
 PROBES = ("repeat", "passkey", "task", "context")
 DIGITS = 5  # the passkey's digits, as prepare_data.py --passkey writes them by default
@@ -120,18 +121,20 @@ NOT_APPLICABLE = {  # the flags a probe does not read: given, they are errors
 # Shared by the probes.
 
 
-class Plan(NamedTuple):
-    """One checkpoint, checked before any scoring."""
+class Preflight(NamedTuple):
+    """One checkpoint, checked before any checkpoint is scored: what the probe will score."""
+
     path: str
-    config: object  # its GPTConfig
+    config: GPTConfig
     data_dir: Path
     meta: dict
     sizes: object  # the probe's: distances, lengths, {task: grid}, task names or (length, spans)
-    runs: list  # the (rule, scaling) pairs it is scored with
-    skipped: list  # a line for each pair that makes no sense
+    variants: list[Variant]  # the ways it is scored
+    skipped: list[str]  # a line for each combination that makes no sense
 
 
-def plan(args, path, rules, scalings, sizing):
+def preflight(args: argparse.Namespace, path: str, rules: list, scalings: list,
+              sizing: Callable) -> Preflight:
     """One checkpoint's checks before any scoring: model, dataset, the probe's sizes (from
     sizing, which returns them and the longest sequence they need) and the rules."""
     ckpt = load_checkpoint(path, mmap=True)  # lazily: the weights are read when it is scored
@@ -139,25 +142,29 @@ def plan(args, path, rules, scalings, sizing):
     data_dir, meta = checkpoint_dataset(ckpt, path, args.data_dir)
     sizes, longest = sizing(args, path, config, data_dir, meta)
     learned_length_check(config, longest, path)
-    runs, skipped = plan_runs(config, rules, scalings, longest, path)
-    return Plan(path, config, data_dir, meta, sizes, runs, skipped)
+    variants, skipped = checked_variants(config, rules, scalings, longest, path,
+                                         args.batch_tokens)
+    return Preflight(path, config, data_dir, meta, sizes, variants, skipped)
 
 
-def loaded(plans, device):
-    """Each plan with its model and its validation tokens, loaded in turn."""
-    for p in plans:
-        model, _ = load_model(p.path, device)
-        tokens = read_tokens(p.data_dir, "val", p.meta)
+def loaded(preflights: list[Preflight], device: str):
+    """Each checkpoint with its model and its validation tokens, loaded in turn."""
+    for pf in preflights:
+        model, _ = load_model(pf.path, device)
+        tokens = read_tokens(pf.data_dir, "val", pf.meta)
         # read whole, so checked whole
         stream = checked(np.asarray(tokens.tokens)[None], tokens, [0])[0]
-        yield p, model, stream
+        yield pf, model, stream
 
 
-def result_row(path, config, rule, scaling, resolved_at, probe, label, **fields):
+def result_row(pf: Preflight, variant: Variant, resolved_at: int, probe: str, label: str,
+               **fields) -> dict:
     """A row of results: the checkpoint, its scheme, the rule's fields (resolved for sequences of
     resolved_at tokens), and the probe's fields."""
-    rule_part = rule_fields(rule, scaling, config.block_size, resolved_at)
-    return dict(ckpt=str(path), pos=config.pos, **rule_part, probe=probe, label=label, **fields)
+    config = pf.config
+    rule_part = rule_fields(variant.rule, variant.scaling, config.block_size, resolved_at)
+    return dict(ckpt=str(pf.path), pos=config.pos, **rule_part, probe=probe, label=label,
+                **fields)
 
 
 def finish(args, json_path, rows, notes, fields, **settings):
@@ -175,10 +182,6 @@ def finish(args, json_path, rows, notes, fields, **settings):
     skipped = [n for n in notes if ": skipped " in n]
     write_json(json_path, {"probe": args.probe, "sequences": args.sequences, "seed": args.seed,
                            **settings, "rows": kept, "skipped": skipped})
-
-
-def batch_tokens(args, config, scaling):
-    return args.batch_tokens or default_batch_tokens(config, scaling)
 
 
 def parse_list(text, flag, kind, default):
@@ -310,32 +313,34 @@ def repeat_sweep_sequences(stream, span, distance, n, seed, l):
     return as_batch(probe), as_batch(control), starts
 
 
-def second_copy_nll(model, seqs, span, rule, scaling, batch_tokens, device, ctx):
+def second_copy_nll(model: GPT, seqs: torch.Tensor, span: int, variant: Variant,
+                    runtime: Runtime) -> torch.Tensor:
     """Per sequence, the mean NLL of the second copy's tokens after its first (predicted from
     inside the copy)."""
     T = seqs.size(1) - 1
-    per_batch = max(1, batch_tokens // T)
+    per_batch = max(1, variant.batch_tokens // T)
     out = []
     for i in range(0, len(seqs), per_batch):
-        batch = seqs[i : i + per_batch].to(device)
-        with torch.no_grad(), ctx:
-            nll = model.token_nll(batch[:, :-1], batch[:, 1:], attention=rule,
-                                  rope_scaling=scaling, chunk_tokens=batch_tokens)
+        batch = seqs[i : i + per_batch].to(runtime.device)
+        with torch.no_grad(), runtime.ctx:
+            nll = model.token_nll(batch[:, :-1], batch[:, 1:], attention=variant.rule,
+                                  rope_scaling=variant.scaling, chunk_tokens=variant.batch_tokens)
         # targets: the second copy's tokens 1 .. span-1
         out.append(nll[:, T - span + 1 :].double().mean(1).cpu())
     return torch.cat(out)
 
 
-def second_copy_token_nll(model, seqs, starts, span, rule, scaling, batch_tokens, device, ctx):
+def second_copy_token_nll(model: GPT, seqs: torch.Tensor, starts: list[int], span: int,
+                          variant: Variant, runtime: Runtime) -> torch.Tensor:
     """(n, span - 1): the NLL of each token of the second copy after its first, the copy starting
     at `starts`."""
     T = seqs.size(1) - 1
-    per_batch, out = max(1, batch_tokens // T), []
+    per_batch, out = max(1, variant.batch_tokens // T), []
     for i in range(0, len(seqs), per_batch):
-        batch = seqs[i : i + per_batch].to(device)
-        with torch.no_grad(), ctx:
-            nll = model.token_nll(batch[:, :-1], batch[:, 1:], attention=rule,
-                                  rope_scaling=scaling, chunk_tokens=batch_tokens)
+        batch = seqs[i : i + per_batch].to(runtime.device)
+        with torch.no_grad(), runtime.ctx:
+            nll = model.token_nll(batch[:, :-1], batch[:, 1:], attention=variant.rule,
+                                  rope_scaling=variant.scaling, chunk_tokens=variant.batch_tokens)
         nll = nll.double().cpu()
         for j, start in enumerate(starts[i : i + per_batch]):
             out.append(nll[j, start : start + span - 1])
@@ -374,23 +379,25 @@ def check_finite_gain(gain, path, d, dtype, label):
                         "in float32 (--dtype float32)")
 
 
-def repeat_rows(args, path, config, model, stream, distances, runs, device, dtype, ctx, notes):
-    """The repeat probe's rows for one checkpoint, and a note per run on its effective
+def repeat_rows(args: argparse.Namespace, pf: Preflight, model: GPT, stream: np.ndarray,
+                runtime: Runtime, notes: list[str]) -> list[dict]:
+    """The repeat probe's rows for one checkpoint, and a note per variant on its effective
     context."""
+    path, config, distances = pf.path, pf.config, pf.sizes
     sequences = {d: repeat_sequences(stream, args.span, d, args.sequences, args.seed)
                  for d in distances}
     rows = []
-    for rule, scaling in runs:
-        label = rule_label(config.pos, rule, scaling, config.block_size)
-        tokens = batch_tokens(args, config, scaling)
+    for variant in pf.variants:
+        rule = variant.rule
+        label = rule_label(config.pos, rule, variant.scaling, config.block_size)
         mine = []
         for d in distances:
-            probe, control = (second_copy_nll(model, s, args.span, rule, scaling, tokens, device,
-                                              ctx) for s in sequences[d])
+            probe, control = (second_copy_nll(model, s, args.span, variant, runtime)
+                              for s in sequences[d])
             gain, stderr = retrieval_gain(probe, control)
-            check_finite_gain(gain, path, d, dtype, label)
-            mine.append(result_row(path, config, rule, scaling, 2 * args.span + d, "repeat",
-                                   label, d=d, gain=gain, gain_stderr=stderr, n=len(probe),
+            check_finite_gain(gain, path, d, runtime.dtype, label)
+            mine.append(result_row(pf, variant, 2 * args.span + d, "repeat", label, d=d,
+                                   gain=gain, gain_stderr=stderr, n=len(probe),
                                    loss=float(probe.mean()),
                                    control_loss=float(control.mean())))
             if args.verbose:
@@ -420,24 +427,24 @@ def effective_context_note(label, reach, distances, rule_name, bound):
     return note
 
 
-def repeat_sweep_rows(args, path, config, model, stream, distances, runs, device, dtype, ctx,
-                      notes):
-    """The repeat probe where the rule acts: per rule and distance, the gain over every scored
+def repeat_sweep_rows(args: argparse.Namespace, pf: Preflight, model: GPT, stream: np.ndarray,
+                      runtime: Runtime) -> list[dict]:
+    """The repeat probe where the rule acts: per variant and distance, the gain over every scored
     token and by zone (the first copy's token direct, relayed or beyond for the query that
     predicts the second copy's)."""
+    config = pf.config
     l, H, rows = config.block_size, config.block_size // 2, []
-    for d in distances:
+    for d in pf.sizes:
         probe, control, starts = repeat_sweep_sequences(stream, args.span, d, args.sequences,
                                                         args.seed, l)
         T = probe.size(1) - 1
-        for rule, scaling in runs:
-            label = rule_label(config.pos, rule, scaling, l)
-            tokens = batch_tokens(args, config, scaling)
-            loss, ctrl = (second_copy_token_nll(model, x, starts, args.span, rule, scaling,
-                                                tokens, device, ctx) for x in (probe, control))
+        for variant in pf.variants:
+            label = rule_label(config.pos, variant.rule, variant.scaling, l)
+            loss, ctrl = (second_copy_token_nll(model, x, starts, args.span, variant, runtime)
+                          for x in (probe, control))
             gain, stderr = retrieval_gain(loss.mean(1), ctrl.mean(1))
-            check_finite_gain(gain, path, d, dtype, label)
-            resolved = rule.resolve(T, l)
+            check_finite_gain(gain, pf.path, d, runtime.dtype, label)
+            resolved = variant.rule.resolve(T, l)
             zones = {z: [0.0, 0.0, 0] for z in ZONES}  # [loss, control loss, tokens]
             for j, start in enumerate(starts):
                 for i in range(args.span - 1):  # the token at start + i + 1, from the query before
@@ -445,7 +452,7 @@ def repeat_sweep_rows(args, path, config, model, stream, distances, runs, device
                     count[0] += float(loss[j, i])
                     count[1] += float(ctrl[j, i])
                     count[2] += 1
-            rows.append(result_row(path, config, rule, scaling, T, "repeat", label, kind="sweep",
+            rows.append(result_row(pf, variant, T, "repeat", label, kind="sweep",
                                    d=d, gain=gain, gain_stderr=stderr, n=len(loss),
                                    loss=float(loss.mean()), control_loss=float(ctrl.mean()),
                                    zones=zones, reach_bound=sight(config, resolved, 0)[1],
@@ -536,37 +543,37 @@ def repeat_sweep_distances(args, path, config, data_dir, meta):
     return checked_distances(args, data_dir, meta, grid, prefix=2 * l + H - 1)
 
 
-def repeat_probe(args, plans, device, dtype, json_path, plot_path):
+def repeat_probe(args: argparse.Namespace, preflights: list[Preflight], runtime: Runtime,
+                 json_path: Path | None, plot_path: Path | None) -> list[dict]:
     """The repeat probe: per checkpoint, rule and distance, the retrieval gain on the second
     copy; the effective context of each rule."""
-    ctx, rows, notes = autocast(device, dtype), [], []
-    for p, model, stream in loaded(plans, device):
-        notes += p.skipped
-        rows += repeat_rows(args, p.path, p.config, model, stream, p.sizes, p.runs, device, dtype,
-                            ctx, notes)
+    rows, notes = [], []
+    for pf, model, stream in loaded(preflights, runtime.device):
+        notes += pf.skipped
+        rows += repeat_rows(args, pf, model, stream, runtime, notes)
     print(f"repeat probe: retrieval gain 1 - loss/control on the second copy ({args.span}-token "
-          f"spans, {args.sequences} sequences per distance, seed {args.seed}, {dtype}; ± one "
-          "standard error)\n")
+          f"spans, {args.sequences} sequences per distance, seed {args.seed}, {runtime.dtype}; "
+          "± one standard error)\n")
     print(gain_table(rows, sorted({r["d"] for r in rows})))
     fields = ("d", "gain", "gain_stderr", "n", "loss", "control_loss", "effective_context",
               "reach_bound")
     finish(args, json_path, rows, notes, fields, span=args.span)
     if plot_path:
-        plot_gain(rows, {p.config.block_size for p in plans}, plot_path)
+        plot_gain(rows, {pf.config.block_size for pf in preflights}, plot_path)
     return rows
 
 
-def repeat_sweep_probe(args, plans, device, dtype, json_path, plot_path):
+def repeat_sweep_probe(args: argparse.Namespace, preflights: list[Preflight], runtime: Runtime,
+                       json_path: Path | None, plot_path: Path | None) -> list[dict]:
     """The repeat probe where the rule acts (--sweep): the gain by zone and by distance."""
-    ctx, rows, notes = autocast(device, dtype), [], []
-    for p, model, stream in loaded(plans, device):
-        notes += p.skipped
-        rows += repeat_sweep_rows(args, p.path, p.config, model, stream, p.sizes, p.runs, device,
-                                  dtype, ctx, notes)
+    rows, notes = [], []
+    for pf, model, stream in loaded(preflights, runtime.device):
+        notes += pf.skipped
+        rows += repeat_sweep_rows(args, pf, model, stream, runtime)
     print(f"repeat probe, where the rule acts (after 2 x block_size, phases uniform): retrieval "
           f"gain 1 - loss/control on the second copy by zone [tokens] and by distance "
           f"({args.span}-token spans, {args.sequences} sequences per distance, seed {args.seed}, "
-          f"{dtype})\n")
+          f"{runtime.dtype})\n")
     print(repeat_sweep_table(rows))
     fields = ("kind", "d", "gain", "gain_stderr", "n", "loss", "control_loss", "zones",
               "reach_bound", "reach_bound_max")
@@ -601,34 +608,36 @@ def passkey_batches(stream, tokenizer, length, depth, n, seed):
     return batches
 
 
-def passkey_accuracy(model, tokenizer, batches, rule, scaling, device, ctx):
+def passkey_accuracy(model: GPT, tokenizer: Tokenizer, batches: list, variant: Variant,
+                     runtime: Runtime) -> tuple[float, int]:
     """Exact-match accuracy of greedy decoding: the decoded answer tokens must begin with the
     key."""
     right = total = 0
     for prompts, answers, keys in batches:
-        with torch.no_grad(), ctx:
-            out = model.generate(prompts.to(device), answers.size(1), top_k=1, attention=rule,
-                                 rope_scaling=scaling)
+        with torch.no_grad(), runtime.ctx:
+            out = model.generate(prompts.to(runtime.device), answers.size(1), top_k=1,
+                                 attention=variant.rule, rope_scaling=variant.scaling)
         for generated, key in zip(out[:, prompts.size(1) :].tolist(), keys):
             right += tokenizer.decode(generated).strip().startswith(key)
         total += len(keys)
     return right / total, total
 
 
-def passkey_rows(args, path, config, model, stream, tokenizer, lengths, depths, runs, device,
-                 ctx):
-    """The passkey probe's rows for one checkpoint: accuracy per rule, length and depth."""
+def passkey_rows(args: argparse.Namespace, pf: Preflight, model: GPT, stream: np.ndarray,
+                 depths: list[float], runtime: Runtime) -> list[dict]:
+    """The passkey probe's rows for one checkpoint: accuracy per variant, length and depth."""
+    config, lengths, tokenizer = pf.config, pf.sizes, tokenizer_from_meta(pf.meta)
     batches = {(n, d): passkey_batches(stream, tokenizer, n, d, args.sequences, args.seed)
                for n in lengths for d in depths}
     rows = []
-    for rule, scaling in runs:
-        label = rule_label(config.pos, rule, scaling, config.block_size)
+    for variant in pf.variants:
+        label = rule_label(config.pos, variant.rule, variant.scaling, config.block_size)
         for n in lengths:
             for d in depths:
-                accuracy, count = passkey_accuracy(model, tokenizer, batches[n, d], rule, scaling,
-                                                   device, ctx)
-                rows.append(result_row(path, config, rule, scaling, n, "passkey", label,
-                                       length=n, depth=d, accuracy=accuracy, n=count))
+                accuracy, count = passkey_accuracy(model, tokenizer, batches[n, d], variant,
+                                                   runtime)
+                rows.append(result_row(pf, variant, n, "passkey", label, length=n, depth=d,
+                                       accuracy=accuracy, n=count))
                 if args.verbose:
                     print(f"{label:>32} length {n:>6} depth {d:.2f}: {accuracy:.2f}",
                           file=sys.stderr)
@@ -701,17 +710,16 @@ def passkey_lengths(args, path, config, data_dir, meta):
     return lengths, lengths[-1]
 
 
-def passkey_probe(args, plans, device, dtype, json_path, plot_path):
+def passkey_probe(args: argparse.Namespace, preflights: list[Preflight], runtime: Runtime,
+                  json_path: Path | None, plot_path: Path | None) -> list[dict]:
     """Passkey retrieval: per checkpoint and rule, accuracy over the length x depth grid."""
-    ctx, rows, notes = autocast(device, dtype), [], []
+    rows, notes = [], []
     depths = passkey_depths(args)
-    for p, model, stream in loaded(plans, device):
-        notes += p.skipped
-        tokenizer = tokenizer_from_meta(p.meta)
-        rows += passkey_rows(args, p.path, p.config, model, stream, tokenizer, p.sizes, depths,
-                             p.runs, device, ctx)
+    for pf, model, stream in loaded(preflights, runtime.device):
+        notes += pf.skipped
+        rows += passkey_rows(args, pf, model, stream, depths, runtime)
     print(f"passkey retrieval: exact-match accuracy of greedy decoding ({args.sequences} "
-          f"documents per cell, seed {args.seed}, {dtype})\n")
+          f"documents per cell, seed {args.seed}, {runtime.dtype})\n")
     lengths = sorted({r["length"] for r in rows})
     print(accuracy_tables(rows, lengths, depths))
     finish(args, json_path, rows, notes, ("length", "depth", "accuracy", "n"), depths=depths)
@@ -808,14 +816,16 @@ def task_cells(args, task, distances, lengths, at):
     return cells
 
 
-def score_cell(model, task, instances, rule, scaling, tokens, device, ctx):
+def score_cell(model: GPT, task: str, instances: list, variant: Variant,
+               runtime: Runtime) -> tuple[float, int, list[float]]:
     """(accuracy, answers scored, accuracy by query) over a cell's instances, batched by
-    tokens."""
-    per_batch = max(1, tokens // len(instances[0][0]))
+    variant.batch_tokens."""
+    per_batch = max(1, variant.batch_tokens // len(instances[0][0]))
     scored = []
     for i in range(0, len(instances), per_batch):
         batch = instances[i : i + per_batch]
-        scored.append(retrieval_tasks.accuracy(model, task, batch, rule, scaling, device, ctx))
+        scored.append(retrieval_tasks.accuracy(model, task, batch, variant.rule, variant.scaling,
+                                               runtime.device, runtime.ctx))
     count = sum(c for _, c, _ in scored)
     accuracy = sum(a * c for a, c, _ in scored) / count
     per_query = zip(*(places for _, _, places in scored))  # each query's (right, scored) by batch
@@ -855,26 +865,27 @@ def by_query_note(label, rows, l):
             f"values not yet asked for: {guess})")
 
 
-def task_rows(args, path, config, model, sizes, runs, device, ctx, notes):
+def task_rows(args: argparse.Namespace, pf: Preflight, model: GPT, runtime: Runtime,
+              notes: list[str]) -> list[dict]:
     """The task probe's rows for one checkpoint (accuracy by distance and by length, per task and
-    run), and a note per task and run on its retrieval reach."""
+    variant), and a note per task and variant on its retrieval reach."""
+    config = pf.config
     l, rows = config.block_size, []
-    for task, (distances, lengths, at) in sizes.items():
+    for task, (distances, lengths, at) in pf.sizes.items():
         cells = task_cells(args, task, distances, lengths, at)
         if not cells:
-            notes.append(f"{path}: {task}: skipped: no distance or length of it fits in {l} "
+            notes.append(f"{pf.path}: {task}: skipped: no distance or length of it fits in {l} "
                          "positions")
             continue
-        for rule, scaling in runs:
-            label = rule_label(config.pos, rule, scaling, l)
-            tokens = batch_tokens(args, config, scaling)
+        for variant in pf.variants:
+            rule = variant.rule
+            label = rule_label(config.pos, rule, variant.scaling, l)
             mine = []
             for kind, d, instances in cells:
                 n = len(instances[0][0])
-                accuracy, count, by_query = score_cell(model, task, instances, rule, scaling,
-                                                       tokens, device, ctx)
-                mine.append(result_row(path, config, rule, scaling, n, "task", label, task=task,
-                                       kind=kind, d=d, length=n, n=count, accuracy=accuracy))
+                accuracy, count, by_query = score_cell(model, task, instances, variant, runtime)
+                mine.append(result_row(pf, variant, n, "task", label, task=task, kind=kind, d=d,
+                                       length=n, n=count, accuracy=accuracy))
                 if task == "mqar":  # which queries are right tells lookup from elimination
                     mine[-1]["by_query"] = by_query
                 if args.verbose:
@@ -991,22 +1002,24 @@ def task_grid(args, path, config, data_dir, meta):
     return sizes, longest
 
 
-def task_probe(args, plans, device, dtype, json_path, plot_path):
+def task_probe(args: argparse.Namespace, preflights: list[Preflight], runtime: Runtime,
+               json_path: Path | None, plot_path: Path | None) -> list[dict]:
     """The task probe: per checkpoint, task and rule, accuracy by distance and by total length;
     the retrieval reach of each."""
-    ctx, rows, notes = autocast(device, dtype), [], []
-    for p, model, _ in loaded(plans, device):
-        notes += p.skipped
-        rows += task_rows(args, p.path, p.config, model, p.sizes, p.runs, device, ctx, notes)
+    rows, notes = [], []
+    for pf, model, _ in loaded(preflights, runtime.device):
+        notes += pf.skipped
+        rows += task_rows(args, pf, model, runtime, notes)
     print(f"task probe: accuracy at the answers, teacher-forced ({args.sequences} instances a "
-          f"cell, seed {args.seed}, {dtype}; the passkey counts keys with every digit right)\n")
+          f"cell, seed {args.seed}, {runtime.dtype}; the passkey counts keys with every digit "
+          "right)\n")
     print(task_tables(rows))
     fields = ("task", "kind", "d", "length", "accuracy", "n", "accuracy_1x", "retrieval_reach",
               "reach_bound")
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     finish(args, json_path, rows, notes, fields, tasks=tasks)
     if plot_path:
-        plot_tasks(rows, {p.config.block_size for p in plans}, plot_path)
+        plot_tasks(rows, {pf.config.block_size for pf in preflights}, plot_path)
     return rows
 
 
@@ -1048,14 +1061,16 @@ def sweep_row(config, rule, task, d, instances, right):
                 reach_bound_max=sight(config, rule, H - 1)[1])
 
 
-def task_sweep_rows(args, path, config, model, names, runs, device, ctx, notes):
-    """The sweep's rows for one checkpoint: per task, rule and distance, accuracy at instances
+def task_sweep_rows(args: argparse.Namespace, pf: Preflight, model: GPT,
+                    runtime: Runtime) -> list[dict]:
+    """The sweep's rows for one checkpoint: per task, variant and distance, accuracy at instances
     placed where a window rule acts (after 2 x block_size of noise) with the first answer's
     query at a phase drawn uniformly modulo H; split by zone (direct, relay, beyond: each answer
     by where its source lies for its own query) and by the phase of the first answer's query, in
     PHASE_BINS bins."""
+    config = pf.config
     l, H, rows = config.block_size, config.block_size // 2, []
-    for task in names:
+    for task in pf.sizes:
         for d in sweep_distances(args, config, task):
             rng = np.random.default_rng([args.seed, retrieval_tasks.TASKS.index(task), 2, d])
             instances = []
@@ -1063,16 +1078,17 @@ def task_sweep_rows(args, path, config, model, names, runs, device, ctx, notes):
                 phase = int(rng.integers(0, H))
                 instances.append(retrieval_tasks.at_phase(task, rng, d, 2 * l, H, phase))
             n = len(instances[0][0])
-            for rule, scaling in runs:
-                per_batch = max(1, batch_tokens(args, config, scaling) // n)
+            for variant in pf.variants:
+                rule, scaling = variant.rule, variant.scaling
+                per_batch = max(1, variant.batch_tokens // n)
                 right = []
                 for i in range(0, len(instances), per_batch):
                     batch = instances[i : i + per_batch]
                     right += retrieval_tasks.right_answers(model, task, batch, rule, scaling,
-                                                           device, ctx)
+                                                           runtime.device, runtime.ctx)
                 label = rule_label(config.pos, rule, scaling, l)
                 cell = sweep_row(config, rule.resolve(n, l), task, d, instances, right)
-                rows.append(result_row(path, config, rule, scaling, n, "task", label, **cell))
+                rows.append(result_row(pf, variant, n, "task", label, **cell))
                 if args.verbose:
                     print(f"{label:>32} {task} sweep d={d}: {cell['accuracy']:.2f}",
                           file=sys.stderr)
@@ -1152,16 +1168,16 @@ def task_sweep_names(args, path, config, data_dir, meta):
     return names, longest
 
 
-def task_sweep_probe(args, plans, device, dtype, json_path, plot_path):
+def task_sweep_probe(args: argparse.Namespace, preflights: list[Preflight], runtime: Runtime,
+                     json_path: Path | None, plot_path: Path | None) -> list[dict]:
     """The task probe where the rule acts (--sweep): accuracy by zone and by distance."""
-    ctx, rows, notes = autocast(device, dtype), [], []
-    for p, model, _ in loaded(plans, device):
-        notes += p.skipped
-        rows += task_sweep_rows(args, p.path, p.config, model, p.sizes, p.runs, device, ctx,
-                                notes)
+    rows, notes = [], []
+    for pf, model, _ in loaded(preflights, runtime.device):
+        notes += pf.skipped
+        rows += task_sweep_rows(args, pf, model, runtime)
     print(f"task probe, where the rule acts: accuracy at the answers, teacher-forced "
-          f"({args.sequences} instances a cell, seed {args.seed}, {dtype}; the passkey counts "
-          "keys with every digit right)\n")
+          f"({args.sequences} instances a cell, seed {args.seed}, {runtime.dtype}; the passkey "
+          "counts keys with every digit right)\n")
     print(sweep_tables(rows))
     fields = ("task", "kind", "d", "length", "accuracy", "n", "zones", "by_phase", "reach_bound",
               "reach_bound_max")
@@ -1176,35 +1192,40 @@ def task_sweep_probe(args, plans, device, dtype, json_path, plot_path):
 # The context probe: is context beyond the training length used?
 
 
-def last_l_nll(model, x, y, positions, l, batch_tokens, device, ctx):
-    """(B, len(positions)): the NLL of y[:, p] given only the l tokens x[:, p-l+1 .. p], each
-    window a sequence of its own (positions 0 .. l-1, causal attention, the model's own RoPE
-    scaling: what it was trained with)."""
+def last_l_nll(model: GPT, xy: torch.Tensor, positions: torch.Tensor, l: int,
+               batch_tokens: int, runtime: Runtime) -> torch.Tensor:
+    """(B, len(positions)): with inputs x = xy[:, :-1] and targets y = xy[:, 1:], the NLL of
+    y[:, p] given only the l tokens x[:, p-l+1 .. p], each window a sequence of its own (positions
+    0 .. l-1, causal attention, the model's own RoPE scaling: what it was trained with)."""
+    x, y = xy[:, :-1], xy[:, 1:]
     windows = x.unfold(1, l, 1)[:, positions - l + 1].flatten(0, 1)  # (B * len(positions), l)
     targets = torch.full_like(windows, -1)
     targets[:, -1] = y[:, positions].flatten()
     per_batch, out = max(1, batch_tokens // l), []
     for i in range(0, len(windows), per_batch):
-        inputs = windows[i : i + per_batch].to(device)
-        wanted = targets[i : i + per_batch].to(device)
-        with torch.no_grad(), ctx:
+        inputs = windows[i : i + per_batch].to(runtime.device)
+        wanted = targets[i : i + per_batch].to(runtime.device)
+        with torch.no_grad(), runtime.ctx:
             nll = model.token_nll(inputs, wanted, attention="causal", chunk_tokens=batch_tokens)
         out.append(nll[:, -1].double().cpu())
     return torch.cat(out).view(len(x), len(positions))
 
 
-def rule_nll(model, x, y, length, rule, scaling, batch_tokens, device, ctx):
-    """(B, T): the NLL at every position of x cut into pieces of `length` (the lex protocol's),
-    under the rule."""
+def rule_nll(model: GPT, xy: torch.Tensor, length: int, variant: Variant,
+             runtime: Runtime) -> torch.Tensor:
+    """(B, T): the NLL at every position of the inputs xy[:, :-1] (targets xy[:, 1:]) cut into
+    pieces of `length` (the lex protocol's), under the variant."""
+    x, y = xy[:, :-1], xy[:, 1:]
+    batch_tokens = variant.batch_tokens
     per_batch, out = max(1, batch_tokens // length), []
     for i in range(0, len(x), per_batch):
         row = []
         for j in range(0, x.size(1), length):
-            inputs = x[i : i + per_batch, j : j + length].to(device)
-            targets = y[i : i + per_batch, j : j + length].to(device)
-            with torch.no_grad(), ctx:
-                nll = model.token_nll(inputs, targets, attention=rule, rope_scaling=scaling,
-                                      chunk_tokens=batch_tokens)
+            inputs = x[i : i + per_batch, j : j + length].to(runtime.device)
+            targets = y[i : i + per_batch, j : j + length].to(runtime.device)
+            with torch.no_grad(), runtime.ctx:
+                nll = model.token_nll(inputs, targets, attention=variant.rule,
+                                      rope_scaling=variant.scaling, chunk_tokens=batch_tokens)
             row.append(nll.double().cpu())
         out.append(torch.cat(row, dim=1))
     return torch.cat(out)
@@ -1243,27 +1264,29 @@ def mean_and_stderr(values):
     return float(values.mean()), stderr
 
 
-def context_rows(args, path, config, model, stream, spans, length, runs, device, ctx, notes):
-    """The context probe's rows for one checkpoint: per rule, the gain from context beyond l per
-    span, by bin, and the lex fall's split, from every --stride-th position from l on."""
+def context_rows(args: argparse.Namespace, pf: Preflight, model: GPT, stream: np.ndarray,
+                 runtime: Runtime, notes: list[str]) -> list[dict]:
+    """The context probe's rows for one checkpoint: per variant, the gain from context beyond l
+    per span, by bin, and the lex fall's split, from every --stride-th position from l on."""
+    path, config, (length, spans) = pf.path, pf.config, pf.sizes
     l = args.beyond or config.block_size
     stride = args.stride or max(1, l // 8)
     positions = torch.arange(l, length, stride)
     xy = as_batch([stream[s["start"] : s["end"]] for s in spans])
-    x, y = xy[:, :-1], xy[:, 1:]
-    tokens = batch_tokens(args, config, RopeScaling())
-    ref = last_l_nll(model, x, y, positions, l, tokens, device, ctx)
+    # every variant is batched as the reference is (the plain scaling's default)
+    tokens = args.batch_tokens or default_batch_tokens(config, RopeScaling())
+    ref = last_l_nll(model, xy, positions, l, tokens, runtime)
     rows = []
-    for rule, scaling in runs:
-        label = rule_label(config.pos, rule, scaling, config.block_size)
-        full = rule_nll(model, x, y, length, rule, scaling, tokens, device, ctx)
-        short = rule_nll(model, x, y, l, rule, scaling, tokens, device, ctx)
+    for variant in (v._replace(batch_tokens=tokens) for v in pf.variants):
+        label = rule_label(config.pos, variant.rule, variant.scaling, config.block_size)
+        full = rule_nll(model, xy, length, variant, runtime)
+        short = rule_nll(model, xy, l, variant, runtime)
         if not all(torch.isfinite(nll).all() for nll in (full, short, ref)):
             raise UserError(f"non-finite loss for {path} at length {length} ({label}): evaluate "
                             "in float32 (--dtype float32)")
         split = context_gain(ref, full, short, positions, l)
-        row = result_row(path, config, rule, scaling, length, "context", label, length=length,
-                         beyond=l, stride=stride, spans=len(spans))
+        row = result_row(pf, variant, length, "context", label, length=length, beyond=l,
+                         stride=stride, spans=len(spans))
         for key in ("gain", "fall", "used", "early"):
             row[key], row[f"{key}_stderr"] = mean_and_stderr(split[key])
         row["by_bin"] = []
@@ -1333,18 +1356,17 @@ def context_spans(args, path, config, data_dir, meta):
     return (length, spans), length
 
 
-def context_probe(args, plans, device, dtype, json_path, plot_path):
+def context_probe(args: argparse.Namespace, preflights: list[Preflight], runtime: Runtime,
+                  json_path: Path | None, plot_path: Path | None) -> list[dict]:
     """The context probe: per checkpoint and rule, the gain from context beyond l, by bin of
     position, and the split of the lex protocol's fall."""
-    ctx, rows, notes = autocast(device, dtype), [], []
-    for p, model, stream in loaded(plans, device):
-        notes += p.skipped
-        length, spans = p.sizes
-        rows += context_rows(args, p.path, p.config, model, stream, spans, length, p.runs, device,
-                             ctx, notes)
+    rows, notes = [], []
+    for pf, model, stream in loaded(preflights, runtime.device):
+        notes += pf.skipped
+        rows += context_rows(args, pf, model, stream, runtime, notes)
     print(f"context probe: the gain from context beyond l (block_size, or --beyond), NLL given "
           f"only the last l tokens minus NLL under the rule (nats per token; ± one standard "
-          f"error over spans; {dtype})\n")
+          f"error over spans; {runtime.dtype})\n")
     print(context_table(rows))
     fields = ("length", "beyond", "stride", "spans", "gain", "gain_stderr", "by_bin", "fall",
               "fall_stderr", "used", "used_stderr", "early", "early_stderr", "per_span")
@@ -1401,13 +1423,13 @@ def check_args(args):
     passkey_depths(args)
 
 
-def task_plot_path(args, plans):
+def task_plot_path(args: argparse.Namespace, preflights: list[Preflight]) -> Path:
     """--plot F of the task probe: F_<task> per task where there are several, each checked (F
     itself is never written)."""
     path = Path(args.plot)
     if not path.suffix:
         path = Path(args.plot + ".png")
-    names = list(dict.fromkeys(t for p in plans for t in p.sizes))
+    names = list(dict.fromkeys(t for pf in preflights for t in pf.sizes))
     for task in names:
         output_path(task_path(path, task, len(names)), "--plot", plot=True)
     return path
@@ -1421,12 +1443,11 @@ def evaluate(args):
     json_path = output_path(args.json, "--json")
     plot_path = output_path(None if per_task else args.plot, "--plot", plot=True)
     rules, scalings = attention_options(args, several=True)
-    plans = [plan(args, path, rules, scalings, sizing) for path in args.ckpt]
+    preflights = [preflight(args, path, rules, scalings, sizing) for path in args.ckpt]
     if per_task:
-        plot_path = task_plot_path(args, plans)
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    return probe(args, plans, device, dtype, json_path, plot_path)
+        plot_path = task_plot_path(args, preflights)
+    runtime = Runtime.local(args.device, args.dtype)
+    return probe(args, preflights, runtime, json_path, plot_path)
 
 
 def parse_args(argv=None):
@@ -1476,7 +1497,7 @@ def main(argv=None):
     try:
         return evaluate(parse_args(argv))
     except UserError as e:
-        sys.exit(f"eval_retrieval.py: error: {e}")
+        error_exit("eval_retrieval.py", e)
     except KeyboardInterrupt:
         exit_interrupted("eval_retrieval.py", interrupted)
 

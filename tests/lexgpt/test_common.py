@@ -251,6 +251,40 @@ def test_one_rank_prints_the_error(monkeypatch):
     assert e.value.code == "x.py: error: bad"
 
 
+@pytest.mark.parametrize("script, argv", [
+    ("study.eval_retrieval", ["--ckpt", "x", "--sequences", "abc"]),
+    ("sample", ["--ckpt", "x", "--max_new_tokens", "abc"]),
+    ("eval_extrapolate", ["--ckpt", "x", "--batch_tokens", "abc"]),
+    ("resolution", ["--length", "abc"]),
+])
+def test_every_evaluation_script_prints_its_error_from_rank_0_alone(script, argv, monkeypatch, capsys):
+    """The evaluation scripts exit through error_exit, one line from rank 0 under torchrun and none from the others."""
+    monkeypatch.setattr(cli, "QUIET_EXIT_SECONDS", 0)
+    module = importlib.import_module(script)
+    name = script.rpartition(".")[2]
+    for rank in (0, 1):
+        torchrun_vars(monkeypatch, rank)
+        with pytest.raises(SystemExit) as e:
+            module.main(argv)
+        if rank == 0:
+            assert str(e.value.code).startswith(f"{name}.py: error: argument ") and "abc" in e.value.code
+        else:
+            assert e.value.code == 1
+        assert capsys.readouterr() == ("", "")
+
+
+def test_runtime_computes_in_its_dtype():
+    """Runtime.ctx is autocast to the resolved dtype (none in float32: auto on CPU); one process is rank 0 of 1."""
+    from lexgpt.inference_options import Runtime
+    a = torch.ones(2, 2)
+    for dtype, want in (("auto", torch.float32), ("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        runtime = Runtime.local("cpu", dtype)
+        with runtime.ctx:
+            assert (a @ a).dtype == want
+    assert Runtime.joined("cpu", "auto") == Runtime("cpu", "float32", rank=0, world=1, ddp=False)
+    assert Runtime("cpu").all_reduce_sum(a) is a  # no process group: the sum is this process's
+
+
 def test_a_run_directory_has_one_owner(tmp_path):
     out = tmp_path / "run"
     out.mkdir()

@@ -224,10 +224,9 @@ def test_verify_checks_every_file_in_full(tmp_path, capsys):
 def test_evaluation_readers_check_the_ids_they_read(tmp_path):
     """eval_extrapolate's scoring and resolution's texts read validation tokens themselves (a file over the full-check
     limit is not read whole on open): an id past vocab_size is one line naming the file and the token offset."""
-    import contextlib
-
     import eval_extrapolate
     import resolution
+    from lexgpt.inference_options import Runtime, Variant
     from model import AttentionRule
 
     d = tmp_path / "d"
@@ -237,6 +236,6 @@ def test_evaluation_readers_check_the_ids_they_read(tmp_path):
     model = make_checkpoint(tmp_path / "m.pt", tmp_path / "src", vocab="abcdefghijk")
     want = f"{file_of(d, 'val')}: token id 200 at token offset 40 is not below its vocab_size 11"
     message = error(eval_extrapolate.score, model, data.read_tokens(d, "val", meta), [(32, 16, 0)], 16,
-                    AttentionRule("causal"), None, 64, "cpu", contextlib.nullcontext(), 0, 1, False)
+                    Variant(AttentionRule("causal"), None, 64), Runtime("cpu"))
     assert message.startswith(want)
     assert error(resolution.texts_from, meta, d, 16, 8).startswith(want)

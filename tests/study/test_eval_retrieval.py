@@ -15,6 +15,7 @@ from study import eval_retrieval
 import prepare_data
 from conftest import make_checkpoint
 from lexgpt.data import PASSKEY_CHARS, Tokenizer
+from lexgpt.inference_options import Runtime, Variant, default_batch_tokens
 
 
 def run(*argv):
@@ -61,8 +62,8 @@ def test_gain_and_effective_context_by_hand():
     rows = []
     for d in (0, 10, 40, 100):
         probe, control = eval_retrieval.repeat_sequences(stream, 6, d, 4, seed=0)
-        loss, ctrl = (eval_retrieval.second_copy_nll(Copier(reach=30), s, 6, None, None, 10**6, "cpu",
-                                                     torch.no_grad()) for s in (probe, control))
+        loss, ctrl = (eval_retrieval.second_copy_nll(Copier(reach=30), s, 6, Variant(None, None, 10**6),
+                                                     Runtime("cpu")) for s in (probe, control))
         gain, stderr = eval_retrieval.retrieval_gain(loss, ctrl)
         # tokens 1..5 of the second copy: copied (0.5) while the first copy is within reach, else 2, control 2
         want = 1 - 0.5 / 2 if d + 6 <= 30 else 0.0
@@ -168,8 +169,8 @@ def test_passkey_accuracy_on_models_forced_right_or_wrong():
     stream = np.array(tokenizer.encode("abcdefghij" * 100))
     batches = eval_retrieval.passkey_batches(stream, tokenizer, 150, 0.5, 7, seed=0)
     for right, want in ((True, 1.0), (False, 0.0)):
-        accuracy, n = eval_retrieval.passkey_accuracy(Answerer(tokenizer, right), tokenizer, batches, None, None,
-                                                      "cpu", torch.no_grad())
+        accuracy, n = eval_retrieval.passkey_accuracy(Answerer(tokenizer, right), tokenizer, batches,
+                                                      Variant(None, None, None), Runtime("cpu"))
         assert (accuracy, n) == (want, 7)
 
 
@@ -339,14 +340,13 @@ def test_repeat_sequences_where_the_rule_acts_sit_at_every_phase():
 def test_the_repeat_sweep_counts_each_token_in_its_zone():
     """A stub that copies within `reach` tokens: each second-copy token scores 0.5 against the control's 2 exactly when
     its first copy is within reach; the zones follow the rule's sight for the span + d - 1 tokens back."""
-    import contextlib
     from types import SimpleNamespace
     from model import AttentionRule, GPTConfig, RopeScaling
     config = GPTConfig(block_size=16, vocab_size=5000, n_layer=2, n_head=2, n_embd=16)
     args = SimpleNamespace(span=6, sequences=16, seed=0, batch_tokens=None, verbose=False)
-    rows = eval_retrieval.repeat_sweep_rows(args, "m.pt", config, Copier(reach=30), np.arange(5000),
-                                            [2, 40], [(AttentionRule("bca"), RopeScaling())], "cpu",
-                                            "float32", contextlib.nullcontext(), [])
+    variant = Variant(AttentionRule("bca"), RopeScaling(), default_batch_tokens(config, RopeScaling()))
+    pf = eval_retrieval.Preflight("m.pt", config, None, None, [2, 40], [variant], [])
+    rows = eval_retrieval.repeat_sweep_rows(args, pf, Copier(reach=30), np.arange(5000), Runtime("cpu"))
     near, far = rows
     assert near["gain"] == pytest.approx(1 - 0.5 / 2) and far["gain"] == pytest.approx(0)
     assert near["zones"]["direct"] == [pytest.approx(16 * 5 * 0.5), pytest.approx(16 * 5 * 2.0), 16 * 5]
