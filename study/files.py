@@ -4,7 +4,7 @@ summary.json, and the check that a report writes over nothing it did not write.
 
 The raw results are kept compact (compact_raw): numbers rounded far below the printed
 decimals, one row per line, without the per-position curves that no table or plot draws, and
-the value most rows share for a field written once (hoisted; study_plan.read_result gives
+the value most rows share for a field written once (hoisted; jobs.read_result gives
 the rows back in full); the scripts run by hand with --json still write them in full.
 """
 
@@ -122,7 +122,7 @@ def hoisted(result):
     """The result with each field's value that more than half of its rows share written once,
     in "row_defaults", and in each row only the fields where it differs, in the row's order.
     The task suite's rows repeat their rule and probe settings: this takes 40% off its files.
-    study_plan.expanded undoes it. A result without two or more rows, all dicts, or with a
+    jobs.expanded undoes it. A result without two or more rows, all dicts, or with a
     row_defaults that did not expand (not a dict), is returned as it is."""
     rows = result.get("rows") if isinstance(result, dict) else None
     if not isinstance(rows, list) or len(rows) < 2 or not all(isinstance(r, dict) for r in rows):

@@ -79,7 +79,7 @@ BUDGETS = {
 # eval_retrieval.py --probe task under every rule and, for the rotary schemes, every
 # interpolation.
 SUITES = ("study", "retrieval", "extension")
-# the context extension's fine-tunes (study_extension.py)
+# the context extension's fine-tunes (extension.py)
 FINE_TUNES = (  # (name, source scheme, train.py overrides)
     ("rope_pi", "rope", dict(rope_scaling="pi", rope_factor=4.0)),
     ("rope_yarn", "rope", dict(rope_scaling="yarn", rope_factor=4.0)),
@@ -215,7 +215,7 @@ def read_result(path):
 
 
 def expanded(result):
-    """A result's rows in full. A compact raw file (study_files.hoisted) writes once, in
+    """A result's rows in full. A compact raw file (files.hoisted) writes once, in
     "row_defaults", the value most of its rows share for a field, and in each row only the
     fields where it differs; every reader goes through read_result, so sees full rows. A
     result in any other form is returned as it is."""

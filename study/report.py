@@ -2,7 +2,7 @@
 The reports of reproduce.py's suites: each turns the raw results (results/<suite>/raw/*.json,
 each a script's --json output) into summary.json (mean, sample std and n over seeds for every
 number, the wall time and the machine), then tables.md and the plots drawn from it alone
-(study_tables.py). A damaged raw file is noted and left out; so are the rows of checkpoints
+(tables.py). A damaged raw file is noted and left out; so are the rows of checkpoints
 that are not the suite's own.
 """
 

@@ -15,7 +15,7 @@ window and sinks, and for RoPE and xPos PI, NTK, dynamic NTK and YaRN), resoluti
 at 1 and 2 x the training length, with and without BCA, and Figure 2's theory curves) and
 eval_retrieval.py (the repeat probe for every model and rule; passkey grids for RoPE, ALiBi and
 xPos trained with the passkey mix). Finally the tables and plots are drawn from those JSON
-files (study_report.py). What runs is planned in study_plan.py.
+files (report.py). What runs is planned in jobs.py.
 
 Resumable: every job writes one file (JSON, or a checkpoint that has reached max_iters) and a
 job whose file is there is skipped; a training run that was stopped resumes from its last

@@ -1,6 +1,6 @@
 """
 The tables (markdown) and plots of reproduce.py's suites, each drawn from a summary.json
-alone (study_report.py writes it from the raw results): what the tables show is what the
+alone (report.py writes it from the raw results): what the tables show is what the
 file holds.
 """
 
@@ -291,7 +291,7 @@ def by_query_markdown(by_query):
 
 
 def spread_of_one(value):
-    """A cell of one value (study_report.spread([value]))."""
+    """A cell of one value (report.spread([value]))."""
     return {"mean": value, "std": None, "n": 1, "of": 1, "values": [value]}
 
 

@@ -30,13 +30,13 @@ NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test
     "--device cuda": "needs a GPU",
     "bench.py": "a benchmark, minutes long (tests/test_bench.py runs it at a tiny scale)",
     "[": "a usage synopsis with placeholders",
-    "python study/reproduce.py$": "the whole study takes hours (tests/test_reproduce.py runs it on a toy budget)",
+    "python study/reproduce.py$": "the whole study takes hours (tests/study/test_reproduce.py runs it on a toy budget)",
     "reproduce.py --suite retrieval$": "the whole task suite takes hours "
-                                       "(tests/test_retrieval_tasks.py runs it on a toy budget)",
-    "reproduce.py --suite extension$": "fine-tunes nine models and scores fifteen: an hour (tests/test_reproduce.py "
+                                       "(tests/study/test_retrieval_tasks.py runs it on a toy budget)",
+    "reproduce.py --suite extension$": "fine-tunes nine models and scores fifteen: an hour (tests/study/test_reproduce.py "
                                        "runs it on a toy budget)",
-    "--budget toy": "a minute or two (tests/test_reproduce.py runs it)",
-    "reproduce.py --tune": "half an hour of training (tests/test_reproduce.py runs it on a toy budget)",
+    "--budget toy": "a minute or two (tests/study/test_reproduce.py runs it)",
+    "reproduce.py --tune": "half an hour of training (tests/study/test_reproduce.py runs it on a toy budget)",
 }
 SHORTEN_TRAINING = ["--max_iters=2", "--eval_iters=1"]
 
