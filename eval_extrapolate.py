@@ -44,13 +44,23 @@ import numpy as np
 import torch
 
 from lexgpt.checkpoint import load_checkpoint, load_model, model_config
-# one-line exits, printed once under torchrun
 from lexgpt.cli import ArgumentParser, UserError, error_exit, exit_interrupted
 from lexgpt.data import TokenFile, checked, checkpoint_dataset, documents, read_tokens
-from lexgpt.inference_options import (BCA_MODES, RULE_FIELDS, Runtime, Variant,
-                                      add_checkpoint_args, attention_options, checked_variants,
-                                      curves_figure, finish_curves, learned_length_check,
-                                      lex_documents, rule_fields, rule_label)
+from lexgpt.inference_options import (
+    BCA_MODES,
+    RULE_FIELDS,
+    Runtime,
+    Variant,
+    add_checkpoint_args,
+    attention_options,
+    checked_variants,
+    curves_figure,
+    finish_curves,
+    learned_length_check,
+    lex_documents,
+    rule_fields,
+    rule_label,
+)
 from lexgpt.outputs import output_path, write_json
 from model import GPT, AttentionRule, RopeScaling
 

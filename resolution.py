@@ -30,12 +30,19 @@ import torch
 
 from alternatives import scaling_of
 from lexgpt.checkpoint import load_model
-# one-line exits, printed once under torchrun
 from lexgpt.cli import ArgumentParser, UserError, error_exit, exit_interrupted
 from lexgpt.data import checked, checkpoint_dataset, documents, read_tokens
-from lexgpt.inference_options import (Runtime, add_checkpoint_args, attention_options, check_rule,
-                                      learned_length_check, pointless, rule_fields, rule_label,
-                                      save_figure)
+from lexgpt.inference_options import (
+    Runtime,
+    add_checkpoint_args,
+    attention_options,
+    check_rule,
+    learned_length_check,
+    pointless,
+    rule_fields,
+    rule_label,
+    save_figure,
+)
 from lexgpt.outputs import output_path, pyplot, write_json
 from model import AttentionPlan, GPTConfig
 

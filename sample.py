@@ -24,11 +24,16 @@ import torch
 
 from alternatives import scaling_of
 from lexgpt.checkpoint import load_model
-# one-line exits, printed once under torchrun
 from lexgpt.cli import ArgumentParser, UserError, check_seed, error_exit, exit_interrupted
 from lexgpt.data import checkpoint_dataset, tokenizer_from_meta
-from lexgpt.inference_options import (Runtime, add_checkpoint_args, attention_options, check_rule,
-                                      learned_length_check, pointless)
+from lexgpt.inference_options import (
+    Runtime,
+    add_checkpoint_args,
+    attention_options,
+    check_rule,
+    learned_length_check,
+    pointless,
+)
 
 MIN_TEMPERATURE = 1e-4  # logits / temperature stays within float32 for logits up to 10^34
 

@@ -15,11 +15,24 @@ import torch
 
 from alternatives import scaling_of
 from lexgpt.cli import UserError
-from lexgpt.distributed import (DTYPES, all_reduce_sum, autocast, resolve_device, resolve_dtype,
-                                setup_distributed, teardown_distributed)
+from lexgpt.distributed import (
+    DTYPES,
+    all_reduce_sum,
+    autocast,
+    resolve_device,
+    resolve_dtype,
+    setup_distributed,
+    teardown_distributed,
+)
 from lexgpt.outputs import pyplot
-from model import (ATTENTION_RULES, ROPE_SCALINGS, AttentionPlan, AttentionRule, GPTConfig,
-                   RopeScaling)
+from model import (
+    ATTENTION_RULES,
+    ROPE_SCALINGS,
+    AttentionPlan,
+    AttentionRule,
+    GPTConfig,
+    RopeScaling,
+)
 
 
 @dataclass(frozen=True)

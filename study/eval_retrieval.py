@@ -79,7 +79,6 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-
 # run as `python study/eval_retrieval.py`: import from the repository root
 if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[1])
@@ -87,12 +86,32 @@ if __package__ in (None, ""):
 from lexgpt import retrieval_tasks
 from lexgpt.checkpoint import load_checkpoint, load_model, model_config
 from lexgpt.cli import ArgumentParser, UserError, check_seed, error_exit, exit_interrupted
-from lexgpt.data import (Tokenizer, checked, checkpoint_dataset, documents, passkey_document,
-                         passkey_parts, read_tokens, tokenizer_from_meta)
-from lexgpt.inference_options import (RULE_FIELDS, Runtime, Variant, add_checkpoint_args,
-                                      attention_options, checked_variants, curves_figure,
-                                      default_batch_tokens, finish_curves, learned_length_check,
-                                      lex_documents, rule_fields, rule_label, save_figure)
+from lexgpt.data import (
+    Tokenizer,
+    checked,
+    checkpoint_dataset,
+    documents,
+    passkey_document,
+    passkey_parts,
+    read_tokens,
+    tokenizer_from_meta,
+)
+from lexgpt.inference_options import (
+    RULE_FIELDS,
+    Runtime,
+    Variant,
+    add_checkpoint_args,
+    attention_options,
+    checked_variants,
+    curves_figure,
+    default_batch_tokens,
+    finish_curves,
+    learned_length_check,
+    lex_documents,
+    rule_fields,
+    rule_label,
+    save_figure,
+)
 from lexgpt.outputs import output_path, pyplot, write_json
 from model import GPT, GPTConfig, RopeScaling
 
@@ -1497,7 +1516,7 @@ def main(argv=None):
     try:
         return evaluate(parse_args(argv))
     except UserError as e:
-        error_exit("eval_retrieval.py", e)
+        error_exit("eval_retrieval.py", e)  # once under torchrun, from rank 0
     except KeyboardInterrupt:
         exit_interrupted("eval_retrieval.py", interrupted)
 
