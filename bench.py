@@ -53,8 +53,8 @@ import torch
 from lexgpt.cli import ArgumentParser, UserError
 from lexgpt.distributed import DTYPES, autocast, resolve_device, resolve_dtype
 from lexgpt.mfu import cpu_matmul_flops, peak_flops, train_flops_per_token
-from model import GPT, POSITION_SCHEMES, GPTConfig
 from lexgpt.outputs import output_path, write_json
+from model import GPT, POSITION_SCHEMES, GPTConfig
 
 SECTIONS = ("train", "length", "decode", "dtype", "data", "gpu")
 DEFAULT_SECTIONS = ("train", "length", "decode", "dtype", "data")

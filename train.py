@@ -29,13 +29,19 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lexgpt.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, load_weights, save_checkpoint
 from lexgpt.cli import UserError, error_exit, exit_interrupted
-from lexgpt.configurator import (AT_LEAST_ONE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED,
-                                 configure)
+from lexgpt.configurator import (
+    AT_LEAST_ONE,
+    COUNT,
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    SEED,
+    configure,
+)
 from lexgpt.data import get_batch, read_tokens, sample_offsets, tokenizer_identity
 from lexgpt.distributed import DTYPES, all_reduce_sum, autocast, teardown_distributed
 from lexgpt.mfu import peak_flops, train_flops_per_token
-from lexgpt.run_dir import (clear_run_dir, keep_checkpoint, open_log, release_run_dirs,
-                            remove_debris)
+from lexgpt.run_dir import clear_run_dir, keep_checkpoint, open_log, release_run_dirs, remove_debris
 from lexgpt.train_setup import TrainRun, setup
 from model import GPT, ROPE_SCALINGS
 

@@ -1,7 +1,9 @@
-# The paper's pre-training recipe (§4.1), for GPU users: a GPT-3-medium-sized LeX Transformer (xPos; BCA is
-# inference-only, see eval_extrapolate.py) trained at length 1024. Set pos to compare schemes as in Table 2.
-# The paper trains on a Pile subset that is not shipped here: prepare your own corpus with GPT-2 BPE, e.g.
-#   python prepare_data.py --dataset files --path 'corpus/**/*.txt' --tokenizer gpt2 --out_dir data/corpus_gpt2
+# The paper's pre-training recipe (§4.1), for GPU users: a GPT-3-medium-sized LeX Transformer
+# (xPos; BCA is inference-only, see eval_extrapolate.py) trained at length 1024. Set pos to compare
+# schemes as in Table 2. The paper trains on a Pile subset that is not shipped here: prepare your
+# own corpus with GPT-2 BPE, e.g.
+#   python prepare_data.py --dataset files --path 'corpus/**/*.txt' --tokenizer gpt2 \
+#       --out_dir data/corpus_gpt2
 # then: torchrun --standalone --nproc_per_node=8 train.py config/paper_lex_350m.py
 out_dir = "out/paper_lex_350m"
 data_dir = "data/corpus_gpt2"
@@ -14,7 +16,8 @@ block_size = 1024
 dropout = 0.0  # not stated in the paper
 bias = True
 
-# 0.5M tokens per step: 512 sequences of 1024 = batch_size x gradient_accumulation_steps (global, split over GPUs)
+# 0.5M tokens per step: 512 sequences of 1024 = batch_size x gradient_accumulation_steps (global,
+# split over GPUs)
 batch_size = 8
 gradient_accumulation_steps = 64
 

@@ -1,5 +1,6 @@
-# A tiny character-level xPos model on the offline Shakespeare corpus (prepare_data.py --dataset shakespeare
-# --tokenizer char). Trains in a few minutes on 2 CPU cores; the other schemes' files change only `pos`.
+# A tiny character-level xPos model on the offline Shakespeare corpus (prepare_data.py --dataset
+# shakespeare --tokenizer char). Trains in a few minutes on 2 CPU cores; the other schemes' files
+# change only `pos`.
 out_dir = "out/shakespeare_char_xpos"
 data_dir = "data/shakespeare_char"
 pos = "xpos"

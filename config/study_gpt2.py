@@ -1,6 +1,6 @@
-# The study's GPT-2 BPE variant, for a GPU (python study/reproduce.py --variant gpt2 --device cuda): the same schemes,
-# rules and measurements as config/study_char.py, on Shakespeare in GPT-2 tokens with a larger model. Not run by
-# the committed results; its numbers are yours to make.
+# The study's GPT-2 BPE variant, for a GPU (python study/reproduce.py --variant gpt2 --device
+# cuda): the same schemes, rules and measurements as config/study_char.py, on Shakespeare in GPT-2
+# tokens with a larger model. Not run by the committed results; its numbers are yours to make.
 data_dir = "data/study_gpt2"
 block_size = 256
 n_layer = 6

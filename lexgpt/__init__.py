@@ -1,1 +1,2 @@
-"""lex-gpt's plumbing: checkpoints, one-line errors, devices and DDP, run directories, outputs, data."""
+"""lex-gpt's plumbing: checkpoints, one-line errors, devices and DDP, run directories, outputs,
+data."""

@@ -17,8 +17,12 @@ import torch.distributed as dist
 from lexgpt.checkpoint import checkpoint_path, load_checkpoint, model_config
 from lexgpt.cli import UserError, rank_error
 from lexgpt.data import check_tokenizer, load_meta
-from lexgpt.distributed import (all_reduce_sum, resolve_dtype, setup_distributed,
-                                teardown_distributed)
+from lexgpt.distributed import (
+    all_reduce_sum,
+    resolve_dtype,
+    setup_distributed,
+    teardown_distributed,
+)
 from lexgpt.outputs import writable_dir
 from lexgpt.run_dir import kept_checkpoints, own_run_dir
 from model import GPTConfig

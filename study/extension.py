@@ -8,12 +8,24 @@ import os
 from pathlib import Path
 
 from study.files import check_outputs, check_raw, write_summary
-from study.jobs import (FINE_TUNES, PY, RETRIEVAL_CONFIG, SEEDS, VARIANTS, Job, ckpt_flags,
-                        plan, prepare_job, read_result, scheme_settings, schemes_of,
-                        study_runs, train_job)
+from study.jobs import (
+    FINE_TUNES,
+    PY,
+    RETRIEVAL_CONFIG,
+    SEEDS,
+    VARIANTS,
+    Job,
+    ckpt_flags,
+    plan,
+    prepare_job,
+    read_result,
+    scheme_settings,
+    schemes_of,
+    study_runs,
+    train_job,
+)
 from study.report import machine_of, note, spread, wall_time
 from study.tables import extension_markdown
-
 
 # ------------------------------------------------------------------------------------------
 # --suite extension: context extension by fine-tuning the study's models, against the

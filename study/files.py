@@ -16,8 +16,8 @@ from pathlib import Path
 
 from lexgpt.cli import UserError
 from lexgpt.outputs import OUTPUT_MARK, earlier_output
-from study.jobs import FINE_TUNES, expanded, read_result
 from lexgpt.retrieval_tasks import TASKS
+from study.jobs import FINE_TUNES, expanded, read_result
 
 # Compact raw results: the fields dropped (per-position curves that no table or plot reads),
 # and the significant digits kept: 10 move a mean over seeds by about 1e-10 of itself, far

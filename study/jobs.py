@@ -441,8 +441,9 @@ def passkey_job(args, budget, scheme, ckpt):
     out = Path(args.results) / "raw" / f"{scheme}.passkey.json"
     plot = Path(args.results) / f"passkey_{scheme}.png"
     lengths = ",".join(map(str, passkey_lengths(budget)))
-    command = [PY, "study/eval_retrieval.py", "--ckpt", str(ckpt), "--data_dir", str(Path(args.data)),
-               "--device", args.device, "--probe", "passkey", "--lengths", lengths,
+    command = [PY, "study/eval_retrieval.py", "--ckpt", str(ckpt),
+               "--data_dir", str(Path(args.data)), "--device", args.device,
+               "--probe", "passkey", "--lengths", lengths,
                "--attention", WINDOW_RULES, "--sequences", str(budget["passkey_sequences"]),
                "--json", str(out), "--plot", str(plot)]
     return Job(f"passkey {scheme}", "passkey", out, command, inputs=[ckpt])

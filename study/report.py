@@ -14,12 +14,26 @@ import numpy as np
 
 from lexgpt.checkpoint import load_checkpoint
 from lexgpt.cli import UserError
-from study.files import check_outputs, check_raw, write_summary
-from study.jobs import (SEEDS, SUITE_SCHEMES, expected_seconds, plan, read_result, read_timings,
-                        retrieval_plan, study_lengths, study_runs)
-from study.tables import (extension_markdown, plot_effective_context, plot_perplexity,
-                          plot_task, retrieval_markdown, tables_markdown)
 from lexgpt.retrieval_tasks import PAIR_COUNT, SPAN, TASKS
+from study.files import check_outputs, check_raw, write_summary
+from study.jobs import (
+    SEEDS,
+    SUITE_SCHEMES,
+    expected_seconds,
+    plan,
+    read_result,
+    read_timings,
+    retrieval_plan,
+    study_lengths,
+    study_runs,
+)
+from study.tables import (
+    plot_effective_context,
+    plot_perplexity,
+    plot_task,
+    retrieval_markdown,
+    tables_markdown,
+)
 
 # Schemes compared by area (different models, the same data and seeds): xPos's decay against
 # RoPE, and under YaRN
@@ -120,6 +134,7 @@ def previous_machine(path):
 
 def machine(device):
     import platform
+
     import torch
     if device.startswith("cuda"):
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"

@@ -1,11 +1,11 @@
 """
 The small-scale study of the paper's claims, in one resumable command:
 
-    python study/reproduce.py             # the whole study: data, training, evaluation, results/char
-    python study/reproduce.py --plan      # the jobs and what is finished, without running anything
-    python study/reproduce.py --report    # redraw the tables and plots from results/char alone
+    python study/reproduce.py            # the whole study: data, training, evaluation, results/char
+    python study/reproduce.py --plan     # the jobs and what is finished, without running anything
+    python study/reproduce.py --report   # redraw the tables and plots from results/char alone
     python study/reproduce.py --variant gpt2 --device cuda   # GPT-2 BPE tokens, for a GPU
-    python study/reproduce.py --budget toy --results /tmp/r --runs /tmp/o   # the pipeline in minutes
+    python study/reproduce.py --budget toy --results /tmp/r --runs /tmp/o  # the pipeline in minutes
 
 Every scheme trains on the same data with the same recipe (config/study_<variant>.py), token
 budget and seeds; only the position scheme changes. Each trained model is then measured with
@@ -46,7 +46,6 @@ import sys
 import time
 from pathlib import Path
 
-
 if __package__ in (None, ""):  # run as `python study/reproduce.py`: import from the repository root
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
@@ -55,11 +54,31 @@ from lexgpt.cli import ArgumentParser, UserError, die_with_parent
 from lexgpt.outputs import OUTPUT_MARK, earlier_output, writable_dir, write_json
 from lexgpt.run_dir import run_dir_owner
 from study.extension import EXTENSION_SOURCES, extension_plan, extension_report
-from study.jobs import (BUDGETS, NOT_RECIPE, PY, RETRIEVAL_BUDGETS, RETRIEVAL_CONFIG, SCHEMES,
-                        SEEDS, SUITES, TUNE_FACTORS, TUNE_SCHEMES, VARIANTS, Job, expected_seconds,
-                        plan, prepare_job, read_recipe, read_timings, retrieval_plan,
-                        scheme_settings, schemes_of, settings_text, train_job)
 from study.files import check_outputs, compact_raw
+from study.jobs import (
+    BUDGETS,
+    NOT_RECIPE,
+    PY,
+    RETRIEVAL_BUDGETS,
+    RETRIEVAL_CONFIG,
+    SCHEMES,
+    SEEDS,
+    SUITES,
+    TUNE_FACTORS,
+    TUNE_SCHEMES,
+    VARIANTS,
+    Job,
+    expected_seconds,
+    plan,
+    prepare_job,
+    read_recipe,
+    read_timings,
+    retrieval_plan,
+    scheme_settings,
+    schemes_of,
+    settings_text,
+    train_job,
+)
 from study.report import report, retrieval_report
 from study.tables import clock
 
