@@ -1,5 +1,6 @@
-"""CUDA-only tests (skipped, and reported as skipped, without a GPU; `make gpu-check` runs them on one): mixed
-precision training, compile, the SDPA fast path, BCA in half precision, and cached decoding on the GPU."""
+"""CUDA-only tests (skipped, and reported as skipped, without a GPU; `make gpu-check` runs them on
+one): mixed precision training, compile, the SDPA fast path, BCA in half precision, and cached
+decoding on the GPU."""
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import model
 import train
-from model import GPT, GPTConfig, AttentionPlan
+from model import GPT, AttentionPlan, GPTConfig
 from test_train import read_log, tiny_args, words_dataset
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -38,15 +39,17 @@ def test_mixed_precision_training(data_dir, tmp_path, dtype):
 
 
 def test_compile_training(data_dir, tmp_path):
-    train.main(tiny_args(data_dir, tmp_path / "run", device="cuda", dtype="bfloat16", compile=True, max_iters=3))
+    train.main(tiny_args(data_dir, tmp_path / "run", device="cuda", dtype="bfloat16", compile=True,
+                         max_iters=3))
     steps, _ = read_log(tmp_path / "run")
     assert len(steps) == 3 and all(torch.isfinite(torch.tensor(r["loss"])) for r in steps)
 
 
 @pytest.mark.parametrize("pos", ["learned", "rope", "xpos", "none"])
 def test_plain_causal_training_takes_the_flash_path(pos):
-    """Training attention is SDPA's is_causal path with no mask, which FlashAttention serves: with every other
-    backend switched off, the step still runs (SDPA raises when no allowed backend fits)."""
+    """Training attention is SDPA's is_causal path with no mask, which FlashAttention serves: with
+    every other backend switched off, the step still runs (SDPA raises when no
+    allowed backend fits)."""
     m = tiny(pos).train()
     idx = torch.randint(0, 101, (4, 64), device="cuda")
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.autocast("cuda", dtype=torch.bfloat16):
@@ -55,7 +58,8 @@ def test_plain_causal_training_takes_the_flash_path(pos):
     assert torch.isfinite(loss)
 
 
-RULES = [None, "sliding", model.AttentionRule("sinks", window=48, sinks=4)]  # None: auto, BCA past block_size
+# None: auto, BCA past block_size
+RULES = [None, "sliding", model.AttentionRule("sinks", window=48, sinks=4)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -77,7 +81,8 @@ def test_windows_at_16_blocks_in_half_precision(pos, dtype, rule):
 @pytest.mark.parametrize("pos", ["xpos", "rope", "alibi", "sinusoidal"])
 @pytest.mark.parametrize("rule", RULES)
 def test_cached_decoding_matches_full_forward(pos, rule, monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # train.py's runs above turn it on
+    # train.py's runs above turn it on
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     m = tiny(pos).eval()
     seq = torch.randint(0, 101, (2, 200), device="cuda")
     cache = m.new_cache(199, rule)

@@ -1,4 +1,5 @@
-"""Tests for eval_extrapolate.py: each protocol's token counts and NLL sums by hand, BCA modes, JSON, errors."""
+"""Tests for eval_extrapolate.py: each protocol's token counts and NLL sums by hand, BCA
+modes, JSON, errors."""
 
 import json
 import math
@@ -14,8 +15,8 @@ import torch.nn.functional as F
 
 import eval_extrapolate
 import prepare_data
-from lexgpt.checkpoint import save_checkpoint
 from conftest import CHARS, make_checkpoint
+from lexgpt.checkpoint import save_checkpoint
 from model import AttentionRule, RopeScaling
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,13 +29,16 @@ def run(*argv):
 
 def stream(data_dir):
     meta = json.loads((Path(data_dir) / "meta.json").read_text())
-    return torch.from_numpy(np.fromfile(Path(data_dir) / meta["files"]["val"]["file"], np.uint16).astype(np.int64))
+    return torch.from_numpy(np.fromfile(Path(data_dir) / meta["files"]["val"]["file"],
+                                        np.uint16).astype(np.int64))
 
 
 def nll_of(model, tokens, first_scored=0, attention="causal", rope_scaling=None):
-    """Reference: summed NLL of predicting tokens[1:] from tokens[:-1], scoring positions >= first_scored."""
+    """Reference: summed NLL of predicting tokens[1:] from tokens[:-1], scoring
+    positions >= first_scored."""
     with torch.no_grad():
-        logits, _ = model(tokens[None, :-1], tokens[None, 1:], attention=attention, rope_scaling=rope_scaling)
+        logits, _ = model(tokens[None, :-1], tokens[None, 1:], attention=attention,
+                          rope_scaling=rope_scaling)
     nll = F.cross_entropy(logits[0].double(), tokens[1:], reduction="none")
     return nll[first_scored:].sum().item(), len(tokens) - 1 - first_scored
 
@@ -43,9 +47,11 @@ def test_lex_uniform_model_scores_ln_vocab(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "u.pt", tiny_data, zero=True)
     rows = run("--ckpt", tmp_path / "u.pt", "--lengths", "4,5,16", "--max_len", 16, "--bca", "off")
     # documents of 40 and 25 tokens have max_len + 1 = 17 tokens; the one of 10 is skipped
-    assert [r["tokens"] for r in rows] == [32, 32, 32]  # every length scores the same 2 x 16 tokens (5: 5+5+5+1)
+    # every length scores the same 2 x 16 tokens (5: 5+5+5+1)
+    assert [r["tokens"] for r in rows] == [32, 32, 32]
     for r in rows:
-        assert r["nll"] == pytest.approx(math.log(len(CHARS)), abs=1e-6) and r["ppl"] == pytest.approx(len(CHARS))
+        assert (r["nll"] == pytest.approx(math.log(len(CHARS)), abs=1e-6)
+                and r["ppl"] == pytest.approx(len(CHARS)))
 
 
 def test_lex_nll_by_hand(tiny_data, tmp_path):
@@ -64,11 +70,13 @@ def test_lex_nll_by_hand(tiny_data, tmp_path):
 def test_lex_every_span_by_hand(tiny_data, tmp_path):
     model = make_checkpoint(tmp_path / "m.pt", tiny_data)
     s = stream(tiny_data)
-    # documents of 40, 25 and 10 tokens; spans of max_len + 1 = 9 tokens every 8: 4 in the first (starts 0 .. 24,
-    # as 32 + 9 > 40), 3 in the second (40, 48, 56), 1 in the third (65); K = 3 takes the 0th, 8//3-th, 16//3-th
+    # documents of 40, 25 and 10 tokens; spans of max_len + 1 = 9 tokens every 8: 4 in the first
+    # (starts 0 .. 24, as 32 + 9 > 40), 3 in the second (40, 48, 56), 1 in the third (65); K = 3
+    # takes the 0th, 8//3-th, 16//3-th
     every = [0, 8, 16, 24, 40, 48, 56, 65]
     for spans, starts in (("all", every), ("3", [0, 16, 48]), ("first", [0, 40, 65])):
-        rows = run("--ckpt", tmp_path / "m.pt", "--lengths", "4,8", "--max_len", 8, "--bca", "off", "--spans", spans)
+        rows = run("--ckpt", tmp_path / "m.pt", "--lengths", "4,8", "--max_len", 8, "--bca", "off",
+                   "--spans", spans)
         for r in rows:
             parts = [nll_of(model, s[a + i : a + i + r["length"] + 1]) for a in starts
                      for i in range(0, 8, r["length"])]
@@ -93,16 +101,18 @@ def test_spans_errors(tiny_data, tmp_path, capsys, argv, message):
 def test_one_file_named_by_two_output_flags_is_refused(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     with pytest.raises(SystemExit) as e:
-        run("--ckpt", tmp_path / "m.pt", "--lengths", "4,8", "--plot", tmp_path / "x.png", "--plot_positions",
-            tmp_path / "x.png")
-    assert "--json, --plot and --plot_positions name the same file" in str(e.value) and "\n" not in str(e.value)
+        run("--ckpt", tmp_path / "m.pt", "--lengths", "4,8", "--plot", tmp_path / "x.png",
+            "--plot_positions", tmp_path / "x.png")
+    assert ("--json, --plot and --plot_positions name the same file" in str(e.value)
+            and "\n" not in str(e.value))
     assert not (tmp_path / "x.png").exists()
 
 
 def test_chunks_by_hand(tiny_data, tmp_path):
     model = make_checkpoint(tmp_path / "m.pt", tiny_data)
     s = stream(tiny_data)
-    rows = run("--ckpt", tmp_path / "m.pt", "--lengths", "8,16", "--protocol", "chunks", "--bca", "off")
+    rows = run("--ckpt", tmp_path / "m.pt", "--lengths", "8,16", "--protocol", "chunks",
+               "--bca", "off")
     for r in rows:
         L = r["length"]
         n_chunks = (STREAM_LENGTH - 1) // L  # 9 chunks of 8, 4 chunks of 16
@@ -115,10 +125,11 @@ def test_sliding_by_hand(tiny_data, tmp_path):
     model = make_checkpoint(tmp_path / "m.pt", tiny_data)
     s = stream(tiny_data)
     out = tmp_path / "sliding.json"
-    run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--protocol", "sliding", "--stride", 3, "--bca", "off",
-        "--json", out)
+    run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--protocol", "sliding", "--stride", 3,
+        "--bca", "off", "--json", out)
     row = json.loads(out.read_text())["rows"][0]
-    # windows start at 0, 3, 6, ...; the first scores its 8 targets, each later one its last 3 (the last fewer)
+    # windows start at 0, 3, 6, ...; the first scores its 8 targets, each later one its
+    # last 3 (the last fewer)
     total, count, done = 0.0, 0, 0  # done: targets s[1 .. done] already scored
     for begin in range(0, STREAM_LENGTH - 1, 3):
         end = min(begin + 8, STREAM_LENGTH - 1)
@@ -133,18 +144,21 @@ def test_sliding_by_hand(tiny_data, tmp_path):
 def test_bca_both_json_and_plot(tiny_data, tmp_path):
     model = make_checkpoint(tmp_path / "m.pt", tiny_data, block_size=8)
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    run("--ckpt", tmp_path / "m.pt", "--lengths", "4,8,32", "--max_len", 32, "--bca", "both", "--json", out,
-        "--plot", png)
+    run("--ckpt", tmp_path / "m.pt", "--lengths", "4,8,32", "--max_len", 32, "--bca", "both",
+        "--json", out, "--plot", png)
     result = json.loads(out.read_text())
     rows = result["rows"]
-    assert [(r["bca"], r["length"]) for r in rows] == [(False, 4), (False, 8), (False, 32), (True, 4), (True, 8),
+    assert [(r["bca"], r["length"]) for r in rows] == [(False, 4), (False, 8), (False, 32),
+                                                       (True, 4), (True, 8),
                                                       (True, 32)]
-    assert set(rows[0]) == {"ckpt", "pos", "bca", "attention", "window", "sinks", "rope_scaling", "rope_factor",
-                            "length", "ppl", "nll", "tokens", "label"}
-    assert [(r["attention"], r["window"], r["label"]) for r in rows[2:4]] == [("causal", None, "xpos"),
-                                                                            ("bca", 8, "xpos + BCA")]
+    assert set(rows[0]) == {"ckpt", "pos", "bca", "attention", "window", "sinks", "rope_scaling",
+                            "rope_factor", "length", "ppl", "nll", "tokens", "label"}
+    assert [(r["attention"], r["window"], r["label"])
+            for r in rows[2:4]] == [("causal", None, "xpos"),
+                                    ("bca", 8, "xpos + BCA")]
     by = {(r["bca"], r["length"]): r["nll"] for r in rows}
-    assert by[(False, 4)] == pytest.approx(by[(True, 4)], abs=1e-6)  # within block_size BCA changes nothing
+    # within block_size BCA changes nothing
+    assert by[(False, 4)] == pytest.approx(by[(True, 4)], abs=1e-6)
     assert by[(False, 8)] == pytest.approx(by[(True, 8)], abs=1e-6)
     assert by[(False, 32)] != pytest.approx(by[(True, 32)], abs=1e-6)
     n, c = nll_of(model, stream(tiny_data)[:33], attention="bca")
@@ -163,11 +177,12 @@ def test_markdown_table_marks_rises():
 @pytest.mark.slow
 def test_torchrun_matches_single_process(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "m.pt", tiny_data)
-    args = ["--ckpt", str(tmp_path / "m.pt"), "--lengths", "4,8,16", "--max_len", "16", "--bca", "both"]
+    args = ["--ckpt", str(tmp_path / "m.pt"), "--lengths", "4,8,16", "--max_len", "16",
+            "--bca", "both"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "eval_extrapolate.py", *args, "--json", str(tmp_path / "ddp.json")]
-    result = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     single = run(*args)
     ddp = json.loads((tmp_path / "ddp.json").read_text())["rows"]
@@ -179,7 +194,8 @@ def test_torchrun_matches_single_process(tiny_data, tmp_path):
     (["--lengths", "4,eight"], "must be comma-separated integers"),
     (["--lengths", "4,32", "--max_len", "16"], "length 32 is above --max_len 16"),
     (["--lengths", "40"], "no validation document has max_len+1 = 41 tokens (the longest has 40)"),
-    (["--lengths", "8", "--protocol", "sliding", "--stride", "9"], "--stride 9 is longer than length 8"),
+    (["--lengths", "8", "--protocol", "sliding", "--stride", "9"],
+     "--stride 9 is longer than length 8"),
 ])
 def test_errors(tiny_data, tmp_path, argv, message):
     make_checkpoint(tmp_path / "m.pt", tiny_data)
@@ -226,7 +242,8 @@ def test_output_paths_are_checked_first(tiny_data, tmp_path, monkeypatch, capsys
         assert f"{flag} {tmp_path} is a directory" in str(e.value.code)
     monkeypatch.undo()
     run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--plot", tmp_path / "curve")
-    assert f"wrote {tmp_path / 'curve.png'}" in capsys.readouterr().out and (tmp_path / "curve.png").is_file()
+    assert (f"wrote {tmp_path / 'curve.png'}" in capsys.readouterr().out
+            and (tmp_path / "curve.png").is_file())
 
 
 def test_every_checkpoint_is_checked_before_any_is_scored(tiny_data, tmp_path, monkeypatch):
@@ -241,8 +258,10 @@ def test_every_checkpoint_is_checked_before_any_is_scored(tiny_data, tmp_path, m
 def test_dataset_with_another_tokenizer_is_refused(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     (tmp_path / "c").mkdir()
-    (tmp_path / "c" / "a.txt").write_text("0123456789abcdef" * 20)  # 16 characters against the model's 11
-    prepare_data.main(["--dataset", "files", "--path", str(tmp_path / "c"), "--out_dir", str(tmp_path / "d")])
+    # 16 characters against the model's 11
+    (tmp_path / "c" / "a.txt").write_text("0123456789abcdef" * 20)
+    prepare_data.main(["--dataset", "files", "--path", str(tmp_path / "c"),
+                       "--out_dir", str(tmp_path / "d")])
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--data_dir", tmp_path / "d")
     assert "vocab_size 11" in str(e.value.code) and "vocab_size 16" in str(e.value.code)
@@ -252,19 +271,25 @@ def test_non_finite_nll_is_an_error(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     ckpt = torch.load(tmp_path / "m.pt", weights_only=True)
     ckpt["model"]["transformer.ln_f.weight"][0] = float("inf")
-    save_checkpoint(ckpt, tmp_path / "inf.pt")  # a checkpoint edited by hand is saved with fresh checksums
+    # a checkpoint edited by hand is saved with fresh checksums
+    save_checkpoint(ckpt, tmp_path / "inf.pt")
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "inf.pt", "--lengths", "4,8", "--max_len", 8)
-    assert f"non-finite NLL (nan) for {tmp_path / 'inf.pt'} at length 4 in float32" in str(e.value.code)
+    assert (f"non-finite NLL (nan) for {tmp_path / 'inf.pt'} at length 4 in float32"
+            in str(e.value.code))
     assert "the checkpoint's weights hold inf or NaN (transformer.ln_f.weight)" in str(e.value.code)
     with pytest.raises(SystemExit) as e:  # the weights are the cause in any dtype
-        run("--ckpt", tmp_path / "inf.pt", "--lengths", "4,8", "--max_len", 8, "--dtype", "bfloat16")
-    assert "in bfloat16" in str(e.value.code) and "weights hold inf or NaN (transformer.ln_f.weight)" in str(e.value.code)
+        run("--ckpt", tmp_path / "inf.pt", "--lengths", "4,8", "--max_len", 8,
+            "--dtype", "bfloat16")
+    assert ("in bfloat16" in str(e.value.code)
+            and "weights hold inf or NaN (transformer.ln_f.weight)" in str(e.value.code))
 
 
-def test_rows_scored_before_a_non_finite_one_are_kept_and_the_cause_named(tiny_data, tmp_path, monkeypatch, capsys):
-    """Finite weights, a non-finite score at the second length (an activation past bfloat16's range, say): the first
-    length's row is printed and written to --json, and the error names the dtype, not the weights."""
+def test_rows_scored_before_a_non_finite_one_are_kept_and_the_cause_named(tiny_data, tmp_path,
+                                                                          monkeypatch, capsys):
+    """Finite weights, a non-finite score at the second length (an activation past bfloat16's range,
+    say): the first length's row is printed and written to --json, and the error names the
+    dtype, not the weights."""
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     real = eval_extrapolate.score
 
@@ -276,17 +301,20 @@ def test_rows_scored_before_a_non_finite_one_are_kept_and_the_cause_named(tiny_d
         run("--ckpt", tmp_path / "m.pt", "--lengths", "4,8", "--max_len", 8, "--dtype", "bfloat16",
             "--json", tmp_path / "r.json")
     message = str(e.value.code)
-    assert "at length 8 in bfloat16" in message and "an activation passed bfloat16's range" in message
+    assert ("at length 8 in bfloat16" in message
+            and "an activation passed bfloat16's range" in message)
     assert f"the 1 rows scored before it are printed above and in {tmp_path / 'r.json'}" in message
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert [r["length"] for r in rows] == [4] and math.isfinite(rows[0]["ppl"])
-    assert "perplexity (lex protocol, bfloat16" in capsys.readouterr().out  # and the table was printed
+    # and the table was printed
+    assert "perplexity (lex protocol, bfloat16" in capsys.readouterr().out
 
 
 def test_logits_in_chunks_give_the_same_numbers(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     argv = ["--ckpt", tmp_path / "m.pt", "--lengths", "4,32", "--max_len", 32, "--bca", "both"]
-    whole, chunked = run(*argv), run(*argv, "--batch_tokens", 3)  # 32-token pieces: 11 chunks of logits
+    # 32-token pieces: 11 chunks of logits
+    whole, chunked = run(*argv), run(*argv, "--batch_tokens", 3)
     assert [r["tokens"] for r in whole] == [r["tokens"] for r in chunked]
     for a, b in zip(whole, chunked):
         assert a["nll"] == pytest.approx(b["nll"], rel=1e-6)
@@ -294,19 +322,24 @@ def test_logits_in_chunks_give_the_same_numbers(tiny_data, tmp_path):
 
 @pytest.mark.parametrize("method", ["pi", "yarn"])
 def test_a_checkpoint_with_a_scaling_is_evaluated_under_it_unless_told(tiny_data, tmp_path, method):
-    """A fine-tuned checkpoint's scaling (GPTConfig.rope_scaling: s = 2 from an original length of 8, at block_size
-    64) is every row's with no flag: its NLL is the same weights' under that scaling passed in (YaRN's ramp over 8,
-    not 64); --rope_scaling none scores the plain angles."""
-    scaled = make_checkpoint(tmp_path / "s.pt", tiny_data, pos="rope", block_size=64, rope_scaling=method,
-                             rope_factor=2.0, rope_original_length=8)
+    """A fine-tuned checkpoint's scaling (GPTConfig.rope_scaling: s = 2 from an original length of
+    8, at block_size 64) is every row's with no flag: its NLL is the same weights' under that
+    scaling passed in (YaRN's ramp over 8, not 64); --rope_scaling none scores the plain angles."""
+    scaled = make_checkpoint(tmp_path / "s.pt", tiny_data, pos="rope", block_size=64,
+                             rope_scaling=method, rope_factor=2.0, rope_original_length=8)
     plain = make_checkpoint(tmp_path / "plain.pt", tiny_data, pos="rope", block_size=64)
-    assert all(torch.equal(a, b) for a, b in zip(scaled.state_dict().values(), plain.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(scaled.state_dict().values(),
+                                                 plain.state_dict().values()))
     for argv, scaling in (((), RopeScaling(method, 2.0, 8)), (("--rope_scaling", "none"), None)):
-        rows = run("--ckpt", tmp_path / "s.pt", "--lengths", 16, "--max_len", 16, "--bca", "off", *argv)
-        by_doc = [nll_of(plain, stream(tiny_data)[start : start + 17], rope_scaling=scaling) for start in (0, 40)]
+        rows = run("--ckpt", tmp_path / "s.pt", "--lengths", 16, "--max_len", 16,
+                   "--bca", "off", *argv)
+        by_doc = [nll_of(plain, stream(tiny_data)[start : start + 17], rope_scaling=scaling)
+                  for start in (0, 40)]
         first = rows[0]
-        assert first["nll"] == pytest.approx(sum(n for n, _ in by_doc) / sum(c for _, c in by_doc), rel=1e-6)
-        assert (first["rope_scaling"], first["rope_factor"]) == ((method, 2.0) if scaling else ("none", None))
+        assert first["nll"] == pytest.approx(sum(n for n, _ in by_doc) / sum(c for _, c in by_doc),
+                                             rel=1e-6)
+        assert (first["rope_scaling"],
+                first["rope_factor"]) == ((method, 2.0) if scaling else ("none", None))
         assert first["label"] == (f"rope + {method} s=2 from 8" if scaling else "rope")
     if method == "yarn":  # the original length matters: over block_size the numbers differ
         over_64, _ = nll_of(plain, stream(tiny_data)[:17], rope_scaling=RopeScaling("yarn", 2.0))
@@ -315,50 +348,64 @@ def test_a_checkpoint_with_a_scaling_is_evaluated_under_it_unless_told(tiny_data
 
 
 def test_one_command_compares_rules_and_interpolations(tiny_data, tmp_path, capsys):
-    """Rows are checkpoint x attention x scaling; pointless combinations are skipped and listed; each row's NLL is
-    the model's own under that rule, by hand."""
+    """Rows are checkpoint x attention x scaling; pointless combinations are skipped and listed;
+    each row's NLL is the model's own under that rule, by hand."""
     rope = make_checkpoint(tmp_path / "rope.pt", tiny_data, pos="rope")
     make_checkpoint(tmp_path / "alibi.pt", tiny_data, pos="alibi")
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    run("--ckpt", tmp_path / "rope.pt", "--ckpt", tmp_path / "alibi.pt", "--lengths", "8,32", "--max_len", 32,
-        "--attention", "causal,sliding,sinks", "--window", 6, "--sinks", 2, "--rope_scaling", "none,yarn",
-        "--json", out, "--plot", png)
+    run("--ckpt", tmp_path / "rope.pt", "--ckpt", tmp_path / "alibi.pt", "--lengths", "8,32",
+        "--max_len", 32, "--attention", "causal,sliding,sinks", "--window", 6, "--sinks", 2,
+        "--rope_scaling", "none,yarn", "--json", out, "--plot", png)
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
-    combos = [(Path(r["ckpt"]).stem, r["attention"], r["rope_scaling"]) for r in result["rows"] if r["length"] == 32]
-    assert combos == [("rope", "causal", "none"), ("rope", "causal", "yarn"), ("rope", "sliding", "none"),
-                      ("rope", "sinks", "none"), ("alibi", "causal", "none"), ("alibi", "sliding", "none"),
+    combos = [(Path(r["ckpt"]).stem, r["attention"], r["rope_scaling"]) for r in result["rows"]
+              if r["length"] == 32]
+    assert combos == [("rope", "causal", "none"), ("rope", "causal", "yarn"),
+                      ("rope", "sliding", "none"), ("rope", "sinks", "none"),
+                      ("alibi", "causal", "none"), ("alibi", "sliding", "none"),
                       ("alibi", "sinks", "none")]
     skipped = result["skipped"]
     assert len(skipped) == 5 and all(line in printed for line in skipped)
     assert sum("yarn is the identity under sliding" in line for line in skipped) == 1
-    assert sum("yarn rescales rotary angles, and pos=alibi has none" in line for line in skipped) == 3
-    row = {(Path(r["ckpt"]).stem, r["attention"], r["rope_scaling"], r["length"]): r for r in result["rows"]}
+    assert sum("yarn rescales rotary angles, and pos=alibi has none" in line
+               for line in skipped) == 3
+    row = {(Path(r["ckpt"]).stem, r["attention"], r["rope_scaling"], r["length"]): r
+           for r in result["rows"]}
     sinks = row["rope", "sinks", "none", 32]
-    assert (sinks["window"], sinks["sinks"], sinks["bca"], sinks["label"]) == (6, 2, False, "rope + sinks S=2 W=6")
+    assert ((sinks["window"], sinks["sinks"], sinks["bca"], sinks["label"])
+            == (6, 2, False, "rope + sinks S=2 W=6"))
     assert "| rope + sinks S=2 W=6 |" in printed and "| rope + yarn |" in printed
     tokens = stream(tiny_data)[:33]  # the lex protocol's one 32-token piece (the 40-token document)
-    for attention, scaling in ((AttentionRule("sinks", 6, 2), None), (AttentionRule("sliding", 6), None),
-                               ("causal", "yarn")):
+    for attention, scaling in ((AttentionRule("sinks", 6, 2), None),
+                               (AttentionRule("sliding", 6), None), ("causal", "yarn")):
         n, c = nll_of(rope, tokens, attention=attention, rope_scaling=scaling)
         key = ("rope", getattr(attention, "name", attention), scaling or "none", 32)
         assert row[key]["nll"] == pytest.approx(n / c, rel=1e-6) and row[key]["tokens"] == c
-    assert len({r["nll"] for r in result["rows"] if r["length"] == 32 and r["ckpt"].endswith("rope.pt")}) == 4
-    curves = {(Path(c["ckpt"]).stem, c["attention"], c["rope_scaling"], c["length"]) for c in result["curves"]}
+    assert len({r["nll"] for r in result["rows"] if r["length"] == 32
+                and r["ckpt"].endswith("rope.pt")}) == 4
+    curves = {(Path(c["ckpt"]).stem, c["attention"], c["rope_scaling"], c["length"])
+              for c in result["curves"]}
     assert set(row) == curves and png.stat().st_size > 1000
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--bca", "on", "--attention", "sliding"], "--bca on and --attention sliding both given: use --attention"),
-    (["--attention", "bca,window"], "--attention 'bca,window' is not allowed: must be one of auto, causal, bca"),
+    (["--bca", "on", "--attention", "sliding"],
+     "--bca on and --attention sliding both given: use --attention"),
+    (["--attention", "bca,window"],
+     "--attention 'bca,window' is not allowed: must be one of auto, causal, bca"),
     (["--window", 4], "--window 4 applies to --attention sliding or sinks only"),
     (["--attention", "sliding", "--sinks", 2], "--sinks 2 applies to --attention sinks only"),
     (["--attention", "sinks", "--sinks", 8], "sinks=8 is not allowed with window=8"),
-    (["--attention", "sliding", "--window", 0], "window=0 is not allowed: must be a positive integer"),
-    (["--rope_scaling", "linear"], "--rope_scaling 'linear' is not allowed: must be one of none, pi, ntk"),
-    (["--rope_scaling", "none,dynamic_ntk", "--rope_factor", 2], "--rope_factor 2.0 applies to --rope_scaling pi"),
-    (["--rope_scaling", "pi", "--rope_factor", -1], "rope_factor=-1.0 is not allowed: must be a finite number > 0"),
-    (["--rope_scaling", "yarn", "--rope_factor", "inf"], "rope_factor=inf is not allowed: must be a finite number"),
+    (["--attention", "sliding", "--window", 0],
+     "window=0 is not allowed: must be a positive integer"),
+    (["--rope_scaling", "linear"],
+     "--rope_scaling 'linear' is not allowed: must be one of none, pi, ntk"),
+    (["--rope_scaling", "none,dynamic_ntk", "--rope_factor", 2],
+     "--rope_factor 2.0 applies to --rope_scaling pi"),
+    (["--rope_scaling", "pi", "--rope_factor", -1],
+     "rope_factor=-1.0 is not allowed: must be a finite number > 0"),
+    (["--rope_scaling", "yarn", "--rope_factor", "inf"],
+     "rope_factor=inf is not allowed: must be a finite number"),
     (["--attention", "sinks", "--sinks", 0], "sinks=0 is not allowed: must be a positive integer"),
 ])
 def test_attention_flags_errors(tiny_data, tmp_path, monkeypatch, argv, message):
@@ -374,9 +421,10 @@ def test_plot_positions(tiny_data, tmp_path, capsys, monkeypatch):
     drawn = []
     real = eval_extrapolate.plot_positions
     monkeypatch.setattr(eval_extrapolate, "plot_positions", lambda *a: drawn.append(a) or real(*a))
-    run("--ckpt", tmp_path / "m.pt", "--lengths", "8,32", "--max_len", 32, "--bca", "both", "--plot_positions",
-        tmp_path / "pos")
-    assert f"wrote {tmp_path / 'pos.png'}" in capsys.readouterr().out and (tmp_path / "pos.png").stat().st_size > 1000
+    run("--ckpt", tmp_path / "m.pt", "--lengths", "8,32", "--max_len", 32, "--bca", "both",
+        "--plot_positions", tmp_path / "pos")
+    assert (f"wrote {tmp_path / 'pos.png'}" in capsys.readouterr().out
+            and (tmp_path / "pos.png").stat().st_size > 1000)
     rows, curves, block_sizes, _ = drawn[0]
     assert [len(c["mean_nll"]) for c in curves] == [8, 32, 8, 32] and block_sizes == {8}
     with pytest.raises(SystemExit) as e:
@@ -384,8 +432,10 @@ def test_plot_positions(tiny_data, tmp_path, capsys, monkeypatch):
     assert f"--plot_positions {tmp_path} is a directory" in str(e.value.code)
 
 
-def test_outputs_never_replace_a_file_that_is_not_an_earlier_output(tiny_data, tmp_path, monkeypatch, capsys):
-    """--json onto the checkpoint itself used to turn it into JSON, exit 0; an earlier output is replaced."""
+def test_outputs_never_replace_a_file_that_is_not_an_earlier_output(tiny_data, tmp_path,
+                                                                    monkeypatch, capsys):
+    """--json onto the checkpoint itself used to turn it into JSON, exit 0; an earlier
+    output is replaced."""
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     checkpoint = (tmp_path / "m.pt").read_bytes()
     (tmp_path / "mine.png").write_text("not a picture")
@@ -394,11 +444,13 @@ def test_outputs_never_replace_a_file_that_is_not_an_earlier_output(tiny_data, t
                              ("--plot_positions", "mine.png", "plot")):
         with pytest.raises(SystemExit) as e:
             run("--ckpt", tmp_path / "m.pt", "--lengths", "8", flag, tmp_path / path)
-        assert f"{flag} {tmp_path / path} exists and is not an earlier {kind} of lex-gpt" in str(e.value.code)
+        assert (f"{flag} {tmp_path / path} exists and is not an earlier {kind} of lex-gpt"
+                in str(e.value.code))
     assert (tmp_path / "m.pt").read_bytes() == checkpoint
     monkeypatch.undo()
     for _ in range(2):  # the second run replaces the first's outputs
-        run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--json", tmp_path / "r.json", "--plot", tmp_path / "r.png")
+        run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--json", tmp_path / "r.json",
+            "--plot", tmp_path / "r.png")
     assert json.loads((tmp_path / "r.json").read_text())["written_by"] == "lex-gpt"
 
 
@@ -412,15 +464,16 @@ def test_a_damaged_checkpoint_is_refused_before_scoring(tiny_data, tmp_path, mon
     assert "m.pt is damaged: the checksum of its model tensors does not match" in str(e.value.code)
 
 def test_ctrl_c_is_one_line(tiny_data, tmp_path, monkeypatch, capsys):
-    """Ctrl-C mid-evaluation printed a KeyboardInterrupt traceback of 46 lines: one line saying that nothing was
-    written, exit status 130 (the real signal: tests/hostile.py)."""
+    """Ctrl-C mid-evaluation printed a KeyboardInterrupt traceback of 46 lines: one line saying that
+    nothing was written, exit status 130 (the real signal: tests/hostile.py)."""
     import signal
     make_checkpoint(tmp_path / "m.pt", tiny_data)
 
     def interrupted(*args):
         raise KeyboardInterrupt
     monkeypatch.setattr(eval_extrapolate, "score", interrupted)
-    handler = signal.getsignal(signal.SIGINT)  # exit_interrupted ignores a second Ctrl-C: pytest's comes back
+    # exit_interrupted ignores a second Ctrl-C: pytest's comes back
+    handler = signal.getsignal(signal.SIGINT)
     try:
         run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--json", tmp_path / "r.json")
     except BaseException as e:  # noqa: B036 -- a KeyboardInterrupt escaping would stop pytest itself
@@ -428,14 +481,15 @@ def test_ctrl_c_is_one_line(tiny_data, tmp_path, monkeypatch, capsys):
     finally:
         signal.signal(signal.SIGINT, handler)
     assert isinstance(raised, SystemExit) and raised.code == 130
-    assert capsys.readouterr().err == ("eval_extrapolate.py: interrupted (Ctrl-C): nothing was written (the table, "
-                                       "--json and the plots come once every row is measured); run the command "
-                                       "again\n")
+    assert capsys.readouterr().err == ("eval_extrapolate.py: interrupted (Ctrl-C): nothing was "
+                                       "written (the table, --json and the plots come once every "
+                                       "row is measured); run the command again\n")
     assert not (tmp_path / "r.json").exists()
 
 
 def steep_xpos_checkpoint(path, data_dir, scale_base=4.0):
-    """A block_size-8 xPos checkpoint with scale_base = l/2, the study's ratio (the issue's attack used 32 at l = 64)."""
+    """A block_size-8 xPos checkpoint with scale_base = l/2, the study's ratio (the issue's attack
+    used 32 at l = 64)."""
     make_checkpoint(path, data_dir, pos="xpos", block_size=8)
     ckpt = torch.load(path, weights_only=True)
     ckpt["model_args"]["xpos_scale_base"] = scale_base
@@ -443,16 +497,21 @@ def steep_xpos_checkpoint(path, data_dir, scale_base=4.0):
 
 
 def test_xpos_without_bca_scores_finite_far_past_float32s_range(tmp_path):
-    """The issue's command: --bca off at 256 and 512 x block_size, where one factor over the sequence would be 3.5^256
-    and 3.5^512 (float32 holds 3.5^70): both rows finite, and close to each other (the same model, more context)."""
+    """The issue's command: --bca off at 256 and 512 x block_size, where one factor over the
+    sequence would be 3.5^256 and 3.5^512 (float32 holds 3.5^70): both rows finite, and close to
+    each other (the same model, more context)."""
     from lexgpt.dataset_writer import write_dataset
     rng = np.random.default_rng(0)
     val, train = (rng.integers(0, len(CHARS), n).astype(np.uint16) for n in (4200, 500))
-    write_dataset(tmp_path / "d", {"train": (train, [[0, 500]], ["train"]), "val": (val, [[0, 4200]], ["v"])},
-                  dict(tokenizer="char", vocab_size=len(CHARS), dtype="uint16", chars=CHARS, eot_token=None))
+    write_dataset(tmp_path / "d", {"train": (train, [[0, 500]], ["train"]),
+                                   "val": (val, [[0, 4200]], ["v"])},
+                  dict(tokenizer="char", vocab_size=len(CHARS), dtype="uint16", chars=CHARS,
+                       eot_token=None))
     steep_xpos_checkpoint(tmp_path / "m.pt", tmp_path / "d")
-    rows = run("--ckpt", tmp_path / "m.pt", "--bca", "off", "--lengths", "2048,4096", "--protocol", "chunks")
-    assert [r["length"] for r in rows] == [2048, 4096] and all(math.isfinite(r["ppl"]) for r in rows)
+    rows = run("--ckpt", tmp_path / "m.pt", "--bca", "off", "--lengths", "2048,4096",
+               "--protocol", "chunks")
+    assert ([r["length"] for r in rows] == [2048, 4096]
+            and all(math.isfinite(r["ppl"]) for r in rows))
     assert abs(rows[0]["nll"] - rows[1]["nll"]) < 0.05
 
 
@@ -462,13 +521,15 @@ def test_xpos_without_bca_scores_finite_far_past_float32s_range(tmp_path):
 ])
 @pytest.mark.slow
 def test_a_huge_length_is_refused_in_bounded_memory(tiny_data, tmp_path, script, argv):
-    """A length far past every document: one line, under an address-space limit of 2.5 GB (the learned-positions
-    check built the whole position table first: 6.4 GB at 10^8 tokens, a MemoryError; issue 33, finding 19)."""
+    """A length far past every document: one line, under an address-space limit of 2.5 GB (the
+    learned-positions check built the whole position table first: 6.4 GB at 10^8 tokens, a
+    MemoryError; issue 33, finding 19)."""
     import resource
     make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope")
-    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (2_500_000_000, 2_500_000_000))
-    done = subprocess.run([sys.executable, str(ROOT / script), "--ckpt", str(tmp_path / "m.pt"), "--data_dir",
-                           str(tiny_data), "--device", "cpu", *argv], capture_output=True, text=True,
-                          preexec_fn=limit)
+    def limit():
+        return resource.setrlimit(resource.RLIMIT_AS, (2_500_000_000, 2_500_000_000))
+    done = subprocess.run([sys.executable, str(ROOT / script), "--ckpt", str(tmp_path / "m.pt"),
+                           "--data_dir", str(tiny_data), "--device", "cpu", *argv],
+                          capture_output=True, text=True, preexec_fn=limit)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-500:]
     assert "error: no validation" in done.stderr and len(done.stderr.strip().splitlines()) == 1

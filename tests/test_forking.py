@@ -1,6 +1,6 @@
-"""docs/forking.md cannot drift: every definition its tables name exists in the file named beside it, and its
-worked example (a patch adding partial RoPE) applies to a clean copy of the repository, whose new scheme then
-rotates exactly as its formula says and trains."""
+"""docs/forking.md cannot drift: every definition its tables name exists in the file named beside
+it, and its worked example (a patch adding partial RoPE) applies to a clean copy of the repository,
+whose new scheme then rotates exactly as its formula says and trains."""
 
 import ast
 import math
@@ -24,7 +24,8 @@ def defined(path: Path) -> set[str]:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             names.add(node.name)
             if isinstance(node, ast.ClassDef):
-                names |= {f"{node.name}.{n.name}" for n in node.body if isinstance(n, ast.FunctionDef)}
+                names |= {f"{node.name}.{n.name}" for n in node.body
+                          if isinstance(n, ast.FunctionDef)}
         targets = node.targets if isinstance(node, ast.Assign) else []
         names |= {t.id for t in targets if isinstance(t, ast.Name)}
     return names
@@ -63,11 +64,14 @@ def patched(tmp_path_factory):
 def test_the_worked_example_applies_rotates_as_its_formula_and_trains(patched, tmp_path):
     # The patched model's plan, against GPT-NeoX's partial rotary by hand: pairs j < d/4 turn by
     # m * base^(-2j/(d/2)), the others not at all.
-    code = ("import sys, torch; sys.path.insert(0, '.'); from model import GPTConfig, AttentionPlan\n"
-            "c = GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=32, pos='prope')\n"
+    code = ("import sys, torch; sys.path.insert(0, '.'); from model import GPTConfig, "
+            "AttentionPlan\n"
+            "c = GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=32, "
+            "pos='prope')\n"
             "p = AttentionPlan(c, 16); torch.save(p.rotation, sys.argv[1])")
     out = tmp_path / "rotation.pt"
-    subprocess.run([sys.executable, "-c", code, str(out)], cwd=patched, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-c", code, str(out)], cwd=patched, check=True,
+                   capture_output=True)
     rotation = torch.load(out)  # (frame, d/2, 2): cos, sin of each pair's angle
     d = 16
     for m in range(16):
@@ -80,8 +84,8 @@ def test_the_worked_example_applies_rotates_as_its_formula_and_trains(patched, t
     data = words_dataset(tmp_path)
     train = [sys.executable, "train.py", f"--data_dir={data}", f"--out_dir={tmp_path / 'out'}",
              "--pos=prope", "--block_size=16", "--n_layer=1", "--n_head=2", "--n_embd=32",
-             "--batch_size=4", "--max_iters=4", "--eval_interval=4", "--eval_iters=1", "--device=cpu",
-             "--dtype=float32", "--compile=False"]
+             "--batch_size=4", "--max_iters=4", "--eval_interval=4", "--eval_iters=1",
+             "--device=cpu", "--dtype=float32", "--compile=False"]
     done = subprocess.run(train, cwd=patched, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     evaluate = [sys.executable, "eval_extrapolate.py", "--ckpt", str(tmp_path / "out" / "ckpt.pt"),
@@ -90,4 +94,5 @@ def test_the_worked_example_applies_rotates_as_its_formula_and_trains(patched, t
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     # the unpatched repository refuses the scheme, in one line
     done = subprocess.run(train, cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 1 and "prope" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert (done.returncode == 1 and "prope" in done.stderr
+            and len(done.stderr.strip().splitlines()) == 1)

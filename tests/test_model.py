@@ -1,4 +1,5 @@
-"""Tests for model.py: xPos against the paper's formula, BCA against its closed form, causality, cached decoding."""
+"""Tests for model.py: xPos against the paper's formula, BCA against its closed form,
+causality, cached decoding."""
 
 import math
 import warnings
@@ -12,10 +13,11 @@ import alternatives
 import model
 import read_path
 import resolution
-from model import GPT, GPTConfig, POSITION_SCHEMES, AttentionPlan, alibi_slopes
+from model import GPT, POSITION_SCHEMES, AttentionPlan, GPTConfig, alibi_slopes
 
 torch.set_num_threads(2)
-RELATIVE_OR_NONE = ("sinusoidal", "rope", "alibi", "xpos", "none")  # every scheme that may run past block_size
+# every scheme that may run past block_size
+RELATIVE_OR_NONE = ("sinusoidal", "rope", "alibi", "xpos", "none")
 
 
 def tiny(pos, **kw):
@@ -29,23 +31,27 @@ def tokens(T, vocab=23, seed=1, batch=2):
     return torch.randint(0, vocab, (batch, T), generator=torch.Generator().manual_seed(seed))
 
 
-# --- xPos -------------------------------------------------------------------------------------------------------
+# --- xPos -----------------------------------------------------------------------------------------
 
 
 def factors(plan, queries, keys):
-    """The plan's factors of q at `queries` and k at `keys`, (n, d/2, 2): what its rotation makes of the pair 1 + 0i."""
+    """The plan's factors of q at `queries` and k at `keys`, (n, d/2, 2): what its rotation makes
+    of the pair 1 + 0i."""
     d = 2 * plan.rotation.size(1)
-    ones = lambda n: torch.zeros(n, d).index_fill_(1, torch.arange(0, d, 2), 1.0)
+    def ones(n):
+        return torch.zeros(n, d).index_fill_(1, torch.arange(0, d, 2), 1.0)
     q, k = plan.rotate(ones(len(queries)), ones(len(keys)), queries, keys)
     return q.unflatten(-1, (-1, 2)), k.unflatten(-1, (-1, 2))
 
 
 def positioned(q, k, q_pos, k_pos, cfg):
-    """q at the positions q_pos and k at k_pos (ranges), times model.py's AttentionPlan factors (Algorithm 1's pairs
-    as complex numbers)."""
+    """q at the positions q_pos and k at k_pos (ranges), times model.py's AttentionPlan factors
+    (Algorithm 1's pairs as complex numbers)."""
     table = AttentionPlan(cfg, max(q_pos.stop, k_pos.stop), "causal")
-    pairs = lambda x: torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-    turn = lambda x, f: torch.view_as_real(pairs(x) * torch.view_as_complex(f)).flatten(-2)  # f: (T, d/2, 2)
+    def pairs(x):
+        return torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    def turn(x, f):  # f: (T, d/2, 2)
+        return torch.view_as_real(pairs(x) * torch.view_as_complex(f)).flatten(-2)
     q_factor, k_factor = factors(table, q_pos, k_pos)
     return turn(q, q_factor), turn(k, k_factor)
 
@@ -64,7 +70,8 @@ def test_xpos_without_decay_is_rope_exactly():
     # and the decay really is on by default: the same q, k score differently at a distance
     torch.manual_seed(0)
     q, k, pos = torch.randn(1, 1, 600, 16), torch.randn(1, 1, 600, 16), range(600)
-    assert not torch.allclose(scores(q, k, pos, pos, pos="rope"), scores(q, k, pos, pos, pos="xpos"), atol=1e-2)
+    assert not torch.allclose(scores(q, k, pos, pos, pos="rope"),
+                              scores(q, k, pos, pos, pos="xpos"), atol=1e-2)
 
 
 @pytest.mark.parametrize("rotate", [True, False])
@@ -74,19 +81,24 @@ def test_xpos_scores_depend_only_on_distance(rotate):
     pos, far = range(40), range(1000, 1040)
     base = scores(q, k, pos, pos, pos="xpos", xpos_rotate=rotate)
     shifted = scores(q, k, far, far, pos="xpos", xpos_rotate=rotate)
-    torch.testing.assert_close(shifted, base, rtol=1e-3, atol=1e-3)  # float32 angles at 1000 rad: ~1e-4 off
-    # a different total length moves the scale's centre; the scores of the shared prefix must not move
+    # float32 angles at 1000 rad: ~1e-4 off
+    torch.testing.assert_close(shifted, base, rtol=1e-3, atol=1e-3)
+    # a different total length moves the scale's centre; the scores of the shared
+    # prefix must not move
     longer = scores(torch.cat([q, q], 2), torch.cat([k, k], 2), range(80), range(80), pos="xpos",
                     xpos_rotate=rotate)
     torch.testing.assert_close(longer[..., :40, :40], base, rtol=1e-4, atol=1e-4)
     # and a query/key pair at distance 5 scores the same wherever it sits
     one_q, one_k = q[:, :, :1], k[:, :, :1]
-    at = lambda m, n: scores(one_q, one_k, range(m, m + 1), range(n, n + 1), pos="xpos", xpos_rotate=rotate)
+    def at(m, n):
+        return scores(one_q, one_k, range(m, m + 1), range(n, n + 1), pos="xpos",
+                      xpos_rotate=rotate)
     torch.testing.assert_close(at(7, 2), at(3007, 3002), rtol=1e-4, atol=1e-4)
 
 
 def complex_reference(q, k, m, n, gamma=0.4, scale_base=512.0, rotate=True):
-    """Paper §3.2 in complex numbers, float64: <q e^(xi m + i theta m), k e^(-xi n - i theta n)> with zeta^(1/512)."""
+    """Paper §3.2 in complex numbers, float64: <q e^(xi m + i theta m), k e^(-xi n - i theta n)>
+    with zeta^(1/512)."""
     d = q.size(-1)
     i = torch.arange(d // 2, dtype=torch.float64)
     theta = 1.0 / 10000 ** (2 * i / d) if rotate else torch.zeros(d // 2, dtype=torch.float64)
@@ -103,7 +115,8 @@ def test_xpos_matches_complex_reference(rotate):
     torch.manual_seed(0)
     d, T = 64, 300
     q, k = torch.randn(T, d), torch.randn(T, d)
-    got = scores(q[None, None], k[None, None], range(T), range(T), pos="xpos", xpos_rotate=rotate)[0, 0]
+    got = scores(q[None, None], k[None, None], range(T), range(T), pos="xpos",
+                 xpos_rotate=rotate)[0, 0]
     for m, n in [(0, 0), (5, 0), (299, 0), (299, 298), (150, 17), (42, 42)]:
         want = complex_reference(q[m], k[n], m, n, rotate=rotate)
         assert abs(got[m, n].item() - want.item()) < 1e-4 * (1 + abs(want.item())), (m, n)
@@ -123,17 +136,22 @@ def test_rope_rotation_matches_complex_multiplication():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pos, attention", [("xpos", "causal"), ("xpos", "bca"), ("rope", "sliding")])
+@pytest.mark.parametrize("pos, attention", [("xpos", "causal"), ("xpos", "bca"),
+                                            ("rope", "sliding")])
 def test_compiled_rotation_is_real_arithmetic_and_equals_eager(pos, attention):
-    """Under torch.compile the graph holds no complex tensor, neither the table nor q and k (Inductor generates no code
-    for complex operations and leaves them to eager kernels), and the compiled loss and gradients equal eager ones."""
-    torch._dynamo.reset()  # compiled GPT.forward of other tests count towards dynamo's recompile limit
+    """Under torch.compile the graph holds no complex tensor, neither the table nor q and k
+    (Inductor generates no code for complex operations and leaves them to eager kernels), and the
+    compiled loss and gradients equal eager ones."""
+    # compiled GPT.forward of other tests count towards dynamo's recompile limit
+    torch._dynamo.reset()
     graphs = []
-    def record(gm, example_inputs):  # a dynamo backend that keeps the traced graph and runs it as traced
+    # a dynamo backend that keeps the traced graph and runs it as traced
+    def record(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
     m, x = tiny(pos), tokens(24)
-    torch.compile(m, backend=record)(x, x, attention=attention)  # BCA's CausalBias mask breaks the graph, once
+    # BCA's CausalBias mask breaks the graph, once
+    torch.compile(m, backend=record)(x, x, attention=attention)
     values = [n.meta.get("example_value") for g in graphs for n in g.graph.nodes]
     assert graphs and not [v for v in values if isinstance(v, torch.Tensor) and v.is_complex()]
     losses, grads = [], []
@@ -153,16 +171,19 @@ def test_compiled_rotation_is_real_arithmetic_and_equals_eager(pos, attention):
 
 @pytest.mark.slow
 def test_compiled_passes_through_xpos_spans_and_the_kv_cache_equal_eager():
-    """torch.compile where attend meets many ranges of positions: xPos's float16 spans (a scale base of 2 makes a
-    span 17 queries) under causal attention, BCA and sinks, and decoding through the KV cache a token at a time.
-    Dynamo compiles attend on its own at several ranges there; each pass must run and equal the eager one."""
+    """torch.compile where attend meets many ranges of positions: xPos's float16 spans (a scale base
+    of 2 makes a span 17 queries) under causal attention, BCA and sinks, and decoding through the KV
+    cache a token at a time. Dynamo compiles attend on its own at several ranges there; each pass
+    must run and equal the eager one."""
     torch._dynamo.reset()
     m, x = tiny("xpos", block_size=32, xpos_scale_base=2.0), tokens(75)
-    assert AttentionPlan(m.config, 75, "causal").span < 75 and AttentionPlan(m.config, 75, "bca").span < 32
+    assert (AttentionPlan(m.config, 75, "causal").span < 75
+            and AttentionPlan(m.config, 75, "bca").span < 32)
     compiled = torch.compile(m, backend="aot_eager")
     with torch.no_grad():
         for rule in ("causal", "bca", model.AttentionRule("sinks", 24, 3)):
-            torch.testing.assert_close(compiled(x, x, attention=rule)[0], m(x, x, attention=rule)[0])
+            torch.testing.assert_close(compiled(x, x, attention=rule)[0],
+                                       m(x, x, attention=rule)[0])
         want = m(x, x)[0]
         cache = m.new_cache(75)
         got = [compiled(x[:, :20], x[:, :20], cache=cache)[0]]
@@ -170,17 +191,18 @@ def test_compiled_passes_through_xpos_spans_and_the_kv_cache_equal_eager():
     torch.testing.assert_close(torch.cat(got, dim=1), want, rtol=1e-5, atol=1e-5)
 
 
-# --- attention rules: bca, sliding, sinks -------------------------------------------------------------------------
-# Each rule is written out here from its definition (the paper §3.3 for BCA, StreamingLLM for sinks): which keys query
-# t sees, and at what distance a relative scheme sees each of them. The model must match a brute-force T x T
-# attention built from that alone.
+# --- attention rules: bca, sliding, sinks ---------------------------------------------------------
+# Each rule is written out here from its definition (the paper §3.3 for BCA, StreamingLLM for
+# sinks): which keys query t sees, and at what distance a relative scheme sees each of them. The
+# model must match a brute-force T x T attention built from that alone.
 
 SINKS_6_2 = model.AttentionRule("sinks", window=6, sinks=2)
 SLIDING_5 = model.AttentionRule("sliding", window=5)
 
 
 def rule_table(rule, T, block_size=8):
-    """(visible, distance), both T x T, for `rule` (a name or an AttentionRule) written from its definition."""
+    """(visible, distance), both T x T, for `rule` (a name or an AttentionRule) written
+    from its definition."""
     rule = rule if isinstance(rule, model.AttentionRule) else model.AttentionRule(rule)
     W, S, H = rule.window or block_size, rule.sinks, block_size // 2
     t, n = torch.arange(T)[:, None], torch.arange(T)[None, :]
@@ -192,20 +214,23 @@ def rule_table(rule, T, block_size=8):
         return past & (n >= ((t // H - 1) * H).clamp(min=0)), distance
     if rule.name == "sliding":
         return past & (t - n < W), distance
-    # sinks: the first S tokens and the W-S most recent; the query stands at min(t, W-1) as seen from the sinks
+    # sinks: the first S tokens and the W-S most recent; the query stands at min(t, W-1)
+    # as seen from the sinks
     sink = n < S
     return past & (sink | (t - n < W - S)), torch.where(sink, t.clamp(max=W - 1) - n, distance)
 
 
 def reference_scores(q, k, distance, config, theta=None, sharpen=1.0):
-    """Pre-softmax scores from the schemes' formulas at the given distances, float64: RoPE/xPos as complex numbers
-    (pair j of q times conj(k) times e^(i*D*theta_j) * zeta_j^(D/scale_base)), ALiBi's bias -slope*D, else q.k."""
+    """Pre-softmax scores from the schemes' formulas at the given distances, float64: RoPE/xPos as
+    complex numbers (pair j of q times conj(k) times e^(i*D*theta_j) * zeta_j^(D/scale_base)),
+    ALiBi's bias -slope*D, else q.k."""
     d = q.size(-1)
     j = torch.arange(d // 2, dtype=torch.float64)
     D = distance.double()
     if config.pos in ("rope", "xpos"):
         theta = 1.0 / config.rope_base ** (2 * j / d) if theta is None else theta.double()
-        zeta = (2 * j + config.xpos_gamma * d) / ((1 + config.xpos_gamma) * d) if config.pos == "xpos" else j * 0 + 1
+        zeta = ((2 * j + config.xpos_gamma * d) / ((1 + config.xpos_gamma) * d)
+                if config.pos == "xpos" else j * 0 + 1)
         qc = torch.complex(q[..., 0::2].double(), q[..., 1::2].double())
         kc = torch.complex(k[..., 0::2].double(), k[..., 1::2].double())
         rel = torch.exp(1j * D[..., None] * theta) * zeta ** (D[..., None] / config.xpos_scale_base)
@@ -222,9 +247,11 @@ def brute_force_attention(rule, **reference):
     """A CausalSelfAttention.forward that attends through the T x T reference above."""
     def forward(self, x, table, cache=None):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).view(B, T, 3, self.config.n_head, C // self.config.n_head).permute(2, 0, 3, 1, 4)
+        q, k, v = self.c_attn(x).view(B, T, 3, self.config.n_head,
+                                      C // self.config.n_head).permute(2, 0, 3, 1, 4)
         visible, distance = rule_table(rule, T, self.config.block_size)
-        s = reference_scores(q, k, distance, self.config, **reference).masked_fill(~visible, float("-inf"))
+        s = reference_scores(q, k, distance, self.config, **reference).masked_fill(~visible,
+                                                                                   float("-inf"))
         y = (torch.softmax(s, dim=-1) @ v.double()).float()
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
     return forward
@@ -236,10 +263,11 @@ def test_every_rule_is_plain_causal_up_to_its_first_block(pos):
     for rule, T_max in (("bca", 8), ("sliding", 8), ("sinks", 8), (SLIDING_5, 5), (SINKS_6_2, 6)):
         for T in (1, 3, T_max):
             idx = tokens(T)
-            torch.testing.assert_close(m(idx, idx, attention=rule)[0], m(idx, idx, attention="causal")[0],
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(m(idx, idx, attention=rule)[0],
+                                       m(idx, idx, attention="causal")[0], rtol=1e-5, atol=1e-5)
     idx = tokens(8)
-    assert torch.equal(m(idx, idx)[0], m(idx, idx, attention="causal")[0])  # auto is causal at T = block_size
+    # auto is causal at T = block_size
+    assert torch.equal(m(idx, idx)[0], m(idx, idx, attention="causal")[0])
 
 
 @pytest.mark.parametrize("pos", RELATIVE_OR_NONE)
@@ -248,14 +276,16 @@ def test_rules_match_a_brute_force_mask(pos, rule, monkeypatch):
     m = tiny(pos)
     idx = tokens(5 * 4 + 3)  # not a multiple of any block here (4, 5, 6, 8)
     fast = m(idx, idx, attention=rule)[0]  # None: auto, BCA at T > block_size
-    assert (fast - m(idx, idx, attention="causal")[0]).abs().max() > 1e-4  # the rule changes something
+    # the rule changes something
+    assert (fast - m(idx, idx, attention="causal")[0]).abs().max() > 1e-4
     monkeypatch.setattr(model.CausalSelfAttention, "forward", brute_force_attention(rule or "bca"))
     torch.testing.assert_close(fast, m(idx, idx)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("rule", [SLIDING_5, SINKS_6_2])
 def test_rules_match_a_brute_force_mask_for_learned_positions(rule, monkeypatch):
-    """learned stops at block_size = 8, so its windows must be shorter than that to change anything."""
+    """learned stops at block_size = 8, so its windows must be shorter than that
+    to change anything."""
     m = tiny("learned")
     idx = tokens(8)
     fast = m(idx, idx, attention=rule)[0]
@@ -291,8 +321,8 @@ def test_rule_reach_in_one_layer(pos, rule):
 
 @pytest.mark.parametrize("pos", RELATIVE_OR_NONE)
 def test_bca_reach_through_the_layers_is_bounded_exactly(pos):
-    """Information moves back at most one segment per layer under BCA: a token before (t//H - n_layer)*H cannot
-    change the logits at t, bitwise; the token at that edge does."""
+    """Information moves back at most one segment per layer under BCA: a token before (t//H -
+    n_layer)*H cannot change the logits at t, bitwise; the token at that edge does."""
     m = tiny(pos, n_layer=3)  # H = 4
     with torch.no_grad():  # a trained model's attention passes more on than one at initialisation
         for block in m.transformer.h:
@@ -310,9 +340,9 @@ def test_bca_reach_through_the_layers_is_bounded_exactly(pos):
 
 @pytest.mark.parametrize("pos", ("rope", "xpos", "none"))
 def test_bca_scores_a_sequence_the_same_alone_or_in_a_batch(pos):
-    """Each row of a batch gets the logits it gets alone, bitwise, under BCA: a torchrun evaluation, a document a
-    rank, then equals one process's (tests/test_eval_extrapolate.py). Fails on some CPUs (AVX-512) where q is
-    strided at batch 1 alone."""
+    """Each row of a batch gets the logits it gets alone, bitwise, under BCA: a torchrun evaluation,
+    a document a rank, then equals one process's (tests/test_eval_extrapolate.py). Fails on some
+    CPUs (AVX-512) where q is strided at batch 1 alone."""
     m = tiny(pos)
     for seed in range(12):
         for T in (16, 27, 40):
@@ -334,7 +364,8 @@ def test_windows_never_build_a_t_by_t_matrix(rule, most_keys, monkeypatch):
         seen.append(k.size(-2))
         return sdpa(q, k, v, **kw)
 
-    def sinks_spy(q, k, v, table, queries, keys, sink_kv):  # the sinks' own softmax: the window's keys and the sinks
+    # the sinks' own softmax: the window's keys and the sinks
+    def sinks_spy(q, k, v, table, queries, keys, sink_kv):
         seen.append(k.size(-2) + sink_kv[0].size(-2))
         return with_sinks(q, k, v, table, queries, keys, sink_kv)
 
@@ -355,11 +386,13 @@ def test_a_window_longer_than_the_sequence_costs_only_the_sequence():
     cache = m.new_cache(10, huge)
     m(tokens(3), cache=cache)
     assert cache[0].k.size(2) == 10 and AttentionPlan(m.config, 10, huge).frame == 10
-    torch.testing.assert_close(m(tokens(10), attention=huge)[0], m(tokens(10), attention="causal")[0])
+    torch.testing.assert_close(m(tokens(10), attention=huge)[0],
+                               m(tokens(10), attention="causal")[0])
 
 
 def test_attention_rule_errors():
-    with pytest.raises(ValueError, match="attention='window' is not allowed: must be one of auto, causal, bca"):
+    with pytest.raises(ValueError,
+                       match="attention='window' is not allowed: must be one of auto, causal, bca"):
         tiny("xpos")(tokens(4), attention="window")
     with pytest.raises(ValueError, match="window=0 is not allowed"):
         model.AttentionRule("sliding", 0)
@@ -369,7 +402,7 @@ def test_attention_rule_errors():
         tiny("xpos")(tokens(4), attention=True)
 
 
-# --- RoPE interpolation: PI, NTK, dynamic NTK, YaRN ------------------------------------------------------------------
+# --- RoPE interpolation: PI, NTK, dynamic NTK, YaRN -----------------------------------------------
 # Each method's theta'_j written out here from its paper's formula, independently of model.py.
 
 
@@ -380,9 +413,11 @@ def paper_theta(method, s, d=64, base=10000.0, l=1024):
         return theta / s
     if method in ("ntk", "dynamic_ntk"):  # base -> base * s^(d/(d-2))
         return (base * s ** (d / (d - 2))) ** (-2 * j / d)
-    # YaRN as the official jquesnelle/yarn and Hugging Face compute it (find_correction_range, linear_ramp_mask): a
-    # ramp linear in the pair index between the pairs where the turns over l are beta = 32 and alpha = 1, rounded out
-    dim = lambda rotations: d * math.log(l / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    # YaRN as the official jquesnelle/yarn and Hugging Face compute it (find_correction_range,
+    # linear_ramp_mask): a ramp linear in the pair index between the pairs where the turns over l
+    # are beta = 32 and alpha = 1, rounded out
+    def dim(rotations):
+        return d * math.log(l / (rotations * 2 * math.pi)) / (2 * math.log(base))
     low, high = max(math.floor(dim(32)), 0), min(math.ceil(dim(1)), d - 1)
     high = high + 0.001 if low == high else high
     extrapolate = 1 - ((j - low) / (high - low)).clamp(0, 1)
@@ -393,7 +428,8 @@ SCALINGS = ("pi", "ntk", "dynamic_ntk", "yarn")
 
 
 def sharpened(m):
-    """Sharper attention than at initialisation, as after training, so that positions matter more."""
+    """Sharper attention than at initialisation, as after training, so that
+    positions matter more."""
     with torch.no_grad():
         for block in m.transformer.h:
             block.attn.c_attn.weight.mul_(4)
@@ -405,9 +441,11 @@ BIG = dict(block_size=1024, n_head=1, n_embd=64, pos="rope")
 def test_interpolated_frequencies_match_the_papers_formulas(method):
     cfg = GPTConfig(**BIG)
     for s in (1.5, 4.0, 32.0):
-        theta, _ = alternatives.interpolate(AttentionPlan(cfg, 1).theta, model.RopeScaling(method), s, 1024)
+        theta, _ = alternatives.interpolate(AttentionPlan(cfg, 1).theta, model.RopeScaling(method),
+                                            s, 1024)
         torch.testing.assert_close(theta.double(), paper_theta(method, s), rtol=1e-6, atol=0)
-    if method == "yarn":  # the three regimes are all there at these defaults: kept, ramped, interpolated
+    # the three regimes are all there at these defaults: kept, ramped, interpolated
+    if method == "yarn":
         theta, s = paper_theta("none", 1), 4.0
         kept = paper_theta("yarn", s) == theta
         interpolated = torch.isclose(paper_theta("yarn", s), theta / s, rtol=1e-12, atol=0)
@@ -416,20 +454,23 @@ def test_interpolated_frequencies_match_the_papers_formulas(method):
 
 @pytest.mark.parametrize("l, d", [(128, 32), (64, 16), (1024, 64), (4096, 128), (16, 8), (32, 2)])
 def test_yarn_follows_the_official_ramp_at_the_studys_shapes(l, d):
-    """At the study's l = 128, d = 32 the official ramp keeps the fastest pair wholly unscaled (the paper's
-    continuous ramp in r_j would keep 0.625 of it); every shape against the official formula, written out above."""
+    """At the study's l = 128, d = 32 the official ramp keeps the fastest pair wholly unscaled (the
+    paper's continuous ramp in r_j would keep 0.625 of it); every shape against the official
+    formula, written out above."""
     for s in (2.0, 16.0):
         cfg = GPTConfig(block_size=l, n_head=1, n_embd=d, pos="rope")
-        theta, sharpen = alternatives.interpolate(AttentionPlan(cfg, 1).theta, model.RopeScaling("yarn"), s, l)
-        torch.testing.assert_close(theta.double(), paper_theta("yarn", s, d=d, l=l), rtol=1e-6, atol=0)
+        theta, sharpen = alternatives.interpolate(AttentionPlan(cfg, 1).theta,
+                                                  model.RopeScaling("yarn"), s, l)
+        torch.testing.assert_close(theta.double(), paper_theta("yarn", s, d=d, l=l), rtol=1e-6,
+                                   atol=0)
         assert sharpen == pytest.approx(0.1 * math.log(s) + 1)
         assert theta[0] == 1.0  # the fastest pair is kept
 
 
 @pytest.mark.parametrize("method", SCALINGS)
 def test_the_pass_uses_the_factor_of_its_length(method):
-    """s = T / block_size under causal attention (or the given factor): the table's angles are position * theta'_j,
-    and YaRN's factors have modulus 0.1 ln s + 1 on q and k alike."""
+    """s = T / block_size under causal attention (or the given factor): the table's angles are
+    position * theta'_j, and YaRN's factors have modulus 0.1 ln s + 1 on q and k alike."""
     m = GPT(GPTConfig(**BIG, vocab_size=7, n_layer=1))
     for T, factor in ((4096, None), (2000, None), (1500, 3.0)):
         scaling = model.RopeScaling(method, factor if method != "dynamic_ntk" else None)
@@ -439,7 +480,8 @@ def test_the_pass_uses_the_factor_of_its_length(method):
         q_factor, k_factor = (torch.view_as_complex(f) for f in factors(table, range(T), range(T)))
         got = q_factor.angle().double()
         torch.testing.assert_close(torch.remainder(got - angle + math.pi, 2 * math.pi) - math.pi,
-                                   torch.zeros_like(angle), rtol=0, atol=2e-3)  # float32 angles up to 4096 rad
+                                   # float32 angles up to 4096 rad
+                                   torch.zeros_like(angle), rtol=0, atol=2e-3)
         modulus = 0.1 * math.log(s) + 1 if method == "yarn" else 1.0
         torch.testing.assert_close(q_factor.abs(), torch.full_like(q_factor.abs(), modulus))
         torch.testing.assert_close(k_factor.abs(), torch.full_like(k_factor.abs(), modulus))
@@ -463,30 +505,36 @@ def test_every_method_is_the_identity_at_s_at_most_one(method, pos):
 
 
 @pytest.mark.parametrize("pos", ["rope", "xpos"])
-@pytest.mark.parametrize("method, factor", [("pi", 2.5), ("ntk", None), ("yarn", None), ("yarn", 3.0)])
-@pytest.mark.parametrize("rule", ["causal", model.AttentionRule("sliding", 12), model.AttentionRule("sinks", 12, 3)])
+@pytest.mark.parametrize("method, factor", [("pi", 2.5), ("ntk", None), ("yarn", None),
+                                            ("yarn", 3.0)])
+@pytest.mark.parametrize("rule", ["causal", model.AttentionRule("sliding", 12),
+                                  model.AttentionRule("sinks", 12, 3)])
 def test_interpolated_model_matches_the_brute_force(pos, method, factor, rule, monkeypatch):
-    """Under causal attention s = T / block_size; under a window of W > block_size, s = W / block_size."""
+    """Under causal attention s = T / block_size; under a window of W > block_size,
+    s = W / block_size."""
     m = sharpened(tiny(pos, block_size=8, n_embd=32))  # head_dim 16
     T = 23
     scaling = model.RopeScaling(method, factor)
     fast = m(tokens(T), tokens(T), attention=rule, rope_scaling=scaling)[0]
-    assert (fast - m(tokens(T), tokens(T), attention=rule)[0]).abs().max() > 1e-4  # it changes something
+    # it changes something
+    assert (fast - m(tokens(T), tokens(T), attention=rule)[0]).abs().max() > 1e-4
     s = factor or (T if rule == "causal" else 12) / 8
     theta = paper_theta(method, s, d=16, l=8)
     sharpen = 0.1 * math.log(s) + 1 if method == "yarn" else 1.0
-    monkeypatch.setattr(model.CausalSelfAttention, "forward", brute_force_attention(rule, theta=theta,
-                                                                                   sharpen=sharpen))
+    monkeypatch.setattr(model.CausalSelfAttention, "forward",
+                        brute_force_attention(rule, theta=theta, sharpen=sharpen))
     torch.testing.assert_close(fast, m(tokens(T), tokens(T))[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("pos", ["rope", "xpos"])
 @pytest.mark.parametrize("method", ["pi", "ntk", "yarn"])
 def test_a_model_with_a_scaling_in_its_config_uses_it_in_every_pass(pos, method, monkeypatch):
-    """A model fine-tuned at 32 with scaling s = 4 from the original length 8 (GPTConfig.rope_scaling): at T <= 32,
-    the training pass and every default pass are the published formula at s = 4, YaRN's ramp counting turns over
-    8 (not 32) and its temperature on q and k; a scaling passed in replaces it (none: the plain angles)."""
-    m = sharpened(tiny(pos, block_size=32, n_embd=32, rope_scaling=method, rope_factor=4.0, rope_original_length=8))
+    """A model fine-tuned at 32 with scaling s = 4 from the original length 8
+    (GPTConfig.rope_scaling): at T <= 32, the training pass and every default pass are the published
+    formula at s = 4, YaRN's ramp counting turns over 8 (not 32) and its temperature on q and k; a
+    scaling passed in replaces it (none: the plain angles)."""
+    m = sharpened(tiny(pos, block_size=32, n_embd=32, rope_scaling=method, rope_factor=4.0,
+                       rope_original_length=8))
     T = 27
     m.train()  # the training pass (dropout 0)
     got = m(tokens(T), tokens(T))[0]
@@ -497,8 +545,8 @@ def test_a_model_with_a_scaling_in_its_config_uses_it_in_every_pass(pos, method,
     if method == "yarn":  # the ramp over 32 would differ: the original length matters
         assert not torch.allclose(theta, paper_theta(method, 4.0, d=16, l=32))
     with monkeypatch.context() as patch:
-        patch.setattr(model.CausalSelfAttention, "forward", brute_force_attention("causal", theta=theta,
-                                                                                  sharpen=sharpen))
+        patch.setattr(model.CausalSelfAttention, "forward",
+                      brute_force_attention("causal", theta=theta, sharpen=sharpen))
         torch.testing.assert_close(got, m(tokens(T), tokens(T))[0], rtol=1e-5, atol=1e-5)
     with monkeypatch.context() as patch:
         patch.setattr(model.CausalSelfAttention, "forward", brute_force_attention("causal"))
@@ -506,31 +554,42 @@ def test_a_model_with_a_scaling_in_its_config_uses_it_in_every_pass(pos, method,
     assert (got - plain).abs().max() > 1e-4
     # decoding with the cache, and token_nll, use it too
     torch.testing.assert_close(m.token_nll(tokens(T), tokens(T)),
-                               F.cross_entropy(got.transpose(1, 2), tokens(T), reduction="none"), rtol=1e-5, atol=1e-5)
+                               F.cross_entropy(got.transpose(1, 2), tokens(T), reduction="none"),
+                               rtol=1e-5, atol=1e-5)
     cache = m.new_cache(T)
-    torch.testing.assert_close(m(tokens(T), cache=cache)[0][:, -1], got[:, -1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m(tokens(T), cache=cache)[0][:, -1], got[:, -1], rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_a_scaling_in_the_config_is_checked():
     base = dict(block_size=8, vocab_size=5, n_layer=1, n_head=1, n_embd=8)
-    for kw, message in ((dict(pos="rope", rope_scaling="dynamic_ntk", rope_factor=2.0), "must be one of none, pi"),
-                        (dict(pos="alibi", rope_scaling="pi", rope_factor=2.0), "pos='alibi' has none"),
-                        (dict(pos="xpos", xpos_rotate=False, rope_scaling="yarn", rope_factor=2.0), "without rotation"),
-                        (dict(pos="rope", rope_scaling="pi", rope_factor=1.0), "must be a finite number > 1"),
-                        (dict(pos="rope", rope_scaling="pi", rope_factor=math.inf), "must be a finite number > 1"),
+    for kw, message in ((dict(pos="rope", rope_scaling="dynamic_ntk", rope_factor=2.0),
+                         "must be one of none, pi"),
+                        (dict(pos="alibi", rope_scaling="pi", rope_factor=2.0),
+                         "pos='alibi' has none"),
+                        (dict(pos="xpos", xpos_rotate=False, rope_scaling="yarn", rope_factor=2.0),
+                         "without rotation"),
+                        (dict(pos="rope", rope_scaling="pi", rope_factor=1.0),
+                         "must be a finite number > 1"),
+                        (dict(pos="rope", rope_scaling="pi", rope_factor=math.inf),
+                         "must be a finite number > 1"),
                         (dict(pos="rope", rope_original_length=-8), "must be an integer >= 0")):
         with pytest.raises(ValueError, match=message):
             GPTConfig(**base, **kw)
-    assert alternatives.scaling_of(GPTConfig(**base)) == model.RopeScaling("none")  # a checkpoint from before: none
-    assert alternatives.scaling_of(GPTConfig(**base, pos="rope", rope_scaling="pi", rope_factor=2.0)) == \
-        model.RopeScaling("pi", 2.0)
+    # a checkpoint from before: none
+    assert alternatives.scaling_of(GPTConfig(**base)) == model.RopeScaling("none")
+    assert (alternatives.scaling_of(GPTConfig(**base, pos="rope", rope_scaling="pi",
+                                              rope_factor=2.0))
+            == model.RopeScaling("pi", 2.0))
 
 
 @pytest.mark.parametrize("pos", ["rope", "xpos"])
-@pytest.mark.parametrize("rule", ["causal", model.AttentionRule("sliding", 12)])  # sliding: s grows until 12 / 8
+# sliding: s grows until 12 / 8
+@pytest.mark.parametrize("rule", ["causal", model.AttentionRule("sliding", 12)])
 def test_dynamic_ntk_decoding_equals_the_full_pass_over_each_prefix(pos, rule):
-    """s follows the current length while decoding; the keys already cached are positioned again each time (left
-    at their old angles, they would be off by about 1e-5 here: hence the tight tolerance)."""
+    """s follows the current length while decoding; the keys already cached are positioned again
+    each time (left at their old angles, they would be off by about 1e-5 here: hence the
+    tight tolerance)."""
     m = tiny(pos)
     seq = tokens(27)
     cache = m.new_cache(27, rule, "dynamic_ntk")
@@ -555,44 +614,52 @@ def test_dynamic_ntk_token_nll_predicts_each_token_at_its_own_length():
 
 
 def test_rope_scaling_errors():
-    with pytest.raises(ValueError, match="rope_scaling='linear' is not allowed: must be one of none, pi, ntk"):
+    with pytest.raises(ValueError,
+                       match="rope_scaling='linear' is not allowed: must be one of none, pi, ntk"):
         tiny("rope")(tokens(4), rope_scaling="linear")
-    with pytest.raises(ValueError, match="rope_factor=0 is not allowed: must be a finite number > 0"):
+    with pytest.raises(ValueError,
+                       match="rope_factor=0 is not allowed: must be a finite number > 0"):
         model.RopeScaling("pi", 0)
     with pytest.raises(ValueError, match="rope_factor=inf is not allowed"):
         model.RopeScaling("yarn", float("inf"))
-    with pytest.raises(ValueError, match="rope_factor=2.0 does not apply to rope_scaling='dynamic_ntk'"):
+    with pytest.raises(ValueError,
+                       match="rope_factor=2.0 does not apply to rope_scaling='dynamic_ntk'"):
         model.RopeScaling("dynamic_ntk", 2.0)
     with pytest.raises(ValueError, match="rope_factor=2.0 does not apply to rope_scaling='none'"):
         model.RopeScaling("none", 2.0)
 
 
-# --- precision ------------------------------------------------------------------------------------------------------
+# --- precision ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("scale_base", [512.0, 16.0])
 def test_xpos_low_precision_finite_at_64_blocks(dtype, scale_base):
-    # scale_base 16 with block_size 32 has the paper's ratio (512 at l = 1024): T = 2048 stands for 64k tokens
+    # scale_base 16 with block_size 32 has the paper's ratio (512 at l = 1024): T = 2048
+    # stands for 64k tokens
     m = tiny("xpos", block_size=32, n_embd=32, n_head=2, xpos_scale_base=scale_base)
     idx = tokens(64 * 32, batch=1)
-    for rule in (None, "causal", "sinks"):  # BCA by default past block_size; without it (float16: float32 attention)
+    # BCA by default past block_size; without it (float16: float32 attention)
+    for rule in (None, "causal", "sinks"):
         with torch.autocast("cpu", dtype=dtype):
             logits, loss = m(idx, idx, attention=rule)
         assert torch.isfinite(logits).all() and torch.isfinite(loss)
 
 
 def test_xpos_float16_without_bca_at_16k_with_the_papers_defaults(monkeypatch):
-    """The paper's block_size 1024 and scale_base 512: factors reach 3.5^16 = 5e8 at 16,384 tokens without BCA."""
+    """The paper's block_size 1024 and scale_base 512: factors reach 3.5^16 = 5e8 at 16,384
+    tokens without BCA."""
     m = tiny("xpos", block_size=1024, n_layer=1, n_embd=16, n_head=2)
     assert (m.config.xpos_scale_base, m.config.xpos_gamma) == (512.0, 0.4)
     with torch.no_grad():
-        m.transformer.h[0].attn.c_attn.weight.mul_(1000)  # |q|, |k| of about 20, as in a trained model
+        # |q|, |k| of about 20, as in a trained model
+        m.transformer.h[0].attn.c_attn.weight.mul_(1000)
     idx = tokens(16384, batch=1)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
         logits, loss = m(idx, idx, attention="causal")
         assert torch.isfinite(logits).all() and torch.isfinite(loss)
-        monkeypatch.setattr(model, "AttentionPlan", one_span)  # all 16,384 queries in one call: it overflows
+        # all 16,384 queries in one call: it overflows
+        monkeypatch.setattr(model, "AttentionPlan", one_span)
         assert not torch.isfinite(m(idx, idx, attention="causal")[0]).all()
 
 
@@ -606,17 +673,21 @@ class one_span(AttentionPlan):
 
 def test_xpos_attends_in_spans_that_keep_every_factor_under_2_to_the_8(monkeypatch):
     cfg = GPTConfig(n_head=1, n_embd=16, pos="xpos")  # scale_base 512, gamma 0.4
-    # over n queries centred on their middle the largest factor is zeta_0^(-(n//2)/512), zeta_0 = 0.4/1.4 (Eq. 9):
-    # 3.5^8 in one call over 8,192 tokens; the span is the largest n whose factor stays <= 2^8, found by search
-    largest = lambda n: (1.4 / 0.4) ** ((n // 2) / 512)
+    # over n queries centred on their middle the largest factor is zeta_0^(-(n//2)/512), zeta_0 =
+    # 0.4/1.4 (Eq. 9): 3.5^8 in one call over 8,192 tokens; the span is the largest n whose factor
+    # stays <= 2^8, found by search
+    def largest(n):
+        return (1.4 / 0.4) ** ((n // 2) / 512)
     assert largest(8192) == pytest.approx(3.5**8, rel=1e-12) and largest(8192) > 2**8
     table = AttentionPlan(cfg, 8192, "causal")
     assert table.span == max(n for n in range(1, 8192) if largest(n) <= 2**8)
     seen, sdpa = [], F.scaled_dot_product_attention
 
-    def spy(q, k, v, attn_mask=None, **kw):  # every call: its queries, their dtype, and the largest |q| it was given
+    # every call: its queries, their dtype, and the largest |q| it was given
+    def spy(q, k, v, attn_mask=None, **kw):
         seen.append((q.size(2), q.dtype, q.abs().max().item()))
-        if isinstance(attn_mask, CausalBias):  # it recognises SDPA by name, which the spy replaces: as a tensor
+        # it recognises SDPA by name, which the spy replaces: as a tensor
+        if isinstance(attn_mask, CausalBias):
             attn_mask = attn_mask._materialize(q.device)
         return sdpa(q, k, v, attn_mask=attn_mask, **kw)
 
@@ -625,34 +696,41 @@ def test_xpos_attends_in_spans_that_keep_every_factor_under_2_to_the_8(monkeypat
         q = k = v = torch.ones(1, 1, 8192, 16, dtype=dtype)
         assert model.attend(q, k, v, table, range(8192), range(8192)).dtype == dtype
         assert [n for n, _, _ in seen] == [table.span, 8192 - table.span]
-        assert all(d == dtype and top <= 2**8 * math.sqrt(2) * 1.01 for _, d, top in seen)  # pairs (1, 1) times F
+        # pairs (1, 1) times F
+        assert all(d == dtype and top <= 2**8 * math.sqrt(2) * 1.01 for _, d, top in seen)
         seen.clear()
-    for queries, keys in ((range(0, table.span), range(0, table.span)), (range(5000, 8192), range(0, 8192))):
+    for queries, keys in ((range(0, table.span), range(0, table.span)),
+                          (range(5000, 8192), range(0, 8192))):
         q_factor, k_factor = factors(table, queries, keys)
-        assert q_factor.norm(dim=-1).max() <= 2**8 * 1.001 and k_factor.norm(dim=-1).max() <= 2**8 * 1.001
+        assert (q_factor.norm(dim=-1).max() <= 2**8 * 1.001
+                and k_factor.norm(dim=-1).max() <= 2**8 * 1.001)
 
 
 def test_xpos_without_bca_far_past_float32s_range_matches_float64():
-    """scale_base = l/2 (the study's setting) at 80 x l, where one factor centred on the sequence would be 3.5^80,
-    past float32's 3.4e38: attention against float64 scores from the paper's formula (complex_reference; float64
-    holds 3.5^160); all queries in one call overflow."""
+    """scale_base = l/2 (the study's setting) at 80 x l, where one factor centred on the sequence
+    would be 3.5^80, past float32's 3.4e38: attention against float64 scores from the paper's
+    formula (complex_reference; float64 holds 3.5^160); all queries in one call overflow."""
     torch.manual_seed(0)
     T, d = 2560, 16
     cfg = GPTConfig(n_head=1, n_embd=d, block_size=32, pos="xpos", xpos_scale_base=16.0)
     q, k, v = torch.randn(1, 1, T, d), torch.randn(1, 1, T, d), torch.randn(1, 1, T, d)
     y = model.attend(q, k, v, AttentionPlan(cfg, T, "causal"), range(T), range(T))
     pos, want = torch.arange(T, dtype=torch.float64), []
-    for rows in torch.arange(T).split(256):  # 256 queries against every key at a time, masked causally
-        s = complex_reference(q[0, 0, rows, None], k[0, 0, None], pos[rows, None, None], pos[None, :, None],
-                              scale_base=16.0) / math.sqrt(d)
-        want.append(torch.softmax(s.masked_fill(pos[None] > pos[rows, None], -math.inf), -1) @ v[0, 0].double())
+    # 256 queries against every key at a time, masked causally
+    for rows in torch.arange(T).split(256):
+        s = complex_reference(q[0, 0, rows, None], k[0, 0, None], pos[rows, None, None],
+                              pos[None, :, None], scale_base=16.0) / math.sqrt(d)
+        want.append(torch.softmax(s.masked_fill(pos[None] > pos[rows, None], -math.inf), -1)
+                    @ v[0, 0].double())
     want = torch.cat(want)
     torch.testing.assert_close(y[0, 0].double(), want, rtol=1e-4, atol=1e-4)
-    assert not torch.isfinite(model.attend(q, k, v, one_span(cfg, T, "causal"), range(T), range(T))).all()
+    assert not torch.isfinite(model.attend(q, k, v, one_span(cfg, T, "causal"), range(T),
+                                           range(T))).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("scale_base", [16.0, 1.0])  # l/2, and l/32: 3.5^1280 over the whole sequence
+# l/2, and l/32: 3.5^1280 over the whole sequence
+@pytest.mark.parametrize("scale_base", [16.0, 1.0])
 def test_xpos_model_without_bca_finite_at_80_blocks(dtype, scale_base):
     m = tiny("xpos", block_size=32, n_embd=32, n_head=2, xpos_scale_base=scale_base)
     idx = tokens(80 * 32, batch=1)
@@ -666,23 +744,31 @@ def test_xpos_model_without_bca_finite_at_80_blocks(dtype, scale_base):
 
 
 def test_sinks_attend_in_spans_like_the_other_rules(monkeypatch):
-    """Under the sinks rule a window's W queries go through xPos's spans too: finite where one call would overflow
-    (W = 128 at scale_base 0.5: factors up to 3.5^128), and the same as one call where that stays finite."""
+    """Under the sinks rule a window's W queries go through xPos's spans too: finite where one call
+    would overflow (W = 128 at scale_base 0.5: factors up to 3.5^128), and the same as one call
+    where that stays finite."""
     idx = tokens(300, batch=1, vocab=50)
-    m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=0.5)
+    m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2,
+             xpos_scale_base=0.5)
     with torch.no_grad():
         assert torch.isfinite(m.hidden_states(idx, "sinks")).all()
-        m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=4.0)
+        m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2,
+                 xpos_scale_base=4.0)
         spanned = m.hidden_states(idx, "sinks")
-        assert AttentionPlan(m.config, 300, "sinks").span < 128  # the window's queries do go in spans
+        # the window's queries do go in spans
+        assert AttentionPlan(m.config, 300, "sinks").span < 128
         monkeypatch.setattr(model, "AttentionPlan", one_span)
         torch.testing.assert_close(spanned, m.hidden_states(idx, "sinks"), rtol=1e-4, atol=1e-5)
-        m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=0.5)
-        assert not torch.isfinite(m.hidden_states(idx, "sinks")).all()  # the overflow the spans avoid
+        m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2,
+                 xpos_scale_base=0.5)
+        # the overflow the spans avoid
+        assert not torch.isfinite(m.hidden_states(idx, "sinks")).all()
         monkeypatch.undo()
         for scale_base in (0.5, 1e-30):  # and streamed through the KV cache, a few tokens at a time
-            m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2, xpos_scale_base=scale_base)
-            assert torch.isfinite(m.token_nll(idx[:, :-1], idx[:, 1:], attention="sinks", chunk_tokens=64)).all()
+            m = tiny("xpos", block_size=128, vocab_size=50, n_layer=1, n_embd=32, n_head=2,
+                     xpos_scale_base=scale_base)
+            assert torch.isfinite(m.token_nll(idx[:, :-1], idx[:, 1:], attention="sinks",
+                                              chunk_tokens=64)).all()
 
 
 def test_output_layer_in_float32_outside_training():
@@ -698,7 +784,7 @@ def test_output_layer_in_float32_outside_training():
     assert train_logits.dtype == torch.bfloat16  # training keeps autocast's speed
 
 
-# --- causality and extrapolation ------------------------------------------------------------------------------------
+# --- causality and extrapolation ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
@@ -729,8 +815,10 @@ def test_sinusoidal_embedding_formula():
     pe = model.sinusoidal_embedding(torch.tensor([0, 1, 5000]), 6)
     for row, p in enumerate([0, 1, 5000]):
         for i in range(3):
-            assert pe[row, 2 * i].item() == pytest.approx(math.sin(p / 10000 ** (2 * i / 6)), abs=1e-4)
-            assert pe[row, 2 * i + 1].item() == pytest.approx(math.cos(p / 10000 ** (2 * i / 6)), abs=1e-4)
+            assert pe[row, 2 * i].item() == pytest.approx(math.sin(p / 10000 ** (2 * i / 6)),
+                                                          abs=1e-4)
+            assert (pe[row, 2 * i + 1].item()
+                    == pytest.approx(math.cos(p / 10000 ** (2 * i / 6)), abs=1e-4))
 
 
 def test_nothing_length_dependent_in_state():
@@ -740,11 +828,12 @@ def test_nothing_length_dependent_in_state():
         assert set(m.state_dict()) == {n for n, _ in m.named_parameters(remove_duplicate=False)}
 
 
-# --- cached decoding ------------------------------------------------------------------------------------------------
+# --- cached decoding ------------------------------------------------------------------------------
 
 
 RULES = [None, "causal", "bca", "sliding", "sinks", SLIDING_5, SINKS_6_2,  # None: auto
-         model.AttentionRule("sliding", 20), model.AttentionRule("sinks", 20, 2)]  # a block < T < two blocks
+         # a block < T < two blocks
+         model.AttentionRule("sliding", 20), model.AttentionRule("sinks", 20, 2)]
 
 
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
@@ -752,7 +841,8 @@ RULES = [None, "causal", "bca", "sliding", "sinks", SLIDING_5, SINKS_6_2,  # Non
 @pytest.mark.parametrize("prompt", [3, 13])
 def test_cached_decoding_matches_full_forward(pos, rule, prompt):
     m = tiny(pos)
-    total = 8 if pos == "learned" else 27  # blocks of 4, 5, 6 and 8: crosses several window moves for each
+    # blocks of 4, 5, 6 and 8: crosses several window moves for each
+    total = 8 if pos == "learned" else 27
     if prompt >= total:
         return
     seq = tokens(total)
@@ -763,7 +853,8 @@ def test_cached_decoding_matches_full_forward(pos, rule, prompt):
     resolved, b = table.rule, table.segment
     for t in range(prompt, total + 1):
         full, _ = m(seq[:, :t], attention=resolved)
-        torch.testing.assert_close(cached[:, -1], full[:, -1], rtol=1e-5, atol=1e-5, msg=f"step {t}")
+        torch.testing.assert_close(cached[:, -1], full[:, -1], rtol=1e-5, atol=1e-5,
+                                   msg=f"step {t}")
         if b:  # bounded: one window's keys, and the sinks (kept once the first S tokens have come)
             assert cache[0].k.size(2) == min(2 * b, total) and cache[0].held <= 2 * b
             sink_kv = cache[0].sink_kv
@@ -771,13 +862,15 @@ def test_cached_decoding_matches_full_forward(pos, rule, prompt):
                 sink_kv[0].size(2) == sink_kv[1].size(2) == resolved.sinks
         if t < total:
             cached, _ = m(seq[:, t : t + 1], cache=cache)
-    assert (cache[0].k.data_ptr(), cache[0].v.data_ptr()) == buffers  # preallocated: nothing reallocated per token
+    # preallocated: nothing reallocated per token
+    assert (cache[0].k.data_ptr(), cache[0].v.data_ptr()) == buffers
 
 
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
 @pytest.mark.parametrize("rule", RULES[1:])
 def test_chunked_prefill_matches_full_forward(pos, rule):
-    """A cache takes chunks of any size: within a segment, across one or several boundaries, after a decode."""
+    """A cache takes chunks of any size: within a segment, across one or several
+    boundaries, after a decode."""
     m = tiny(pos)
     total = 8 if pos == "learned" else 37
     seq = tokens(total)
@@ -789,7 +882,8 @@ def test_chunked_prefill_matches_full_forward(pos, rule):
                 logits.append(m.logits(m.hidden_states(seq[:, t : t + size], cache=cache)))
                 t += size
         got = torch.cat(logits, dim=1)
-        torch.testing.assert_close(got, full[:, : got.size(1)], rtol=1e-5, atol=1e-5, msg=str(chunks))
+        torch.testing.assert_close(got, full[:, : got.size(1)], rtol=1e-5, atol=1e-5,
+                                   msg=str(chunks))
 
 
 def test_cache_errors():
@@ -798,28 +892,32 @@ def test_cache_errors():
     m(tokens(6), cache=cache)
     with pytest.raises(ValueError, match="made for 10 tokens, asked for 11"):
         m(tokens(5), cache=cache)
-    with pytest.raises(ValueError, match="attention and rope_scaling are fixed when the cache is made"):
+    with pytest.raises(ValueError,
+                       match="attention and rope_scaling are fixed when the cache is made"):
         m(tokens(1), attention="bca", cache=cache)
-    with pytest.raises(ValueError, match="attention and rope_scaling are fixed when the cache is made"):
+    with pytest.raises(ValueError,
+                       match="attention and rope_scaling are fixed when the cache is made"):
         m(tokens(1), rope_scaling="yarn", cache=cache)
     with pytest.raises(ValueError, match="attention='yes'"):
         m.new_cache(10, attention="yes")
     with pytest.raises(ValueError, match="cannot extrapolate"):
         tiny("learned").new_cache(9)
-    with pytest.raises(ValueError, match="holds a batch of 2 in torch.float32, got 1 in torch.float32"):
+    with pytest.raises(ValueError,
+                       match="holds a batch of 2 in torch.float32, got 1 in torch.float32"):
         m(tokens(1, batch=1), cache=cache)
 
 
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
 @pytest.mark.parametrize("rule", ["causal", "bca", SLIDING_5, SINKS_6_2])
 def test_attention_scores_are_what_attention_computes(pos, rule):
-    """softmax of the scores resolution.py writes out (the sinks' included) times v equals the attention output of the
-    model's own pass, for every scheme and rule."""
+    """softmax of the scores resolution.py writes out (the sinks' included) times v equals the
+    attention output of the model's own pass, for every scheme and rule."""
     m = tiny(pos, n_layer=1)
     T = 8 if pos == "learned" else 21
     idx = tokens(T, batch=1)
     seen = {}
-    keep = lambda name, value: [seen.setdefault(name, value), None][1]  # a hook that returns None changes nothing
+    def keep(name, value):  # a hook that returns None changes nothing
+        return [seen.setdefault(name, value), None][1]
     m.transformer.h[0].attn.register_forward_hook(lambda mod, args, out: keep("x", args[0]))
     m.transformer.h[0].attn.c_proj.register_forward_pre_hook(lambda mod, args: keep("y", args[0]))
     m(idx, attention=rule)
@@ -837,15 +935,17 @@ def test_attention_scores_are_what_attention_computes(pos, rule):
 
 @pytest.mark.parametrize("rule", ["causal", "bca", SLIDING_5, SINKS_6_2])
 def test_model_pre_softmax_scores_match_a_brute_force_score_matrix(rule):
-    """resolution.pre_softmax_scores against scores written out from the hidden states with the schemes' formulas at the
-    rule's distances (the sinks' re-indexed ones included), and its visible keys only."""
+    """resolution.pre_softmax_scores against scores written out from the hidden states with the
+    schemes' formulas at the rule's distances (the sinks' re-indexed ones included), and its
+    visible keys only."""
     for pos in ("xpos", "alibi"):
         m = tiny(pos, n_layer=1)
         T = 21
         idx = tokens(T, batch=1)
         got = torch.full((2, T, T), float("nan"))
 
-        def observe(layer, s, queries, keys):  # hidden keys come as -inf (or not at all): keep NaN there
+        # hidden keys come as -inf (or not at all): keep NaN there
+        def observe(layer, s, queries, keys):
             cells = got[:, queries.start : queries.stop, keys.start : keys.stop]
             cells.copy_(torch.where(torch.isfinite(s[0]), s[0], cells))
 
@@ -855,7 +955,8 @@ def test_model_pre_softmax_scores_match_a_brute_force_score_matrix(rule):
         visible, distance = rule_table(rule, T)
         want = reference_scores(q, k, distance, m.config)[0].float()
         torch.testing.assert_close(got[:, visible], want[:, visible], rtol=1e-4, atol=1e-4)
-        assert not torch.isfinite(got[:, ~visible]).any()  # hidden keys: -inf, or never handed over (NaN)
+        # hidden keys: -inf, or never handed over (NaN)
+        assert not torch.isfinite(got[:, ~visible]).any()
 
 
 @pytest.mark.parametrize("pos", RELATIVE_OR_NONE)
@@ -864,7 +965,8 @@ def test_generate_uses_the_cache_and_goes_past_block_size(pos):
     prompt = tokens(5)
     out = m.generate(prompt, 3 * m.config.block_size, top_k=1)
     assert out.shape == (2, 5 + 24) and torch.equal(out[:, :5], prompt)
-    for t in range(5, out.size(1)):  # greedy: each token is the argmax of a full, uncached forward pass
+    # greedy: each token is the argmax of a full, uncached forward pass
+    for t in range(5, out.size(1)):
         assert torch.equal(out[:, t], m(out[:, :t])[0][:, -1].argmax(-1))
 
 
@@ -878,7 +980,7 @@ def test_generate_is_seeded_and_respects_top_k():
         m.generate(tokens(4), 2, temperature=0)
 
 
-# --- training behaviour ---------------------------------------------------------------------------------------------
+# --- training behaviour ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
@@ -900,13 +1002,16 @@ def test_token_nll_in_chunks_bounds_the_logits(monkeypatch):
     idx, targets = tokens(29, vocab=101, batch=3), tokens(29, vocab=101, seed=2, batch=3)
     targets[0, 5] = -1  # ignored
     logits, _ = m(idx, targets)
-    want = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1, reduction="none").view(3, 29)
+    want = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1,
+                           reduction="none").view(3, 29)
     sizes = []
     m.lm_head.register_forward_hook(lambda mod, args, out: sizes.append(out.shape[:2].numel()))
     for chunk in (1, 7, 12, 10**6):
         sizes.clear()
-        torch.testing.assert_close(m.token_nll(idx, targets, chunk_tokens=chunk), want, rtol=1e-5, atol=1e-5)
-        assert sum(sizes) == 3 * 29 and max(sizes) <= max(chunk, 3)  # at least one position of every sequence
+        torch.testing.assert_close(m.token_nll(idx, targets, chunk_tokens=chunk), want, rtol=1e-5,
+                                   atol=1e-5)
+        # at least one position of every sequence
+        assert sum(sizes) == 3 * 29 and max(sizes) <= max(chunk, 3)
     assert m.token_nll(idx, targets)[0, 5] == 0
 
 
@@ -922,13 +1027,16 @@ def test_sinusoidal_token_and_position_enter_at_comparable_scale():
         p = torch.arange(T, dtype=torch.float64)[:, None]
         i = torch.arange(0, n_embd, 2, dtype=torch.float64)
         table = torch.zeros(T, n_embd, dtype=torch.float64)
-        table[:, 0::2], table[:, 1::2] = torch.sin(p / 10000 ** (i / n_embd)), torch.cos(p / 10000 ** (i / n_embd))
+        table[:, 0::2], table[:, 1::2] = (torch.sin(p / 10000 ** (i / n_embd)),
+                                          torch.cos(p / 10000 ** (i / n_embd)))
         token_part = inputs[0].double() - table
-        torch.testing.assert_close(token_part, m.transformer.wte(idx).double() * math.sqrt(n_embd), rtol=1e-5,
-                                   atol=1e-5)
+        torch.testing.assert_close(token_part, m.transformer.wte(idx).double() * math.sqrt(n_embd),
+                                   rtol=1e-5, atol=1e-5)
         ratio = (token_part.pow(2).mean().sqrt() / table.pow(2).mean().sqrt()).item()
-        want = 0.02 * math.sqrt(n_embd) / math.sqrt(0.5)  # init std 0.02 scaled, against the table's RMS
-        assert ratio == pytest.approx(want, rel=0.1) and ratio > 0.3  # unscaled it would be 0.028 (1 : 35)
+        # init std 0.02 scaled, against the table's RMS
+        want = 0.02 * math.sqrt(n_embd) / math.sqrt(0.5)
+        # unscaled it would be 0.028 (1 : 35)
+        assert ratio == pytest.approx(want, rel=0.1) and ratio > 0.3
 
 
 @pytest.mark.parametrize("pos", POSITION_SCHEMES)
@@ -945,11 +1053,12 @@ def test_can_overfit_one_batch(pos):
     assert loss.item() < 0.1
 
 
-# --- ALiBi and configuration ----------------------------------------------------------------------------------------
+# --- ALiBi and configuration ----------------------------------------------------------------------
 
 
 def test_alibi_slopes():
-    assert alibi_slopes(8).tolist() == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
+    assert alibi_slopes(8).tolist() == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128,
+                                        1 / 256]
     # 12 heads: the 8-head slopes, then slopes 1, 3, 5, 7 of the 16-head sequence 2^(-k/2)
     want12 = [2 ** -k for k in range(1, 9)] + [2 ** -0.5, 2 ** -1.5, 2 ** -2.5, 2 ** -3.5]
     torch.testing.assert_close(alibi_slopes(12), torch.tensor(want12))

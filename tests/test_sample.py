@@ -1,4 +1,5 @@
-"""Tests for sample.py: cached generation past block_size, seeding, prompts from files, clear errors."""
+"""Tests for sample.py: cached generation past block_size, seeding, prompts from
+files, clear errors."""
 
 import pytest
 
@@ -17,34 +18,40 @@ def generate(capsys, *argv):
 @pytest.mark.parametrize("bca", ["auto", "on", "off"])
 def test_generates_far_past_block_size(tiny_data, tmp_path, capsys, pos, bca):
     make_checkpoint(tmp_path / "m.pt", tiny_data, pos=pos, block_size=8)
-    out = generate(capsys, "--ckpt", tmp_path / "m.pt", "--start", "abc", "--max_new_tokens", 40, "--bca", bca)
+    out = generate(capsys, "--ckpt", tmp_path / "m.pt", "--start", "abc", "--max_new_tokens", 40,
+                   "--bca", bca)
     text = out.split("\n")[0]
     assert text.startswith("abc") and len(text) == 43 and set(text) <= set("abcdefghijk")
 
 
 def test_seeded_samples_and_file_prompt(tiny_data, tmp_path, capsys):
     make_checkpoint(tmp_path / "m.pt", tiny_data)
-    argv = ["--ckpt", tmp_path / "m.pt", "--start", "ab", "--max_new_tokens", 30, "--num_samples", 2]
+    argv = ["--ckpt", tmp_path / "m.pt", "--start", "ab", "--max_new_tokens", 30,
+            "--num_samples", 2]
     first, again = generate(capsys, *argv, "--seed", 1), generate(capsys, *argv, "--seed", 1)
     other = generate(capsys, *argv, "--seed", 2)
     assert first == again and first != other
     samples = first.split("-" * 40)
     assert len(samples) == 2 and samples[0].strip() != samples[1].strip()
     (tmp_path / "prompt.txt").write_text("kkk")
-    out = generate(capsys, "--ckpt", tmp_path / "m.pt", "--start", f"FILE:{tmp_path / 'prompt.txt'}",
-                   "--max_new_tokens", 5)
+    out = generate(capsys, "--ckpt", tmp_path / "m.pt",
+                   "--start", f"FILE:{tmp_path / 'prompt.txt'}", "--max_new_tokens", 5)
     assert out.startswith("kkk") and len(out.split("\n")[0]) == 8
 
 
 def test_errors(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "learned.pt", tiny_data, pos="learned", block_size=8)
-    sample.main(["--ckpt", str(tmp_path / "learned.pt"), "--start", "abc", "--max_new_tokens", "6"])  # 8 positions
+    # 8 positions
+    sample.main(["--ckpt", str(tmp_path / "learned.pt"), "--start", "abc", "--max_new_tokens", "6"])
     for argv, message in (
         (["--ckpt", str(tmp_path / "learned.pt"), "--start", "abc", "--max_new_tokens", "7"],
-         "cannot go past block_size=8 (asked for 9 positions): learned absolute positions cannot extrapolate"),
-        (["--ckpt", str(tmp_path / "learned.pt"), "--temperature", "0"], "--temperature 0.0 must be > 0"),
+         "cannot go past block_size=8 (asked for 9 positions): "
+         "learned absolute positions cannot extrapolate"),
+        (["--ckpt", str(tmp_path / "learned.pt"), "--temperature", "0"],
+         "--temperature 0.0 must be > 0"),
         (["--ckpt", str(tmp_path / "learned.pt"), "--start", "xyz"], "not in this char vocabulary"),
-        (["--ckpt", str(tmp_path / "learned.pt"), "--start", "FILE:/no/such/file"], "does not exist"),
+        (["--ckpt", str(tmp_path / "learned.pt"), "--start", "FILE:/no/such/file"],
+         "does not exist"),
         (["--ckpt", str(tmp_path / "missing.pt")], "no checkpoint at"),
     ):
         with pytest.raises(SystemExit) as e:
@@ -57,12 +64,14 @@ def test_bad_inputs(tiny_data, tmp_path):
     (tmp_path / "prompt.bin").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "a.txt").write_text("ABCDEFGHIJKLMNOP" * 20)
-    prepare_data.main(["--dataset", "files", "--path", str(tmp_path / "c"), "--out_dir", str(tmp_path / "d")])
+    prepare_data.main(["--dataset", "files", "--path", str(tmp_path / "c"),
+                       "--out_dir", str(tmp_path / "d")])
     for argv, message in (
         (["--start", f"FILE:{tmp_path / 'prompt.bin'}"], "is not UTF-8 text (byte 0)"),
         (["--start", f"FILE:{tmp_path}"], "is a directory"),
         (["--device", "bogus"], "device='bogus' is not allowed"),
-        (["--data_dir", str(tmp_path / "d")], "vocab_size 11"),  # a 16-character dataset, an 11-character model
+        # a 16-character dataset, an 11-character model
+        (["--data_dir", str(tmp_path / "d")], "vocab_size 11"),
     ):
         with pytest.raises(SystemExit) as e:
             sample.main(["--ckpt", str(tmp_path / "m.pt"), *argv])
@@ -72,15 +81,19 @@ def test_bad_inputs(tiny_data, tmp_path):
 @pytest.mark.parametrize("argv, attention, rope_scaling", [
     (["--attention", "sliding", "--window", 5], AttentionRule("sliding", 5), RopeScaling()),
     (["--attention", "sinks", "--sinks", 2], AttentionRule("sinks", sinks=2), RopeScaling()),
-    (["--rope_scaling", "yarn", "--attention", "causal"], AttentionRule("causal"), RopeScaling("yarn")),
+    (["--rope_scaling", "yarn", "--attention", "causal"], AttentionRule("causal"),
+     RopeScaling("yarn")),
     (["--rope_scaling", "pi", "--rope_factor", 3, "--attention", "causal"], AttentionRule("causal"),
      RopeScaling("pi", 3.0)),
-    (["--rope_scaling", "dynamic_ntk", "--attention", "causal"], AttentionRule("causal"), RopeScaling("dynamic_ntk"))])
-def test_generates_with_windows_and_interpolation(tiny_data, tmp_path, capsys, monkeypatch, argv, attention,
-                                                  rope_scaling):
-    """The flags reach model.generate as the rule and interpolation they name, and generation runs with them."""
+    (["--rope_scaling", "dynamic_ntk", "--attention", "causal"], AttentionRule("causal"),
+     RopeScaling("dynamic_ntk"))])
+def test_generates_with_windows_and_interpolation(tiny_data, tmp_path, capsys, monkeypatch, argv,
+                                                  attention, rope_scaling):
+    """The flags reach model.generate as the rule and interpolation they name, and
+    generation runs with them."""
     make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope", block_size=8)
-    out = generate(capsys, "--ckpt", tmp_path / "m.pt", "--start", "abc", "--max_new_tokens", 30, *argv)
+    out = generate(capsys, "--ckpt", tmp_path / "m.pt", "--start", "abc",
+                   "--max_new_tokens", 30, *argv)
     text = out.split("\n")[0]
     assert text.startswith("abc") and len(text) == 33 and set(text) <= set("abcdefghijk")
     seen = []
@@ -91,17 +104,20 @@ def test_generates_with_windows_and_interpolation(tiny_data, tmp_path, capsys, m
 
 def test_pointless_or_several_rules_are_errors(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "alibi.pt", tiny_data, pos="alibi", block_size=8)
-    for argv, message in ((["--rope_scaling", "yarn"], "yarn rescales rotary angles, and pos=alibi has none"),
-                          (["--attention", "bca,sliding"], "--attention 'bca,sliding': this script takes one value")):
+    for argv, message in ((["--rope_scaling", "yarn"],
+                           "yarn rescales rotary angles, and pos=alibi has none"),
+                          (["--attention", "bca,sliding"],
+                           "--attention 'bca,sliding': this script takes one value")):
         with pytest.raises(SystemExit) as e:
             sample.main(["--ckpt", str(tmp_path / "alibi.pt"), "--max_new_tokens", "5", *argv])
         assert message in str(e.value.code)
 
 
 def test_seed_temperature_weights_and_prompt_file_are_checked(tiny_data, tmp_path):
-    """Each a one-line error (they were tracebacks): torch takes no seed >= 2^64, logits / 1e-40 overflow float32,
-    NaN weights give NaN probabilities, and a prompt file that cannot be read."""
+    """Each a one-line error (they were tracebacks): torch takes no seed >= 2^64, logits / 1e-40
+    overflow float32, NaN weights give NaN probabilities, and a prompt file that cannot be read."""
     import torch
+
     from lexgpt.checkpoint import save_checkpoint
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     ckpt = torch.load(tmp_path / "m.pt", weights_only=True)
@@ -109,7 +125,8 @@ def test_seed_temperature_weights_and_prompt_file_are_checked(tiny_data, tmp_pat
         weight.fill_(float("nan"))
     save_checkpoint(ckpt, tmp_path / "nan.pt")
     for argv, message in (
-        (["--seed", str(10**23)], f"--seed {10**23} is not allowed: must be an integer from 0 to 2**63 - 1"),
+        (["--seed", str(10**23)],
+         f"--seed {10**23} is not allowed: must be an integer from 0 to 2**63 - 1"),
         (["--seed", "-1"], "--seed -1 is not allowed"),
         (["--temperature", "1e-40"], "--temperature 1e-40 must be > 0: a finite number >= 0.0001"),
         (["--temperature", "inf"], "--temperature inf must be > 0: a finite number"),
@@ -121,12 +138,15 @@ def test_seed_temperature_weights_and_prompt_file_are_checked(tiny_data, tmp_pat
         assert message in str(e.value.code) and "\n" not in str(e.value.code)
 
 def test_torchrun_is_refused_once(tiny_data, tmp_path, capsys, monkeypatch):
-    """Under torchrun every rank printed every sample: sample.py runs as one process, and says so from rank 0 only."""
+    """Under torchrun every rank printed every sample: sample.py runs as one process, and says so
+    from rank 0 only."""
     from lexgpt import cli
     from test_common import torchrun_vars
     make_checkpoint(tmp_path / "m.pt", tiny_data)
     monkeypatch.setattr(cli, "QUIET_EXIT_SECONDS", 0, raising=False)
-    for rank, said in ((0, "sample.py: error: RANK=0 is set (torchrun?): sample.py runs as one process; run it with "
+    for rank, said in ((0,
+                        "sample.py: error: RANK=0 is set (torchrun?): sample.py runs as one "
+                        "process; run it with "
                            "python, not torchrun"), (1, 1)):
         torchrun_vars(monkeypatch, rank)
         with pytest.raises(SystemExit) as e:
@@ -135,12 +155,14 @@ def test_torchrun_is_refused_once(tiny_data, tmp_path, capsys, monkeypatch):
 
 
 def test_samples_without_bca_far_past_float32s_range(tiny_data, tmp_path, capsys):
-    """--bca off after a 4,000-token prompt with scale_base = l/2: one factor over the sequence would be 3.5^500
-    (the issue's sample.py attack ended in an OverflowError, or NaN probabilities)."""
+    """--bca off after a 4,000-token prompt with scale_base = l/2: one factor over the sequence
+    would be 3.5^500 (the issue's sample.py attack ended in an OverflowError, or
+    NaN probabilities)."""
     from test_eval_extrapolate import steep_xpos_checkpoint
     steep_xpos_checkpoint(tmp_path / "m.pt", tiny_data)
     (tmp_path / "prompt.txt").write_text("abcdefghijk" * 364)  # 4,004 tokens
-    out = generate(capsys, "--ckpt", tmp_path / "m.pt", "--start", f"FILE:{tmp_path / 'prompt.txt'}", "--bca", "off",
+    out = generate(capsys, "--ckpt", tmp_path / "m.pt",
+                   "--start", f"FILE:{tmp_path / 'prompt.txt'}", "--bca", "off",
                    "--max_new_tokens", 3)
     text = out.split("\n")[0]
     assert len(text) == 4007 and set(text) <= set("abcdefghijk")

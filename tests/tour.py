@@ -1,11 +1,13 @@
-"""The README's tour of model.py, written from the trace (tests/read_path.py), so that it cannot drift:
+"""The README's tour of model.py, written from the trace (tests/read_path.py), so
+that it cannot drift:
 
     python tests/tour.py           # rewrite the tour between its markers in README.md
     python tests/tour.py --check   # exit 1 if the README's tour is not what the trace gives
 
-The tour names definitions, never line numbers: moving code in model.py leaves it current. Each row's
-description is kept from the README by the definition's name; a definition new to the path gets a
-placeholder, and the command fails until someone describes it. tests/test_readme.py runs the check.
+The tour names definitions, never line numbers: moving code in model.py leaves it current. Each
+row's description is kept from the README by the definition's name; a definition new to the path
+gets a placeholder, and the command fails until someone describes it.
+tests/test_readme.py runs the check.
 """
 
 import re
@@ -16,7 +18,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent)]
 import read_path  # noqa: E402
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-START = "<!-- tour: written by `python tests/tour.py` from the trace; do not edit the names or numbers -->"
+START = ("<!-- tour: written by `python tests/tour.py` from the trace; do not edit the names or "
+         "numbers -->")
 END = "<!-- /tour -->"
 ROW = re.compile(r"^\| \d+ \| \[`([\w.]+)`\]\(([\w./]+)\) \| (.*) \|$", flags=re.M)
 TO_DESCRIBE = "(to describe)"
@@ -37,11 +40,11 @@ def tour(text: str) -> str:
         rows.append(f"| {i} | [`{name}`]({file}) | {said.get((file, name), TO_DESCRIBE)} |")
     outside = path.outside_model()
     elsewhere = "none" if not outside else ", ".join(f"`{f}: {n}`" for f, n in outside)
-    numbers = (f"Traced from `GPT.forward` to the first attention call (xPos at block_size 64 on 200 "
-               f"tokens, so under BCA): {len(path.lines)} unique lines in {len(path.definitions)} "
-               f"definitions, {len(outside)} of them outside model.py ({elsewhere}), at model.py call "
-               f"depth {path.model_depth}; the whole pass runs {len(path.pass_lines)} unique lines in "
-               f"{len(path.pass_definitions)} definitions.")
+    numbers = ("Traced from `GPT.forward` to the first attention call (xPos at block_size 64 on "
+               f"200 tokens, so under BCA): {len(path.lines)} unique lines in "
+               f"{len(path.definitions)} definitions, {len(outside)} of them outside model.py "
+               f"({elsewhere}), at model.py call depth {path.model_depth}; the whole pass runs "
+               f"{len(path.pass_lines)} unique lines in {len(path.pass_definitions)} definitions.")
     return "\n".join([START, *rows, "", numbers, END])
 
 
@@ -58,7 +61,8 @@ def main(argv: list[str]) -> None:
     have, want = current(text)
     if "--check" in argv:
         if have != want:
-            raise SystemExit("tour.py: the README's tour is not the traced path: run python tests/tour.py")
+            raise SystemExit("tour.py: the README's tour is not the traced path: run python "
+                             "tests/tour.py")
         return
     README.write_text(text.replace(have, want))
     if TO_DESCRIBE in want:

@@ -1,5 +1,6 @@
-"""Tests for the shared helper modules: checkpoints checked on load (checkpoint.py), devices and torchrun
-(distributed.py), one-line errors (cli.py), output paths (outputs.py), run directories (run_dir.py), MFU (mfu.py)."""
+"""Tests for the shared helper modules: checkpoints checked on load (checkpoint.py), devices and
+torchrun (distributed.py), one-line errors (cli.py), output paths (outputs.py), run directories
+(run_dir.py), MFU (mfu.py)."""
 
 import importlib
 import os
@@ -7,13 +8,8 @@ import os
 import pytest
 import torch
 
-from lexgpt import checkpoint
-from lexgpt import cli
-from lexgpt import distributed
-from lexgpt import mfu
-from lexgpt import outputs
-from lexgpt import run_dir
 from conftest import make_checkpoint
+from lexgpt import checkpoint, cli, distributed, mfu, outputs, run_dir
 from test_data import dataset, error
 
 
@@ -23,9 +19,12 @@ def test_checkpoint_errors(tmp_path):
     good = torch.load(tmp_path / "m.pt", weights_only=True)
     cases = {
         "no_config": ({k: v for k, v in good.items() if k != "config"}, "no config"),
-        "bad_args": (dict(good, model_args=dict(good["model_args"], n_head=3)), "unusable model_args"),
-        "unknown_arg": (dict(good, model_args=dict(good["model_args"], width=3)), "unusable model_args"),
-        "wrong_size": (dict(good, model_args=dict(good["model_args"], n_embd=32)), "weights do not fit"),
+        "bad_args": (dict(good, model_args=dict(good["model_args"], n_head=3)),
+                     "unusable model_args"),
+        "unknown_arg": (dict(good, model_args=dict(good["model_args"], width=3)),
+                        "unusable model_args"),
+        "wrong_size": (dict(good, model_args=dict(good["model_args"], n_embd=32)),
+                       "weights do not fit"),
     }
     for name, (ckpt, message) in cases.items():
         torch.save(ckpt, tmp_path / f"{name}.pt")
@@ -39,7 +38,8 @@ def test_sinusoidal_checkpoint_from_before_the_input_scale_is_refused(tmp_path):
     old = torch.load(tmp_path / "new.pt", weights_only=True)
     del old["format"]
     torch.save(old, tmp_path / "old.pt")
-    assert "from before token embeddings were scaled" in error(checkpoint.load_model, tmp_path / "old.pt")
+    assert ("from before token embeddings were scaled"
+            in error(checkpoint.load_model, tmp_path / "old.pt"))
     make_checkpoint(tmp_path / "rope.pt", data, pos="rope")
     rope = torch.load(tmp_path / "rope.pt", weights_only=True)
     del rope["format"]
@@ -60,15 +60,18 @@ def test_output_paths(tmp_path):
     assert outputs.output_path(tmp_path / "plot", "--plot", plot=True) == tmp_path / "plot.png"
     assert "is a directory" in error(outputs.output_path, tmp_path, "--json")
     (tmp_path / "file").write_text("")
-    assert "is a file, not a directory" in error(outputs.output_path, tmp_path / "file" / "r.json", "--json")
-    assert "cannot write .xyz" in error(outputs.output_path, tmp_path / "p.xyz", "--plot", plot=True)
+    assert "is a file, not a directory" in error(outputs.output_path, tmp_path / "file" / "r.json",
+                                                 "--json")
+    assert "cannot write .xyz" in error(outputs.output_path, tmp_path / "p.xyz",
+                                        "--plot", plot=True)
 
 
 def test_unwritable_folder(tmp_path, monkeypatch):
     folder = tmp_path / "locked"
     folder.mkdir()
     folder.chmod(0o500)
-    if os.geteuid() == 0:  # root writes through permissions: make the probe fail as it would for a user
+    # root writes through permissions: make the probe fail as it would for a user
+    if os.geteuid() == 0:
         def refuse(*args, **kwargs):
             raise PermissionError(13, "Permission denied")
         monkeypatch.setattr(outputs.tempfile, "TemporaryFile", refuse)
@@ -80,7 +83,8 @@ def test_unwritable_folder(tmp_path, monkeypatch):
 def test_train_flops_per_token_counts_the_models_parameters(pos, bias):
     from model import GPT, GPTConfig
 
-    config = GPTConfig(block_size=32, vocab_size=50, n_layer=3, n_head=4, n_embd=24, bias=bias, pos=pos)
+    config = GPTConfig(block_size=32, vocab_size=50, n_layer=3, n_head=4, n_embd=24, bias=bias,
+                       pos=pos)
     model = GPT(config)
     n_params = sum(p.numel() for p in model.parameters())  # the tied embedding once
     if pos == "learned":  # a lookup, not a matmul
@@ -96,7 +100,8 @@ def test_train_flops_per_token_counts_the_models_parameters(pos, bias):
     ("NVIDIA H200", "bfloat16", True, 989e12),
     ("NVIDIA A100-SXM4-80GB", "float32", True, 156e12),
     ("Tesla V100-SXM2-16GB", "float16", True, 125e12),
-    ("Tesla V100-SXM2-16GB", "bfloat16", True, 15.7e12),  # no bfloat16 units: counted at float32's peak
+    # no bfloat16 units: counted at float32's peak
+    ("Tesla V100-SXM2-16GB", "bfloat16", True, 15.7e12),
     ("NVIDIA GeForce GTX 1080", "float32", True, None),  # not in the table: MFU is not reported
 ])
 def test_gpu_peak_flops(monkeypatch, name, dtype, tf32, peak):
@@ -110,7 +115,8 @@ def test_gpu_peak_flops(monkeypatch, name, dtype, tf32, peak):
 
 
 def test_cpu_peak_flops_is_measured_once_and_never_an_mfu_peak():
-    """bench.py measures a CPU's matmul speed once per process; train.py gets no CPU peak (MFU not reported there)."""
+    """bench.py measures a CPU's matmul speed once per process; train.py gets no CPU peak (MFU
+    not reported there)."""
     mfu.cpu_matmul_flops.cache_clear()
     peak = mfu.cpu_matmul_flops("float32")
     assert 1e8 < peak < 1e14 and mfu.cpu_matmul_flops("float32") == peak
@@ -119,13 +125,15 @@ def test_cpu_peak_flops_is_measured_once_and_never_an_mfu_peak():
 
 
 def damage_record(path, record="data/0", at=5):
-    """Flip one bit inside a zip record of a torch checkpoint, leaving the zip readable (torch.load skips the CRCs)."""
+    """Flip one bit inside a zip record of a torch checkpoint, leaving the zip readable
+    (torch.load skips the CRCs)."""
     import struct
     import zipfile
     with zipfile.ZipFile(path) as z:
         info = next(i for i in z.infolist() if i.filename.endswith("/" + record))
     raw = bytearray(path.read_bytes())
-    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26: info.header_offset + 30])
+    name_len, extra_len = struct.unpack("<HH",
+                                        raw[info.header_offset + 26: info.header_offset + 30])
     raw[info.header_offset + 30 + name_len + extra_len + at] ^= 0x40
     path.write_bytes(bytes(raw))
 
@@ -133,29 +141,34 @@ def damage_record(path, record="data/0", at=5):
 def test_a_damaged_tensor_record_is_refused_and_an_old_checkpoint_still_loads(tmp_path):
     data = dataset(tmp_path / "a")
     make_checkpoint(tmp_path / "m.pt", data)
-    old = {k: v for k, v in torch.load(tmp_path / "m.pt", weights_only=True).items() if k != "checksums"}
+    old = {k: v for k, v in torch.load(tmp_path / "m.pt", weights_only=True).items()
+           if k != "checksums"}
     torch.save(old, tmp_path / "old.pt")  # as written before checksums were recorded
     checkpoint.load_model(tmp_path / "old.pt")
     checkpoint.load_model(tmp_path / "m.pt")
     damage_record(tmp_path / "m.pt")
-    assert "is damaged: the checksum of its model tensors does not match" in error(checkpoint.load_model,
-                                                                                   tmp_path / "m.pt")
+    assert ("is damaged: the checksum of its model tensors does not match"
+            in error(checkpoint.load_model, tmp_path / "m.pt"))
 
 
 def test_checkpoint_iter_num_must_be_an_integer(tmp_path):
     data = dataset(tmp_path / "a")
     make_checkpoint(tmp_path / "m.pt", data)
-    torch.save(dict(torch.load(tmp_path / "m.pt", weights_only=True), iter_num="20"), tmp_path / "s.pt")
-    assert "its iter_num '20' is not an integer >= 0" in error(checkpoint.load_checkpoint, tmp_path / "s.pt")
+    torch.save(dict(torch.load(tmp_path / "m.pt", weights_only=True), iter_num="20"),
+               tmp_path / "s.pt")
+    assert ("its iter_num '20' is not an integer >= 0"
+            in error(checkpoint.load_checkpoint, tmp_path / "s.pt"))
 
 
 @pytest.mark.parametrize("refusal, said", [
-    (OSError(28, "No space left on device"), ("could not write checkpoint", "No space left on device")),
+    (OSError(28, "No space left on device"), ("could not write checkpoint",
+                                              "No space left on device")),
     # torch's zip writer turns a refused write (ENOSPC, EFBIG) into a RuntimeError, not an OSError
     (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"),
      ("the write stopped short (a full disk",)),
 ])
-def test_a_failed_checkpoint_write_is_one_line_and_keeps_the_previous(tmp_path, monkeypatch, refusal, said):
+def test_a_failed_checkpoint_write_is_one_line_and_keeps_the_previous(tmp_path, monkeypatch,
+                                                                      refusal, said):
     path = tmp_path / "ckpt.pt"
     checkpoint.save_checkpoint({"model": {"w": torch.ones(3)}}, path)
     before = path.read_bytes()
@@ -180,24 +193,29 @@ def test_outputs_replace_only_earlier_outputs_of_their_kind(tmp_path):
     data = dataset(tmp_path / "a")
     make_checkpoint(tmp_path / "ckpt.pt", data)
     before = (tmp_path / "ckpt.pt").read_bytes()
-    assert "exists and is not an earlier JSON output" in error(outputs.output_path, tmp_path / "ckpt.pt", "--json")
+    assert ("exists and is not an earlier JSON output"
+            in error(outputs.output_path, tmp_path / "ckpt.pt", "--json"))
     assert (tmp_path / "ckpt.pt").read_bytes() == before
     (tmp_path / "theirs.json").write_text('{"rows": []}')  # JSON, but not ours
-    assert "is not an earlier JSON output" in error(outputs.output_path, tmp_path / "theirs.json", "--json")
+    assert "is not an earlier JSON output" in error(outputs.output_path, tmp_path / "theirs.json",
+                                                    "--json")
     outputs.write_json(tmp_path / "ours.json", {"rows": []}, quiet=True)
     assert outputs.output_path(tmp_path / "ours.json", "--json") == tmp_path / "ours.json"
     plt = outputs.pyplot()
     plt.figure().savefig(tmp_path / "ours.png")
     assert outputs.output_path(tmp_path / "ours.png", "--plot", plot=True) == tmp_path / "ours.png"
     (tmp_path / "notes.png").write_text("my notes")
-    assert "is not an earlier plot" in error(outputs.output_path, tmp_path / "notes.png", "--plot", plot=True)
+    assert "is not an earlier plot" in error(outputs.output_path, tmp_path / "notes.png",
+                                             "--plot", plot=True)
     os.symlink(tmp_path / "ours.json", tmp_path / "link.json")
-    assert "is not an earlier JSON output" in error(outputs.output_path, tmp_path / "link.json", "--json")
+    assert "is not an earlier JSON output" in error(outputs.output_path, tmp_path / "link.json",
+                                                    "--json")
 
 
 @pytest.mark.parametrize("seed", [-1, 10**23, 2**63])
 def test_seeds_outside_what_torch_and_numpy_take_are_refused(seed):
-    assert f"--seed {seed} is not allowed: must be an integer from 0 to 2**63 - 1" in error(cli.check_seed, seed)
+    assert (f"--seed {seed} is not allowed: must be an integer from 0 to 2**63 - 1"
+            in error(cli.check_seed, seed))
 
 def free_port():
     import socket
@@ -207,8 +225,8 @@ def free_port():
 
 
 def torchrun_vars(monkeypatch, rank, world=2, port=None, **more):
-    for k, v in dict(RANK=rank, WORLD_SIZE=world, MASTER_ADDR="127.0.0.1", MASTER_PORT=port or free_port(),
-                     **more).items():
+    for k, v in dict(RANK=rank, WORLD_SIZE=world, MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=port or free_port(), **more).items():
         monkeypatch.setenv(k, str(v))
 
 
@@ -216,7 +234,8 @@ def test_rank_without_the_other_torchrun_variables_is_a_one_line_error(monkeypat
     monkeypatch.setenv("RANK", "0")  # `RANK=0 python train.py`: torch's ValueError before
     for k in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
-    assert "RANK='0' is set but not WORLD_SIZE, MASTER_ADDR, MASTER_PORT" in error(distributed.setup_distributed, "cpu")
+    assert ("RANK='0' is set but not WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
+            in error(distributed.setup_distributed, "cpu"))
     torchrun_vars(monkeypatch, "x")
     assert "RANK='x'" in error(distributed.setup_distributed, "cpu")
     torchrun_vars(monkeypatch, 2, world=2)
@@ -225,18 +244,20 @@ def test_rank_without_the_other_torchrun_variables_is_a_one_line_error(monkeypat
 
 @pytest.mark.slow
 def test_rendezvous_timeout_names_the_missing_ranks(monkeypatch):
-    """RANK=0 WORLD_SIZE=2 without a rank 1 waited torch's 30 minutes; now rendezvous_minutes, then who is missing."""
+    """RANK=0 WORLD_SIZE=2 without a rank 1 waited torch's 30 minutes; now rendezvous_minutes,
+    then who is missing."""
     torchrun_vars(monkeypatch, 0)
     message = error(distributed.setup_distributed, "cpu", rendezvous_minutes=0.01)
-    assert "rank(s) 1 of WORLD_SIZE=2 did not join" in message and "ddp_rendezvous_minutes" in message
+    assert ("rank(s) 1 of WORLD_SIZE=2 did not join" in message
+            and "ddp_rendezvous_minutes" in message)
     torchrun_vars(monkeypatch, 1)  # and a rank 1 with nobody at MASTER_ADDR:MASTER_PORT
-    assert "nothing answers at MASTER_ADDR:MASTER_PORT=127.0.0.1:" in error(distributed.setup_distributed, "cpu",
-                                                                           rendezvous_minutes=0.01)
+    assert ("nothing answers at MASTER_ADDR:MASTER_PORT=127.0.0.1:"
+            in error(distributed.setup_distributed, "cpu", rendezvous_minutes=0.01))
 
 
 def test_one_rank_prints_the_error(monkeypatch):
-    """Under torchrun every rank checks the same inputs: rank 0 prints the error, the others exit 1 quietly, unless
-    the error is one rank's alone (rank_error)."""
+    """Under torchrun every rank checks the same inputs: rank 0 prints the error, the others exit 1
+    quietly, unless the error is one rank's alone (rank_error)."""
     torchrun_vars(monkeypatch, 1)
     monkeypatch.setattr(cli, "QUIET_EXIT_SECONDS", 0)
     with pytest.raises(SystemExit) as e:
@@ -257,8 +278,10 @@ def test_one_rank_prints_the_error(monkeypatch):
     ("eval_extrapolate", ["--ckpt", "x", "--batch_tokens", "abc"]),
     ("resolution", ["--length", "abc"]),
 ])
-def test_every_evaluation_script_prints_its_error_from_rank_0_alone(script, argv, monkeypatch, capsys):
-    """The evaluation scripts exit through error_exit, one line from rank 0 under torchrun and none from the others."""
+def test_every_evaluation_script_prints_its_error_from_rank_0_alone(script, argv, monkeypatch,
+                                                                    capsys):
+    """The evaluation scripts exit through error_exit, one line from rank 0 under torchrun and
+    none from the others."""
     monkeypatch.setattr(cli, "QUIET_EXIT_SECONDS", 0)
     module = importlib.import_module(script)
     name = script.rpartition(".")[2]
@@ -267,17 +290,20 @@ def test_every_evaluation_script_prints_its_error_from_rank_0_alone(script, argv
         with pytest.raises(SystemExit) as e:
             module.main(argv)
         if rank == 0:
-            assert str(e.value.code).startswith(f"{name}.py: error: argument ") and "abc" in e.value.code
+            assert (str(e.value.code).startswith(f"{name}.py: error: argument ")
+                    and "abc" in e.value.code)
         else:
             assert e.value.code == 1
         assert capsys.readouterr() == ("", "")
 
 
 def test_runtime_computes_in_its_dtype():
-    """Runtime.ctx is autocast to the resolved dtype (none in float32: auto on CPU); one process is rank 0 of 1."""
+    """Runtime.ctx is autocast to the resolved dtype (none in float32: auto on CPU); one
+    process is rank 0 of 1."""
     from lexgpt.inference_options import Runtime
     a = torch.ones(2, 2)
-    for dtype, want in (("auto", torch.float32), ("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+    for dtype, want in (("auto", torch.float32), ("float32", torch.float32),
+                        ("bfloat16", torch.bfloat16)):
         runtime = Runtime.local("cpu", dtype)
         with runtime.ctx:
             assert (a @ a).dtype == want
@@ -291,12 +317,14 @@ def test_a_run_directory_has_one_owner(tmp_path):
     run_dir.own_run_dir(out)
     try:
         assert f"pid {os.getpid()} on host" in run_dir.run_dir_owner(out)
-        message = error(run_dir.own_run_dir, out)  # a second open of the lock conflicts, even in one process
+        # a second open of the lock conflicts, even in one process
+        message = error(run_dir.own_run_dir, out)
         assert f"out_dir {out} is in use by pid {os.getpid()} on host" in message
     finally:
         run_dir.release_run_dirs()
     assert run_dir.run_dir_owner(out) is None and not (out / "lock").exists()
-    (out / "lock").write_text("pid 99999999 on host gone (train.py)\n")  # a dead owner's: no flock holds it
+    # a dead owner's: no flock holds it
+    (out / "lock").write_text("pid 99999999 on host gone (train.py)\n")
     assert run_dir.run_dir_owner(out) is None
     run_dir.own_run_dir(out)
     assert f"pid {os.getpid()}" in (out / "lock").read_text()
@@ -304,27 +332,30 @@ def test_a_run_directory_has_one_owner(tmp_path):
 
 
 def test_a_failed_start_removes_its_empty_log_before_it_lets_go(tmp_path, monkeypatch):
-    """A failed start's empty log.jsonl is removed while out_dir is still this process's: once the lock is let go,
-    another trainer may take out_dir, and its new log is empty too."""
+    """A failed start's empty log.jsonl is removed while out_dir is still this process's: once the
+    lock is let go, another trainer may take out_dir, and its new log is empty too."""
     run_dir.own_run_dir(tmp_path)
     (tmp_path / "log.jsonl").touch()
     release, seen = run_dir.release_run_dirs, []
-    monkeypatch.setattr(run_dir, "release_run_dirs", lambda: seen.append((tmp_path / "log.jsonl").exists()) or release())
+    monkeypatch.setattr(run_dir, "release_run_dirs",
+                        lambda: seen.append((tmp_path / "log.jsonl").exists()) or release())
     run_dir.remove_debris(tmp_path, made=True)
-    assert seen == [False] and not run_dir.OWNED and not tmp_path.exists()  # the lock's file gone, then the folder
+    # the lock's file gone, then the folder
+    assert seen == [False] and not run_dir.OWNED and not tmp_path.exists()
 
 
 def test_a_run_directory_without_locks_is_owned_with_a_note(tmp_path, monkeypatch, capsys):
-    """A filesystem without flock (some NFS mounts): a note, and the directory counts as this process's, so that a
-    failed start still removes its empty log (remove_debris)."""
+    """A filesystem without flock (some NFS mounts): a note, and the directory counts as this
+    process's, so that a failed start still removes its empty log (remove_debris)."""
     import errno
 
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
     monkeypatch.setattr(run_dir.fcntl, "flock", no_locks)
     run_dir.own_run_dir(tmp_path)
-    assert capsys.readouterr().out == (f"note: out_dir {tmp_path} cannot be locked ({os.strerror(errno.ENOLCK)}): "
-                                       "nothing stops a second trainer there\n")
+    assert capsys.readouterr().out == (f"note: out_dir {tmp_path} cannot be locked "
+                                       f"({os.strerror(errno.ENOLCK)}): nothing stops a second "
+                                       "trainer there\n")
     assert list(run_dir.OWNED) == [tmp_path / "lock"]
     (tmp_path / "log.jsonl").touch()
     run_dir.remove_debris(tmp_path, made=False)
@@ -333,8 +364,9 @@ def test_a_run_directory_without_locks_is_owned_with_a_note(tmp_path, monkeypatc
 
 @pytest.mark.slow
 def test_rendezvous_meets_and_catches_a_disagreement_on_world_size():
-    """Two ranks meet in the store (threads here stand for processes); ranks told different WORLD_SIZEs would leave
-    rank 0 waiting for a rank that never comes (gloo's connect, 30 minutes): a one-line error instead."""
+    """Two ranks meet in the store (threads here stand for processes); ranks told different
+    WORLD_SIZEs would leave rank 0 waiting for a rank that never comes (gloo's connect, 30 minutes):
+    a one-line error instead."""
     from concurrent.futures import ThreadPoolExecutor
 
     def meet(worlds, port=None):
@@ -346,7 +378,8 @@ def test_rendezvous_meets_and_catches_a_disagreement_on_world_size():
 
     assert all(isinstance(r, distributed.dist.TCPStore) for r in meet((2, 2)))
     rank0, _ = meet((2, 3))
-    assert str(rank0) == "the processes disagree on WORLD_SIZE (rank 0: 2, rank 1: 3): give every one the same"
+    assert str(rank0) == ("the processes disagree on WORLD_SIZE (rank 0: 2, rank 1: 3): give every "
+                          "one the same")
 
 
 @pytest.mark.parametrize("script, argv", [
@@ -358,11 +391,13 @@ def test_rendezvous_meets_and_catches_a_disagreement_on_world_size():
     ("bench", ["--nope"]),
 ])
 def test_a_bad_flag_is_one_line_with_status_1(script, argv, capsys):
-    """argparse's errors as every other error of the scripts: one line naming the flag, not the usage and status 2."""
+    """argparse's errors as every other error of the scripts: one line naming the flag, not the
+    usage and status 2."""
     module = importlib.import_module(script)
     with pytest.raises(SystemExit) as e:
         module.main(argv)
     name = script.rpartition(".")[2]
     assert isinstance(e.value.code, str) and e.value.code.startswith(f"{name}.py: error: ")
-    assert "\n" not in e.value.code and ("abc" in e.value.code or "huge" in e.value.code or "--nope" in e.value.code)
+    assert ("\n" not in e.value.code
+            and ("abc" in e.value.code or "huge" in e.value.code or "--nope" in e.value.code))
     assert "usage:" not in capsys.readouterr().err

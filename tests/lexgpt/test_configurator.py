@@ -1,4 +1,5 @@
-"""Tests for configurator.py: defaults, config files and --key=value applied in order, and one-line errors."""
+"""Tests for configurator.py: defaults, config files and --key=value applied in order,
+and one-line errors."""
 
 import pytest
 
@@ -25,13 +26,15 @@ def error(tmp_path, *argv, **files):
 def test_files_then_flags_in_order(tmp_path):
     c = config(tmp_path, "{tmp}/a.py", "--n_layer=3", "{tmp}/b.py", "--flag=True",
                a="import math\n_scratch = 1\nn_layer = 2\nlr = 1\n", b="n_layer = 4\nmode = 'b'\n")
-    assert c == dict(name="run", n_layer=4, lr=1.0, flag=True, mode="b")  # an int is taken for a float
+    # an int is taken for a float
+    assert c == dict(name="run", n_layer=4, lr=1.0, flag=True, mode="b")
     assert type(c["lr"]) is float and DEFAULTS["n_layer"] == 6  # the defaults are not touched
     assert config(tmp_path, "--flag=false", "--lr=2e-3", "--name=x")["flag"] is False
 
 
 @pytest.mark.parametrize("argv,files,message", [
-    (["--nope=1"], {}, "unknown config key 'nope' (from --nope=1); known keys: name, n_layer, lr, flag, mode"),
+    (["--nope=1"], {},
+     "unknown config key 'nope' (from --nope=1); known keys: name, n_layer, lr, flag, mode"),
     (["{tmp}/a.py"], dict(a="nope = 1\n"), "unknown config key 'nope' (from "),
     (["--n_layer=two"], {}, "config key n_layer='two' (from --n_layer=two) must be a int"),
     (["--flag=yes"], {}, "config key flag='yes' (from --flag=yes) must be a bool"),
@@ -43,7 +46,8 @@ def test_files_then_flags_in_order(tmp_path):
     (["--n_layer=0"], {}, "config key n_layer=0 is not allowed: must be an integer >= 1"),
     (["--n_layer"], {}, "expected --key=value, got '--n_layer'"),
     (["{tmp}/none.py"], {}, "does not exist"),
-    (["{tmp}/a.py"], dict(a="def f():\n    return 1 / 0\nn_layer = f()\n"), "a.py, line 2: ZeroDivisionError"),
+    (["{tmp}/a.py"], dict(a="def f():\n    return 1 / 0\nn_layer = f()\n"),
+     "a.py, line 2: ZeroDivisionError"),
 ])
 def test_errors_name_the_key_or_the_line(tmp_path, argv, files, message):
     assert message in error(tmp_path, *argv, **files)
@@ -61,22 +65,24 @@ def test_an_unreadable_config_file_is_one_line(tmp_path, monkeypatch):
     def refuse(self):  # a file mode 000 (root reads through it)
         raise PermissionError(13, "Permission denied")
     monkeypatch.setattr(pathlib.Path, "read_bytes", refuse)
-    assert error(tmp_path, "{tmp}/a.py") == f"config file {tmp_path}/a.py is not readable: Permission denied"
+    assert (error(tmp_path, "{tmp}/a.py")
+            == f"config file {tmp_path}/a.py is not readable: Permission denied")
     monkeypatch.undo()
     assert "is not readable: File name too long" in error(tmp_path, "{tmp}/" + "x" * 300 + ".py")
 
 
 def test_seed_limit():
     from lexgpt.configurator import SEED
-    assert "seed=-1 is not allowed" in str(pytest.raises(UserError, configure, dict(seed=1), ["--seed=-1"],
-                                                         None, dict(seed=SEED)).value)
+    assert "seed=-1 is not allowed" in str(pytest.raises(UserError, configure, dict(seed=1),
+                                                         ["--seed=-1"], None,
+                                                         dict(seed=SEED)).value)
     assert configure(dict(seed=1), ["--seed=7"], None, dict(seed=SEED))["seed"] == 7
 
 
 @pytest.mark.parametrize("seed", [-1, 0, 7, 2**63 - 1, 2**63, 10**23])
 def test_the_seed_key_and_the_seed_flag_share_one_rule(seed):
-    """train.py's seed key and the scripts' --seed take the seeds numpy (none negative) and torch (none >= 2^64) both
-    take, with room for seed + rank: 0 .. 2^63 - 1, one rule."""
+    """train.py's seed key and the scripts' --seed take the seeds numpy (none negative) and torch
+    (none >= 2^64) both take, with room for seed + rank: 0 .. 2^63 - 1, one rule."""
     from lexgpt.cli import check_seed
     from lexgpt.configurator import SEED
     allowed = 0 <= seed < 2**63
@@ -91,6 +97,6 @@ def test_the_seed_key_and_the_seed_flag_share_one_rule(seed):
         key = True
     except UserError as e:
         key = False
-        assert str(e) == (f"config key seed={seed} is not allowed: must be an integer from 0 to 2**63 - 1 (numpy "
-                          "takes no negative seed, torch none >= 2**64)")
+        assert str(e) == (f"config key seed={seed} is not allowed: must be an integer from 0 to "
+                          "2**63 - 1 (numpy takes no negative seed, torch none >= 2**64)")
     assert flag == key == allowed

@@ -1,4 +1,5 @@
-"""Tests for data.py: datasets checked on open, and a checkpoint's dataset checked for its tokenizer."""
+"""Tests for data.py: datasets checked on open, and a checkpoint's dataset checked
+for its tokenizer."""
 
 import json
 import shutil
@@ -16,8 +17,10 @@ def dataset(root, seed=0, vocab="abcdefghijk", n_train=500, n_val=75):
     rng = np.random.default_rng(seed)
     train = rng.integers(0, len(vocab), n_train).astype(np.uint16)
     val = rng.integers(0, len(vocab), n_val).astype(np.uint16)
-    meta = dict(tokenizer="char", vocab_size=len(vocab), dtype="uint16", chars=list(vocab), eot_token=None)
-    write_dataset(root, {"train": (train, [[0, n_train]], ["t"]), "val": (val, [[0, n_val]], ["v"])}, meta)
+    meta = dict(tokenizer="char", vocab_size=len(vocab), dtype="uint16", chars=list(vocab),
+                eot_token=None)
+    write_dataset(root, {"train": (train, [[0, n_train]], ["t"]),
+                         "val": (val, [[0, n_val]], ["v"])}, meta)
     return root
 
 
@@ -46,8 +49,8 @@ def test_load_meta_accepts_a_complete_dataset(tmp_path):
 
 
 def test_read_tokens_gives_the_split_and_what_its_batches_need(tmp_path):
-    """A token file: the ids written (regenerated from the same seed), read-only; vocab_size from meta.json; no
-    record or answers outside a task dataset; and nothing more can be hung on it."""
+    """A token file: the ids written (regenerated from the same seed), read-only; vocab_size from
+    meta.json; no record or answers outside a task dataset; and nothing more can be hung on it."""
     import dataclasses
 
     meta = data.load_meta(dataset(tmp_path / "a", seed=3))
@@ -76,12 +79,15 @@ def test_mixed_directory_assembled_by_hand_is_refused(tmp_path):
 @pytest.mark.parametrize("damage,message", [
     (lambda d: (d / "meta.json").write_text("{not json"), "meta.json is corrupt"),
     (lambda d: (d / "meta.json").write_bytes(b"\xff\xfe"), "meta.json is corrupt"),
-    (lambda d: (d / "meta.json").write_text(json.dumps({"tokenizer": "char"})), "corrupt: no vocab_size, dtype, files"),
+    (lambda d: (d / "meta.json").write_text(json.dumps({"tokenizer": "char"})),
+     "corrupt: no vocab_size, dtype, files"),
     (lambda d: (d / "meta.json").write_text("[1, 2]"), "corrupt: not a JSON object"),
     (lambda d: edit_meta(d, vocab_size="11"), "corrupt: vocab_size='11' is not allowed"),
     (lambda d: edit_meta(d, chars=list("abc")), "corrupt: chars=['a', 'b', 'c'] is not allowed"),
-    (lambda d: edit_meta(d, files={"train": {"file": 5, "tokens": 1, "ends_sha256": ""}}), "corrupt: files="),
-    (lambda d: edit_meta(d, files=dict(read_meta(d)["files"], val=dict(read_meta(d)["files"]["val"], tokens="75"))),
+    (lambda d: edit_meta(d, files={"train": {"file": 5, "tokens": 1, "ends_sha256": ""}}),
+     "corrupt: files="),
+    (lambda d: edit_meta(d, files=dict(read_meta(d)["files"],
+                                       val=dict(read_meta(d)["files"]["val"], tokens="75"))),
      "corrupt: files="),
     (lambda d: file_of(d, "train").write_bytes(b""), "is empty (0 tokens)"),
     (lambda d: file_of(d, "val").unlink(), "is missing"),
@@ -102,7 +108,8 @@ def test_tokenizer_mismatch_names_both(tmp_path):
     assert ckpt["tokenizer"]["vocab_size"] == 11
     message = error(data.checkpoint_dataset, ckpt, ckpt_path, small)
     assert "vocab_size 11" in message and "vocab_size 16" in message and "--data_dir" in message
-    same_size = dataset(tmp_path / "same", vocab="ABCDEFGHIJK")  # 11 other characters: only the hash differs
+    # 11 other characters: only the hash differs
+    same_size = dataset(tmp_path / "same", vocab="ABCDEFGHIJK")
     assert "chars_sha256" in error(data.checkpoint_dataset, ckpt, ckpt_path, same_size)
     assert data.checkpoint_dataset(ckpt, ckpt_path)[0] == str(a)  # the training data_dir by default
     del ckpt["tokenizer"]  # older checkpoints: the vocabulary size is still compared
@@ -112,7 +119,8 @@ def test_tokenizer_mismatch_names_both(tmp_path):
 def test_documents_from_the_offsets_file_and_from_an_older_meta_json(tmp_path):
     d = dataset(tmp_path / "d")
     meta = data.load_meta(d)
-    assert data.documents(d, "val", meta).tolist() == [[0, 75]] and data.document_names(d, "val", meta) == ["v"]
+    assert (data.documents(d, "val", meta).tolist() == [[0, 75]]
+            and data.document_names(d, "val", meta) == ["v"])
     # the previous format: documents listed in meta.json, no offsets files
     old = read_meta(d)
     for split, name, n in (("train", "t", 500), ("val", "v", 75)):
@@ -122,7 +130,8 @@ def test_documents_from_the_offsets_file_and_from_an_older_meta_json(tmp_path):
     (d / "meta.json").write_text(json.dumps(old))
     meta = data.load_meta(d)
     assert data.documents(d, "train", meta).tolist() == [[0, 500]]
-    assert data.documents(d, "train", meta).dtype == np.int64 and data.document_names(d, "val", meta) == ["v"]
+    assert (data.documents(d, "train", meta).dtype == np.int64
+            and data.document_names(d, "val", meta) == ["v"])
     del old["val_documents"]  # neither format
     (d / "meta.json").write_text(json.dumps(old))
     assert "no document offsets" in error(data.load_meta, d)
@@ -130,21 +139,24 @@ def test_documents_from_the_offsets_file_and_from_an_older_meta_json(tmp_path):
 
 def test_offsets_file_from_another_dataset_is_refused(tmp_path):
     tokens = np.arange(75, dtype=np.uint16) % 11
-    meta = dict(tokenizer="char", vocab_size=11, dtype="uint16", chars=list("abcdefghijk"), eot_token=None)
+    meta = dict(tokenizer="char", vocab_size=11, dtype="uint16", chars=list("abcdefghijk"),
+                eot_token=None)
     for name, cut in (("a", 40), ("b", 30)):
         write_dataset(tmp_path / name, {"train": (tokens, [[0, 75]], None),
                                         "val": (tokens, [[0, cut], [cut, 75]], None)}, meta)
-    docs = lambda d: d / read_meta(d)["files"]["val_docs"]["file"]
+    def docs(d):
+        return d / read_meta(d)["files"]["val_docs"]["file"]
     shutil.copy(docs(tmp_path / "b"), docs(tmp_path / "a"))  # same size, other offsets
-    assert "val_docs-" in error(data.load_meta, tmp_path / "a") and "do not belong together" in error(
-        data.load_meta, tmp_path / "a")
+    assert ("val_docs-" in error(data.load_meta, tmp_path / "a")
+            and "do not belong together" in error(data.load_meta, tmp_path / "a"))
 
 
-# --- damage inside a token file (issue 22): full checksums, token ids checked against vocab_size -----------------
+# --- damage inside a token file (issue 22): full checksums, token ids checked against vocab_size --
 
 
 def big_dataset(root, n_train=3 << 20):
-    """A train file of 6 MiB: damage in its middle is outside the first and last MiB the ends' checksum reads."""
+    """A train file of 6 MiB: damage in its middle is outside the first and last MiB the
+    ends' checksum reads."""
     return dataset(root, n_train=n_train)
 
 
@@ -165,10 +177,12 @@ def test_meta_json_records_full_checksums(tmp_path):
 def test_damage_in_the_middle_of_a_token_file_is_refused_on_open(tmp_path):
     d = big_dataset(tmp_path / "d")
     middle = (3 << 20) // 2
-    overwrite(file_of(d, "train"), middle, np.zeros(1 << 19, np.uint16))  # a MiB of in-vocabulary ids
+    # a MiB of in-vocabulary ids
+    overwrite(file_of(d, "train"), middle, np.zeros(1 << 19, np.uint16))
     message = error(data.load_meta, d)
     assert f"{file_of(d, 'train')} is damaged" in message and "SHA-256" in message
-    overwrite(file_of(d, "train"), middle + 5, [60000])  # an id outside the vocabulary: named with its offset
+    # an id outside the vocabulary: named with its offset
+    overwrite(file_of(d, "train"), middle + 5, [60000])
     message = error(data.load_meta, d)
     assert f"{file_of(d, 'train')} is damaged" in message
     assert f"token id 60000 at token offset {middle + 5} is not below its vocab_size 11" in message
@@ -177,15 +191,19 @@ def test_damage_in_the_middle_of_a_token_file_is_refused_on_open(tmp_path):
 def test_files_over_the_full_check_limit_are_checked_per_batch(tmp_path, monkeypatch):
     d = big_dataset(tmp_path / "d")
     middle = (3 << 20) // 2
-    overwrite(file_of(d, "train"), middle, [7, 11])  # 11: one past the last id of the 11-character vocabulary
-    monkeypatch.setattr(data, "FULL_CHECK_BYTES", 1 << 20)  # as if the 6 MiB file were over the limit
+    # 11: one past the last id of the 11-character vocabulary
+    overwrite(file_of(d, "train"), middle, [7, 11])
+    # as if the 6 MiB file were over the limit
+    monkeypatch.setattr(data, "FULL_CHECK_BYTES", 1 << 20)
     meta = data.load_meta(d)  # its ends are intact: accepted on open
     tokens = data.read_tokens(d, "train", meta)
     x, y = data.get_batch(tokens, np.array([0, 100]), 16, "cpu")  # elsewhere: fine
     assert int(x.max()) < 11
     message = error(data.get_batch, tokens, np.array([0, middle - 3]), 16, "cpu")
-    assert f"{file_of(d, 'train')}: token id 11 at token offset {middle + 1} is not below its vocab_size" in message
-    monkeypatch.setattr(data, "FULL_CHECK_BYTES", 1 << 30)  # under the limit: refused on open, the offset named
+    assert (f"{file_of(d, 'train')}: token id 11 at token offset {middle + 1} is not below its "
+            "vocab_size" in message)
+    # under the limit: refused on open, the offset named
+    monkeypatch.setattr(data, "FULL_CHECK_BYTES", 1 << 30)
     assert f"token id 11 at token offset {middle + 1} is not below" in error(data.load_meta, d)
 
 
@@ -193,7 +211,8 @@ def test_a_damaged_dataset_stops_training_with_one_line(tmp_path):
     import train as train_script
     from test_train import tiny_args
 
-    d = big_dataset(tmp_path / "d")  # the issue's case: damage in the middle, where the ends' checksum cannot see it
+    # the issue's case: damage in the middle, where the ends' checksum cannot see it
+    d = big_dataset(tmp_path / "d")
     overwrite(file_of(d, "train"), 2000000, [200])
     with pytest.raises(SystemExit) as e:
         train_script.main(tiny_args(d, tmp_path / "run", max_iters=2, eval_interval=2, eval_iters=1,
@@ -208,10 +227,12 @@ def test_verify_checks_every_file_in_full(tmp_path, capsys):
     d = big_dataset(tmp_path / "d")
     prepare_data.main(["--verify", str(d)])
     assert capsys.readouterr().out.startswith(f"{d}: OK: its 6 files")
-    overwrite(file_of(d, "train"), 1 << 20, [3])  # in the vocabulary, in the middle: only the full hash sees it
+    # in the vocabulary, in the middle: only the full hash sees it
+    overwrite(file_of(d, "train"), 1 << 20, [3])
     with pytest.raises(SystemExit) as e:
         prepare_data.main(["--verify", str(d)])
-    assert f"{file_of(d, 'train')} is damaged" in str(e.value.code) and "\n" not in str(e.value.code)
+    assert (f"{file_of(d, 'train')} is damaged" in str(e.value.code)
+            and "\n" not in str(e.value.code))
     old = read_meta(d)  # a dataset from before full checksums: nothing to verify against
     for entry in old["files"].values():
         del entry["sha256"]
@@ -222,8 +243,9 @@ def test_verify_checks_every_file_in_full(tmp_path, capsys):
 
 
 def test_evaluation_readers_check_the_ids_they_read(tmp_path):
-    """eval_extrapolate's scoring and resolution's texts read validation tokens themselves (a file over the full-check
-    limit is not read whole on open): an id past vocab_size is one line naming the file and the token offset."""
+    """eval_extrapolate's scoring and resolution's texts read validation tokens themselves (a file
+    over the full-check limit is not read whole on open): an id past vocab_size is one line naming
+    the file and the token offset."""
     import eval_extrapolate
     import resolution
     from lexgpt.inference_options import Runtime, Variant
@@ -231,11 +253,12 @@ def test_evaluation_readers_check_the_ids_they_read(tmp_path):
 
     d = tmp_path / "d"
     shutil.copytree(dataset(tmp_path / "src"), d)
-    meta = read_meta(d)  # read, not checked: the damage below stands for one the checks on open cannot see
+    # read, not checked: the damage below stands for one the checks on open cannot see
+    meta = read_meta(d)
     overwrite(file_of(d, "val"), 40, [200])
     model = make_checkpoint(tmp_path / "m.pt", tmp_path / "src", vocab="abcdefghijk")
     want = f"{file_of(d, 'val')}: token id 200 at token offset 40 is not below its vocab_size 11"
-    message = error(eval_extrapolate.score, model, data.read_tokens(d, "val", meta), [(32, 16, 0)], 16,
-                    Variant(AttentionRule("causal"), None, 64), Runtime("cpu"))
+    message = error(eval_extrapolate.score, model, data.read_tokens(d, "val", meta), [(32, 16, 0)],
+                    16, Variant(AttentionRule("causal"), None, 64), Runtime("cpu"))
     assert message.startswith(want)
     assert error(resolution.texts_from, meta, d, 16, 8).startswith(want)

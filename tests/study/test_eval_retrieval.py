@@ -1,5 +1,5 @@
-"""Tests for eval_retrieval.py: the probes' sequences built right, gain and effective context by hand on stubbed
-models, the JSON shape, and one-line errors."""
+"""Tests for eval_retrieval.py: the probes' sequences built right, gain and effective context by
+hand on stubbed models, the JSON shape, and one-line errors."""
 
 import json
 import math
@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from lexgpt import checkpoint
-from lexgpt import data
-from study import eval_retrieval
 import prepare_data
 from conftest import make_checkpoint
+from lexgpt import checkpoint, data
 from lexgpt.data import PASSKEY_CHARS, Tokenizer
 from lexgpt.inference_options import Runtime, Variant, default_batch_tokens
+from study import eval_retrieval
 
 
 def run(*argv):
@@ -23,7 +22,8 @@ def run(*argv):
 
 
 def test_repeat_sequences_are_span_filler_span_with_nothing_shared():
-    stream = np.arange(1000)  # every token is its own position: overlaps would show as repeated values
+    # every token is its own position: overlaps would show as repeated values
+    stream = np.arange(1000)
     for d in (0, 5, 100):
         probe, control = eval_retrieval.repeat_sequences(stream, 8, d, 20, seed=3)
         assert probe.shape == control.shape == (20, 16 + d)
@@ -32,15 +32,19 @@ def test_repeat_sequences_are_span_filler_span_with_nothing_shared():
             other = c[:8]
             assert first == second and c[8:] == p[8:]  # the control differs only in its first copy
             for stretch in (first, filler, other):  # each a contiguous piece of the stream
-                assert stretch == list(range(stretch[0], stretch[0] + len(stretch))) if stretch else True
-            assert not set(first) & set(filler) and not set(other) & set(first) and not set(other) & set(filler)
+                assert (stretch == list(range(stretch[0], stretch[0] + len(stretch))) if stretch
+                        else True)
+            assert (not set(first) & set(filler) and not set(other) & set(first)
+                    and not set(other) & set(filler))
     again, _ = eval_retrieval.repeat_sequences(stream, 8, 5, 20, seed=3)
-    assert torch.equal(again, eval_retrieval.repeat_sequences(stream, 8, 5, 20, seed=3)[0])  # seeded
+    # seeded
+    assert torch.equal(again, eval_retrieval.repeat_sequences(stream, 8, 5, 20, seed=3)[0])
     assert not torch.equal(again, eval_retrieval.repeat_sequences(stream, 8, 5, 20, seed=4)[0])
 
 
 class Copier:
-    """A stub model: NLL 0.5 for a token that appeared earlier in the sequence within `reach` positions, else 2."""
+    """A stub model: NLL 0.5 for a token that appeared earlier in the sequence within `reach`
+    positions, else 2."""
 
     def __init__(self, reach):
         self.reach = reach
@@ -62,10 +66,12 @@ def test_gain_and_effective_context_by_hand():
     rows = []
     for d in (0, 10, 40, 100):
         probe, control = eval_retrieval.repeat_sequences(stream, 6, d, 4, seed=0)
-        loss, ctrl = (eval_retrieval.second_copy_nll(Copier(reach=30), s, 6, Variant(None, None, 10**6),
-                                                     Runtime("cpu")) for s in (probe, control))
+        loss, ctrl = (eval_retrieval.second_copy_nll(Copier(reach=30), s, 6,
+                                                     Variant(None, None, 10**6), Runtime("cpu"))
+                      for s in (probe, control))
         gain, stderr = eval_retrieval.retrieval_gain(loss, ctrl)
-        # tokens 1..5 of the second copy: copied (0.5) while the first copy is within reach, else 2, control 2
+        # tokens 1..5 of the second copy: copied (0.5) while the first copy is within
+        # reach, else 2, control 2
         want = 1 - 0.5 / 2 if d + 6 <= 30 else 0.0
         assert gain == pytest.approx(want) and stderr == pytest.approx(0.0, abs=1e-12)
         rows.append(dict(d=d, gain=gain))
@@ -74,8 +80,8 @@ def test_gain_and_effective_context_by_hand():
 
 
 def test_standard_error_is_the_delta_method_written_out():
-    loss, control = torch.tensor([1.0, 2.0, 1.5, 0.5], dtype=torch.float64), torch.tensor([2.0, 2.5, 2.0, 1.5],
-                                                                                          dtype=torch.float64)
+    loss, control = (torch.tensor([1.0, 2.0, 1.5, 0.5], dtype=torch.float64),
+                     torch.tensor([2.0, 2.5, 2.0, 1.5], dtype=torch.float64))
     gain, stderr = eval_retrieval.retrieval_gain(loss, control)
     r = loss.mean() / control.mean()
     assert gain == pytest.approx(1 - 5.0 / 8.0)
@@ -93,12 +99,16 @@ def test_repeat_probe_json_table_and_plot(tiny_data, tmp_path, capsys):
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
     assert [(r["attention"], r["d"], r["n"]) for r in result["rows"]] == [
-        ("causal", 0, 5), ("causal", 3, 5), ("causal", 7, 5), ("bca", 0, 5), ("bca", 3, 5), ("bca", 7, 5)]
-    assert set(result["rows"][0]) == {"ckpt", "pos", "attention", "bca", "window", "sinks", "rope_scaling",
-                                      "rope_factor", "probe", "d", "gain", "gain_stderr", "n", "loss",
-                                      "control_loss", "effective_context", "reach_bound", "label"}
-    assert result["rows"][3]["reach_bound"] == 2 * 8 // 2 and result["rows"][0]["reach_bound"] is None
-    assert "| xpos + BCA | " in printed and "reach bound n_layer x block_size/2 = 8 tokens" in printed
+        ("causal", 0, 5), ("causal", 3, 5), ("causal", 7, 5), ("bca", 0, 5), ("bca", 3, 5),
+        ("bca", 7, 5)]
+    assert set(result["rows"][0]) == {"ckpt", "pos", "attention", "bca", "window", "sinks",
+                                      "rope_scaling", "rope_factor", "probe", "d", "gain",
+                                      "gain_stderr", "n", "loss", "control_loss",
+                                      "effective_context", "reach_bound", "label"}
+    assert (result["rows"][3]["reach_bound"] == 2 * 8 // 2
+            and result["rows"][0]["reach_bound"] is None)
+    assert ("| xpos + BCA | " in printed
+            and "reach bound n_layer x block_size/2 = 8 tokens" in printed)
     assert len(rows) == 6 and png.stat().st_size > 1000
 
 
@@ -129,7 +139,7 @@ def test_unknown_probe_and_learned_past_block_size(tiny_data, tmp_path, capsys):
     assert "invalid choice: 'needle'" in str(e.value.code) and "\n" not in str(e.value.code)
 
 
-# --- passkey ----------------------------------------------------------------------------------------------------
+# --- passkey --------------------------------------------------------------------------------------
 
 
 def test_passkey_documents_are_filler_key_filler_question():
@@ -142,15 +152,18 @@ def test_passkey_documents_are_filler_key_filler_question():
         for prompt, answer, key in zip(prompts.tolist(), answers.tolist(), keys):
             text = tokenizer.decode(prompt)
             sentence = f" The pass key is {key}. Remember it. "
-            assert text.endswith(" What is the pass key? The pass key is") and tokenizer.decode(answer) == f" {key}."
+            assert (text.endswith(" What is the pass key? The pass key is")
+                    and tokenizer.decode(answer) == f" {key}.")
             filler = text.replace(sentence, "", 1)[: -len(" What is the pass key? The pass key is")]
-            assert sentence in text and set(filler) <= set("abcdefghij")  # filler is validation text only
+            # filler is validation text only
+            assert sentence in text and set(filler) <= set("abcdefghij")
             assert text.index(sentence) == round(depth * len(filler))  # the key at its depth
             assert filler in "abcdefghij" * 100  # one contiguous stretch of the stream
 
 
 class Answerer:
-    """A stub model whose generate answers right (the key after the prompt's sentence) or wrong (zeros)."""
+    """A stub model whose generate answers right (the key after the prompt's sentence)
+    or wrong (zeros)."""
 
     def __init__(self, tokenizer, right):
         self.tokenizer, self.right = tokenizer, right
@@ -169,8 +182,9 @@ def test_passkey_accuracy_on_models_forced_right_or_wrong():
     stream = np.array(tokenizer.encode("abcdefghij" * 100))
     batches = eval_retrieval.passkey_batches(stream, tokenizer, 150, 0.5, 7, seed=0)
     for right, want in ((True, 1.0), (False, 0.0)):
-        accuracy, n = eval_retrieval.passkey_accuracy(Answerer(tokenizer, right), tokenizer, batches,
-                                                      Variant(None, None, None), Runtime("cpu"))
+        accuracy, n = eval_retrieval.passkey_accuracy(Answerer(tokenizer, right), tokenizer,
+                                                      batches, Variant(None, None, None),
+                                                      Runtime("cpu"))
         assert (accuracy, n) == (want, 7)
 
 
@@ -179,21 +193,25 @@ def test_passkey_probe_json_table_and_heatmap(tmp_path, capsys):
     corpus.mkdir()
     for i in range(6):
         (corpus / f"{i}.txt").write_text(f"Play {i}.\n" + "It was a dark night, and so on. " * 40)
-    prepare_data.main(["--dataset", "files", "--path", str(corpus), "--out_dir", str(tmp_path / "d"), "--passkey",
-                       "0.2", "--passkey_tokens", "100", "--val_fraction", "0.34"])
+    prepare_data.main(["--dataset", "files", "--path", str(corpus),
+                       "--out_dir", str(tmp_path / "d"), "--passkey", "0.2",
+                       "--passkey_tokens", "100", "--val_fraction", "0.34"])
     meta = json.loads((tmp_path / "d" / "meta.json").read_text())
     make_checkpoint(tmp_path / "m.pt", tmp_path / "d", block_size=128, vocab=meta["chars"])
     out, png = tmp_path / "p.json", tmp_path / "p.png"
-    run("--ckpt", tmp_path / "m.pt", "--probe", "passkey", "--lengths", "100,200", "--depths", "0,1",
-        "--sequences", 3, "--attention", "causal,sliding", "--window", 64, "--json", out, "--plot", png)
+    run("--ckpt", tmp_path / "m.pt", "--probe", "passkey", "--lengths", "100,200",
+        "--depths", "0,1", "--sequences", 3, "--attention", "causal,sliding", "--window", 64,
+        "--json", out, "--plot", png)
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
     assert [(r["attention"], r["length"], r["depth"], r["n"]) for r in result["rows"]] == [
         (a, n, d, 3) for a in ("causal", "sliding") for n in (100, 200) for d in (0.0, 1.0)]
-    assert set(result["rows"][0]) == {"ckpt", "pos", "attention", "bca", "window", "sinks", "rope_scaling",
-                                      "rope_factor", "probe", "length", "depth", "accuracy", "n", "label"}
+    assert set(result["rows"][0]) == {"ckpt", "pos", "attention", "bca", "window", "sinks",
+                                      "rope_scaling", "rope_factor", "probe", "length", "depth",
+                                      "accuracy", "n", "label"}
     assert all(0 <= r["accuracy"] <= 1 for r in result["rows"]) and result["depths"] == [0.0, 1.0]
-    assert "| xpos + sliding W=64: depth \\ length | 100 | 200 |" in printed and png.stat().st_size > 1000
+    assert ("| xpos + sliding W=64: depth \\ length | 100 | 200 |" in printed
+            and png.stat().st_size > 1000)
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "m.pt", "--probe", "passkey", "--lengths", "50")
     assert "--lengths: 50 tokens cannot hold a passkey document" in str(e.value.code)
@@ -216,10 +234,12 @@ def test_seeds_and_non_finite_depths_are_one_line_errors(tiny_data, tmp_path, ar
 
 
 def test_the_learning_rate_trials_in_the_docs_match_their_json():
-    """docs/retrieval.md's table of the trials at half the learning rate is their committed JSON, cell by cell."""
+    """docs/retrieval.md's table of the trials at half the learning rate is their committed
+    JSON, cell by cell."""
     root = Path(__file__).resolve().parents[2]
     runs = {"alibi": "alibi_lr1.5e-3_s1338", "rope": "rope_lr1.5e-3_s1339"}
-    rows = {scheme: json.loads((root / f"results/retrieval_trials/{run}.tasks.json").read_text())["rows"]
+    rows = {scheme: json.loads((root / f"results/retrieval_trials/{run}.tasks.json")
+                               .read_text())["rows"]
             for scheme, run in runs.items()}
     lines = [line for line in (root / "docs/retrieval.md").read_text().splitlines()
              if line.startswith(tuple(f"| {scheme} 1.5e-3: " for scheme in runs))]
@@ -231,30 +251,39 @@ def test_the_learning_rate_trials_in_the_docs_match_their_json():
         at = {r["d"]: r["accuracy"] for r in mine if r["kind"] == "distance"}
         assert f"{mine[0]['accuracy_1x']:.2f}" == at_1x and str(mine[0]["retrieval_reach"]) == reach
         assert [f"{at[d]:.2f}" for d in (256, 512, 768, 1024, 2048)] == by_d
-        assert f"{next(r['accuracy'] for r in mine if r['kind'] == 'length' and r['length'] == 2048):.2f}" == at_2048
+        assert format(next(r["accuracy"] for r in mine
+                           if r["kind"] == "length" and r["length"] == 2048), ".2f") == at_2048
 
 
 def test_the_natural_text_tables_in_the_docs_match_their_json():
-    """docs/retrieval.md's repeat-probe and passkey tables for the code models trained on a GPU are their committed
-    JSON (results/code_gpt2), cell by cell: the gain ± its standard error, the passkey accuracy as the mean over the
-    depths of each length."""
+    """docs/retrieval.md's repeat-probe and passkey tables for the code models trained on a GPU are
+    their committed JSON (results/code_gpt2), cell by cell: the gain ± its standard error, the
+    passkey accuracy as the mean over the depths of each length."""
     root = Path(__file__).resolve().parents[2]
-    page = (root / "docs/retrieval.md").read_text().split("## Natural text on a GPU")[1].split("\n## ")[0]
+    page = ((root / "docs/retrieval.md").read_text()
+            .split("## Natural text on a GPU")[1].split("\n## ")[0])
     table = [[cell.strip() for cell in line.strip("|").split("|")] for line in page.splitlines()
              if line.startswith(("| xpos", "| rope"))]
     headers = [line for line in page.splitlines() if line.startswith("| model")]
-    assert headers == ["| model | " + " | ".join(f"d = {d}" for d in (0, 32, 64, 128, 256, 512, 1024, 2048, 4096)) + " |",
+    assert headers == ["| model | " + " | ".join(f"d = {d}" for d in
+                                                 (0, 32, 64, 128, 256, 512, 1024, 2048, 4096))
+                       + " |",
                        "| model (mean over the five depths) | 256 | 512 | 1024 | 2048 | 4096 |"]
-    repeat = [json.loads((root / f"results/code_gpt2/{m}.repeat.json").read_text())["rows"] for m in ("xpos", "rope")]
-    passkey = [json.loads((root / f"results/code_gpt2/{m}.passkey.json").read_text())["rows"] for m in ("xpos", "rope")]
+    repeat = [json.loads((root / f"results/code_gpt2/{m}.repeat.json").read_text())["rows"]
+              for m in ("xpos", "rope")]
+    passkey = [json.loads((root / f"results/code_gpt2/{m}.passkey.json").read_text())["rows"]
+               for m in ("xpos", "rope")]
     labels = [r["label"] for rows in repeat for r in rows if r["d"] == 0]
-    assert labels == ["xpos", "xpos + BCA", "xpos + sliding W=256", "rope", "rope + BCA", "rope + sliding W=256"]
+    assert labels == ["xpos", "xpos + BCA", "xpos + sliding W=256", "rope", "rope + BCA",
+                      "rope + sliding W=256"]
     assert [row[0] for row in table] == labels * 2
     bounds = {r["label"]: r["reach_bound"] for rows in repeat for r in rows}
-    assert bounds["xpos + BCA"] == bounds["rope + BCA"] == 768 and bounds["xpos + sliding W=256"] == 1530
+    assert (bounds["xpos + BCA"] == bounds["rope + BCA"] == 768
+            and bounds["xpos + sliding W=256"] == 1530)
     assert "reach bound is 768 under BCA and 1,530\nunder the window" in page
     for row, label in zip(table[:6], labels):
-        mine = sorted((r for rows in repeat for r in rows if r["label"] == label), key=lambda r: r["d"])
+        mine = sorted((r for rows in repeat for r in rows if r["label"] == label),
+                      key=lambda r: r["d"])
         assert [r["d"] for r in mine] == [0, 32, 64, 128, 256, 512, 1024, 2048, 4096]
         assert row[1:] == [f"{r['gain']:.3f} ± {r['gain_stderr']:.3f}" for r in mine]
     for row, label in zip(table[6:], labels):
@@ -262,31 +291,38 @@ def test_the_natural_text_tables_in_the_docs_match_their_json():
         by_length = {}
         for r in mine:
             by_length.setdefault(r["length"], []).append(r["accuracy"])
-        assert sorted(by_length) == [256, 512, 1024, 2048, 4096] and all(len(v) == 5 for v in by_length.values())
+        assert (sorted(by_length) == [256, 512, 1024, 2048, 4096]
+                and all(len(v) == 5 for v in by_length.values()))
         assert row[1:] == [f"{sum(v) / len(v):.2f}" for _, v in sorted(by_length.items())]
 
 
 @pytest.mark.parametrize("attention, beyond", [("bca", None), ("causal", None), ("bca", 4)])
 def test_context_gain_against_each_window_scored_alone(tiny_data, tmp_path, attention, beyond):
-    """The context probe by brute force: every position's NLL given only its L tokens (a forward pass of that window;
-    L = l, or --beyond), given the whole span under the rule, and in chunks of L, each computed on its own; the gain,
-    its bins and the lex fall's split follow from them as the docstring defines them."""
+    """The context probe by brute force: every position's NLL given only its L tokens (a forward
+    pass of that window; L = l, or --beyond), given the whole span under the rule, and in chunks of
+    L, each computed on its own; the gain, its bins and the lex fall's split follow from them as the
+    docstring defines them."""
     ckpt = tmp_path / "m.pt"
     make_checkpoint(ckpt, tiny_data, pos="xpos", block_size=8, seed=3)
     out, L = tmp_path / "c.json", beyond or 8
-    eval_retrieval.main([str(a) for a in ("--ckpt", ckpt, "--probe", "context", "--lengths", 32, "--sequences", 1,
-                                          "--stride", 1, "--attention", attention, "--json", out)]
+    eval_retrieval.main([str(a) for a in ("--ckpt", ckpt, "--probe", "context", "--lengths", 32,
+                                          "--sequences", 1, "--stride", 1, "--attention", attention,
+                                          "--json", out)]
                         + (["--beyond", str(beyond)] if beyond else []))
     row = json.loads(out.read_text())["rows"][0]
     assert row["beyond"] == L
     model, _ = checkpoint.load_model(ckpt, "cpu")
     stream = data.read_tokens(tiny_data, "val", data.load_meta(tiny_data)).tokens
-    span = torch.from_numpy(np.asarray(stream[:33]).astype(np.int64))[None]  # the first document's only 33-token span
+    # the first document's only 33-token span
+    span = torch.from_numpy(np.asarray(stream[:33]).astype(np.int64))[None]
     x, y = span[:, :-1], span[:, 1:]
-    nll = lambda logits, target: torch.nn.functional.cross_entropy(logits[0].double(), target[0]).item()
-    full = [nll(model(x, y, attention=attention)[0][:, p : p + 1], y[:, p : p + 1]) for p in range(32)]
-    ref = {p: nll(model(x[:, p - L + 1 : p + 1], y[:, p - L + 1 : p + 1], attention="causal")[0][:, -1:],
-                  y[:, p : p + 1]) for p in range(L, 32)}
+    def nll(logits, target):
+        return torch.nn.functional.cross_entropy(logits[0].double(), target[0]).item()
+    full = [nll(model(x, y, attention=attention)[0][:, p : p + 1], y[:, p : p + 1])
+            for p in range(32)]
+    ref = {p: nll(model(x[:, p - L + 1 : p + 1], y[:, p - L + 1 : p + 1],
+                        attention="causal")[0][:, -1:], y[:, p : p + 1])
+           for p in range(L, 32)}
     short = [nll(model(x[:, j : j + L], y[:, j : j + L], attention=attention)[0][:, i : i + 1],
                  y[:, j + i : j + i + 1]) for j in range(0, 32, L) for i in range(L)]
     gain = [ref[p] - full[p] for p in range(L, 32)]
@@ -296,11 +332,14 @@ def test_context_gain_against_each_window_scored_alone(tiny_data, tmp_path, atte
     assert row["by_bin"][-1]["gain"] == pytest.approx(np.mean(gain[16 - L:]), abs=1e-5)
     fall = np.mean(short) - np.mean(full)
     used = (32 - L) / 32 * np.mean(gain)
-    assert row["fall"] == pytest.approx(fall, abs=1e-5) and row["used"] == pytest.approx(used, abs=1e-5)
+    assert (row["fall"] == pytest.approx(fall, abs=1e-5)
+            and row["used"] == pytest.approx(used, abs=1e-5))
     assert row["used"] + row["early"] == pytest.approx(row["fall"])
-    early = np.mean([short[p] - ref[p] for p in range(L, 32)]) * (32 - L) / 32  # the rest: less context in chunks
+    # the rest: less context in chunks
+    early = np.mean([short[p] - ref[p] for p in range(L, 32)]) * (32 - L) / 32
     assert row["early"] == pytest.approx(early, abs=1e-5)
-    if attention == "causal":  # the plain model sees everything: the same pass as eval_extrapolate.py's lex protocol
+    # the plain model sees everything: the same pass as eval_extrapolate.py's lex protocol
+    if attention == "causal":
         assert np.mean(full) == pytest.approx(model(x, y, attention="causal")[1].item(), abs=1e-5)
 
 
@@ -308,7 +347,8 @@ def test_context_probe_flags_are_one_line_errors(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "m.pt", tiny_data, block_size=8)
     for argv, message in ((["--lengths", "8"], "takes one length, above block_size 8"),
                           (["--lengths", "16,32"], "takes one length"),
-                          (["--lengths", "32", "--sequences", "5"], "--spans 5: the validation text has only 1"),
+                          (["--lengths", "32", "--sequences", "5"],
+                           "--spans 5: the validation text has only 1"),
                           (["--stride", "0"], "--stride 0 is not allowed"),
                           (["--span", "4"], "--span does not apply to --probe context"),
                           (["--beyond", "16"], "--beyond 16 is not allowed for"),
@@ -317,39 +357,51 @@ def test_context_probe_flags_are_one_line_errors(tiny_data, tmp_path):
             eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "context", *argv])
         assert message in str(e.value.code)
     with pytest.raises(SystemExit) as e:
-        eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "repeat", "--stride", "2"])
+        eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "repeat",
+                             "--stride", "2"])
     assert "--stride does not apply to --probe repeat" in str(e.value.code)
     with pytest.raises(SystemExit) as e:
-        eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "repeat", "--beyond", "4"])
+        eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "repeat",
+                             "--beyond", "4"])
     assert "--beyond does not apply to --probe repeat" in str(e.value.code)
 
 
 def test_repeat_sequences_where_the_rule_acts_sit_at_every_phase():
-    stream = np.arange(5000)  # every token unique: where each piece came from is readable off its values
+    # every token unique: where each piece came from is readable off its values
+    stream = np.arange(5000)
     probe, control, starts = eval_retrieval.repeat_sweep_sequences(stream, 6, 20, 40, seed=1, l=16)
-    assert probe.shape == control.shape == (40, 2 * 16 + 7 + 2 * 6 + 20)  # one length at every phase
-    assert {(s - 1 + 1) % 8 for s in starts} == set(range(8))  # the first scored token's query, s, at every phase
+    # one length at every phase
+    assert probe.shape == control.shape == (40, 2 * 16 + 7 + 2 * 6 + 20)
+    # the first scored token's query, s, at every phase
+    assert {(s - 1 + 1) % 8 for s in starts} == set(range(8))
     for p, c, s in zip(probe, control, starts):
         assert s - 26 >= 32  # the first copy after 2l of prefix
-        assert torch.equal(p[s : s + 6], p[s - 26 : s - 20]) and torch.equal(c[s : s + 6], p[s : s + 6])
-        assert not set(c[s - 26 : s - 20].tolist()) & set(p[s : s + 6].tolist())  # the control's other text
+        assert (torch.equal(p[s : s + 6], p[s - 26 : s - 20])
+                and torch.equal(c[s : s + 6], p[s : s + 6]))
+        # the control's other text
+        assert not set(c[s - 26 : s - 20].tolist()) & set(p[s : s + 6].tolist())
         assert torch.equal(p[: s - 26], c[: s - 26]) and torch.equal(p[s - 20 :], c[s - 20 :])
         assert len(set(p.tolist())) == len(p) - 6  # nothing else repeats
 
 
 def test_the_repeat_sweep_counts_each_token_in_its_zone():
-    """A stub that copies within `reach` tokens: each second-copy token scores 0.5 against the control's 2 exactly when
-    its first copy is within reach; the zones follow the rule's sight for the span + d - 1 tokens back."""
+    """A stub that copies within `reach` tokens: each second-copy token scores 0.5 against the
+    control's 2 exactly when its first copy is within reach; the zones follow the rule's sight for
+    the span + d - 1 tokens back."""
     from types import SimpleNamespace
+
     from model import AttentionRule, GPTConfig, RopeScaling
     config = GPTConfig(block_size=16, vocab_size=5000, n_layer=2, n_head=2, n_embd=16)
     args = SimpleNamespace(span=6, sequences=16, seed=0, batch_tokens=None, verbose=False)
-    variant = Variant(AttentionRule("bca"), RopeScaling(), default_batch_tokens(config, RopeScaling()))
+    variant = Variant(AttentionRule("bca"), RopeScaling(),
+                      default_batch_tokens(config, RopeScaling()))
     pf = eval_retrieval.Preflight("m.pt", config, None, None, [2, 40], [variant], [])
-    rows = eval_retrieval.repeat_sweep_rows(args, pf, Copier(reach=30), np.arange(5000), Runtime("cpu"))
+    rows = eval_retrieval.repeat_sweep_rows(args, pf, Copier(reach=30), np.arange(5000),
+                                            Runtime("cpu"))
     near, far = rows
     assert near["gain"] == pytest.approx(1 - 0.5 / 2) and far["gain"] == pytest.approx(0)
-    assert near["zones"]["direct"] == [pytest.approx(16 * 5 * 0.5), pytest.approx(16 * 5 * 2.0), 16 * 5]
+    assert near["zones"]["direct"] == [pytest.approx(16 * 5 * 0.5), pytest.approx(16 * 5 * 2.0),
+                                       16 * 5]
     assert far["zones"]["beyond"][2] == 16 * 5  # 45 back: past n_layer x H + phase <= 23
     assert (near["reach_bound"], near["reach_bound_max"]) == (16, 23) and near["kind"] == "sweep"
 
@@ -357,11 +409,14 @@ def test_the_repeat_sweep_counts_each_token_in_its_zone():
 def test_repeat_sweep_json_table_and_plot(tiny_data, tmp_path, capsys):
     make_checkpoint(tmp_path / "m.pt", tiny_data, block_size=8)
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    eval_retrieval.main([str(a) for a in ("--ckpt", tmp_path / "m.pt", "--probe", "repeat", "--sweep", "--span", 2,
-                                          "--distances", "0,4", "--sequences", 3, "--attention", "causal,bca",
+    eval_retrieval.main([str(a) for a in ("--ckpt", tmp_path / "m.pt", "--probe", "repeat",
+                                          "--sweep", "--span", 2, "--distances", "0,4",
+                                          "--sequences", 3, "--attention", "causal,bca",
                                           "--json", out, "--plot", png)])
     printed = capsys.readouterr().out
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["label"], r["d"]) for r in rows] == [("xpos", 0), ("xpos + BCA", 0), ("xpos", 4), ("xpos + BCA", 4)]
+    assert [(r["label"], r["d"]) for r in rows] == [("xpos", 0), ("xpos + BCA", 0), ("xpos", 4),
+                                                    ("xpos + BCA", 4)]
     assert all(sum(n for _, _, n in r["zones"].values()) == 3 * 1 for r in rows)
-    assert "where the rule acts" in printed and "| xpos + BCA | " in printed and png.stat().st_size > 1000
+    assert ("where the rule acts" in printed and "| xpos + BCA | " in printed
+            and png.stat().st_size > 1000)

@@ -1,5 +1,5 @@
-"""Tests for reproduce.py: the whole study on a toy budget (two schemes, so that it takes a minute or two), its
-resumability, the spread over seeds by hand, and its errors."""
+"""Tests for reproduce.py: the whole study on a toy budget (two schemes, so that it takes a minute
+or two), its resumability, the spread over seeds by hand, and its errors."""
 
 import json
 import os
@@ -13,19 +13,20 @@ import numpy as np
 import pytest
 import torch
 
-from study import reproduce
+from lexgpt.checkpoint import load_checkpoint
 from study import files as study_files
 from study import jobs as study_plan
 from study import report as study_report
+from study import reproduce
 from study import tables as study_tables
-from lexgpt.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def study(tmp, *extra):
-    argv = [sys.executable, "study/reproduce.py", "--budget", "toy", "--schemes", "learned,rope", "--results",
-            str(tmp / "results"), "--runs", str(tmp / "runs"), "--data", str(tmp / "data"), *extra]
+    argv = [sys.executable, "study/reproduce.py", "--budget", "toy", "--schemes", "learned,rope",
+            "--results", str(tmp / "results"), "--runs", str(tmp / "runs"),
+            "--data", str(tmp / "data"), *extra]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
@@ -42,22 +43,29 @@ def test_toy_study_end_to_end(toy_study):
     tmp, stdout = toy_study
     results = tmp / "results"
     summary = json.loads((results / "summary.json").read_text())
-    recorded = json.loads((results / "recipe.json").read_text())  # the recipe its models were trained with
-    assert recorded["max_iters"] == 2 and recorded["learning_rate"] == summary["recipe"]["learning_rate"]
+    # the recipe its models were trained with
+    recorded = json.loads((results / "recipe.json").read_text())
+    assert (recorded["max_iters"] == 2
+            and recorded["learning_rate"] == summary["recipe"]["learning_rate"])
     ppl = summary["perplexity"]
     # rope: 3 seeds at every length 4 .. 64 (l = 16), under each window rule and each interpolation
-    for name in ("rope", "rope + BCA", "rope + sliding W=16", "rope + sinks S=4 W=16", "rope + pi", "rope + yarn",
-                 "rope + dynamic_ntk", "rope + ntk"):
-        assert sorted(ppl[name]) == ["16", "32", "4", "64"] and all(c["n"] == 3 for c in ppl[name].values())
-    # each interpolation beside the plain model on the same spans and checkpoints (fewer spans than the ppl rows)
-    assert ppl["rope (2 spans)"]["64"]["n"] == 3 and summary["panels"]["rope (2 spans)"] == "interpolation"
+    for name in ("rope", "rope + BCA", "rope + sliding W=16", "rope + sinks S=4 W=16", "rope + pi",
+                 "rope + yarn", "rope + dynamic_ntk", "rope + ntk"):
+        assert (sorted(ppl[name]) == ["16", "32", "4", "64"]
+                and all(c["n"] == 3 for c in ppl[name].values()))
+    # each interpolation beside the plain model on the same spans and checkpoints (fewer
+    # spans than the ppl rows)
+    assert (ppl["rope (2 spans)"]["64"]["n"] == 3
+            and summary["panels"]["rope (2 spans)"] == "interpolation")
     assert summary["effective_context"]["rope (2 sequences)"]["gain at d=0"]["n"] == 3
     # learned positions stop at block_size: measured up to l only, with one seed
     assert sorted(ppl["learned"]) == ["16", "4"] and ppl["learned"]["16"]["n"] == 1
     assert summary["resolution"]["rope + BCA"]["R at 2l"]["n"] == 3
     assert "R at 2l" not in summary["resolution"]["learned"]
-    assert summary["effective_context"]["rope + BCA"]["reach bound"]["mean"] == 2 * 16 / 2  # n_layer * l / 2
-    assert set(summary["passkey_accuracy"]) == {"rope", "rope + BCA", "rope + sliding W=16", "rope + sinks S=4 W=16"}
+    # n_layer * l / 2
+    assert summary["effective_context"]["rope + BCA"]["reach bound"]["mean"] == 2 * 16 / 2
+    assert set(summary["passkey_accuracy"]) == {"rope", "rope + BCA", "rope + sliding W=16",
+                                                "rope + sinks S=4 W=16"}
     for name in ("tables.md", "perplexity.png", "effective_context.png", "figure2_theory.png",
                  "figure2_theory_sb512.png", "passkey_rope.png", "timings.json"):
         assert (results / name).stat().st_size > 0
@@ -66,20 +74,24 @@ def test_toy_study_end_to_end(toy_study):
     assert f"{mean:.2f} ± {std:.2f}" in tables
     # the paper's Table 5 beside ours: our row, then the paper's (4 x 1024 tokens: 294.45 for RoPE)
     lines = tables.splitlines()
-    ours = lines.index(next(line for line in lines if line.startswith("| rope + BCA (ours, l = 16) |")))
+    ours = lines.index(next(line for line in lines
+                            if line.startswith("| rope + BCA (ours, l = 16) |")))
     assert lines[ours + 1] == "| RoPE + BCA (paper, l = 1024) | 25.57 | 25.65 | – | – |"
     at = ppl["rope + BCA"]["32"]
     assert cell_of(lines[ours], 1) == f"{at['mean']:.2f} ± {at['std']:.2f} [" + " / ".join(
         f"{v:.2f}" for v in at["values"]) + "]"
-    # is context beyond l used? every rule of rope (learned stops at l), three seeds, each span's gain kept
+    # is context beyond l used? every rule of rope (learned stops at l), three seeds,
+    # each span's gain kept
     context = summary["context"]
     assert set(context) == {"rope", "rope + BCA", "rope + sliding W=16", "rope + sinks S=4 W=16"}
     rows = study_plan.read_result(results / "raw" / "rope.context.json")["rows"]
     bca = [r for r in rows if r["attention"] == "bca"]
-    assert len(bca) == 3 and context["rope + BCA"]["gain"]["values"] == pytest.approx([r["gain"] for r in bca])
+    assert (len(bca) == 3
+            and context["rope + BCA"]["gain"]["values"] == pytest.approx([r["gain"] for r in bca]))
     low, high = context["rope + BCA"]["gain interval"]
     assert min(r["gain"] for r in bca) - 1e-9 <= high and low <= max(r["gain"] for r in bca) + 1e-9
-    assert "### Context beyond l" in tables and "| rope + BCA | " in tables.split("### Context beyond l")[1]
+    assert ("### Context beyond l" in tables
+            and "| rope + BCA | " in tables.split("### Context beyond l")[1])
     wall = summary["wall_time"]
     assert wall["measured"] == wall["jobs"] and wall["seconds"] > 0  # every job of this run timed
     assert "about" in stdout and "left)" in stdout  # progress with the time left
@@ -91,60 +103,73 @@ def cell_of(line, i):
 
 @pytest.mark.slow
 def test_spread_against_the_seeds_rows(toy_study):
-    """The table's mean and std are those of the three seeds' own rows in eval_extrapolate.py's JSON."""
+    """The table's mean and std are those of the three seeds' own rows in
+    eval_extrapolate.py's JSON."""
     tmp, _ = toy_study
     rows = study_plan.read_result(tmp / "results" / "raw" / "rope.ppl.json")["rows"]
     values = [r["ppl"] for r in rows if r["length"] == 32 and r["attention"] == "sinks"]
     assert len(values) == 3 and len({r["ckpt"] for r in rows}) == 3
     mean = sum(values) / 3
     std = (sum((v - mean) ** 2 for v in values) / 2) ** 0.5
-    cell = json.loads((tmp / "results" / "summary.json").read_text())["perplexity"]["rope + sinks S=4 W=16"]["32"]
+    cell = (json.loads((tmp / "results" / "summary.json").read_text())
+            ["perplexity"]["rope + sinks S=4 W=16"]["32"])
     assert cell["mean"] == pytest.approx(mean) and cell["std"] == pytest.approx(std)
-    assert cell["values"] == pytest.approx(values)  # each seed's own, in the order of its checkpoints
+    # each seed's own, in the order of its checkpoints
+    assert cell["values"] == pytest.approx(values)
 
 
 @pytest.mark.slow
 def test_resumes_only_what_is_missing(toy_study):
     tmp, _ = toy_study
     raw = tmp / "results" / "raw"
-    kept = (raw / "learned.ppl.json").stat().st_mtime_ns, (raw / "rope.passkey.json").stat().st_mtime_ns
+    kept = ((raw / "learned.ppl.json").stat().st_mtime_ns,
+            (raw / "rope.passkey.json").stat().st_mtime_ns)
     (raw / "learned.repeat.json").unlink()
-    # a training run stopped halfway: its checkpoint at iteration 1 of 2, written by the job's own command
-    args = reproduce.parse_args(["--budget", "toy", "--schemes", "learned,rope", "--results", str(tmp / "results"),
-                                 "--runs", str(tmp / "runs"), "--data", str(tmp / "data")])
+    # a training run stopped halfway: its checkpoint at iteration 1 of 2, written by
+    # the job's own command
+    args = reproduce.parse_args(["--budget", "toy", "--schemes", "learned,rope",
+                                 "--results", str(tmp / "results"), "--runs", str(tmp / "runs"),
+                                 "--data", str(tmp / "data")])
     budget = dict(study_plan.BUDGETS["toy"], schemes=["learned", "rope"])
-    budget["recipe"] = dict(study_plan.read_recipe(ROOT / "config" / "study_char.py"), **budget["train"])
+    budget["recipe"] = dict(study_plan.read_recipe(ROOT / "config" / "study_char.py"),
+                            **budget["train"])
     job = next(j for j in study_plan.plan(args, budget) if j.name == "train rope_s1338")
     job.output.unlink()
     subprocess.run([*job.command, "--max_iters=1"], cwd=ROOT, check=True, capture_output=True)
     again = study(tmp)
     assert again.returncode == 0, again.stderr
     ran = [line for line in again.stdout.splitlines() if line.startswith("[")]
-    # the missing result, the stopped run, and every result of that run's checkpoint (now newer than they are)
+    # the missing result, the stopped run, and every result of that run's checkpoint (now
+    # newer than they are)
     assert [r.split("] ")[1].split(" (")[0] for r in ran] == [
         "repeat probe learned", "train rope_s1338", "perplexity rope", "interpolation rope",
         "resolution rope_s1338 at 1l", "resolution rope_s1338 at 2l", "repeat probe rope",
         "repeat probe rope, interpolated", "context rope", "tables and plots"]
-    # resumed (train.py refuses to start afresh over a checkpoint), to the end; the log is the uninterrupted run's
+    # resumed (train.py refuses to start afresh over a checkpoint), to the end; the log is
+    # the uninterrupted run's
     assert "--seed=1338" in again.stdout and "--init_from=resume" in again.stdout
     assert load_checkpoint(job.output)["iter_num"] == 2
     log = (tmp / "runs" / "rope_s1338" / "log.jsonl").read_text().splitlines()
     assert [json.loads(line)["iter"] for line in log if "val_loss" in line] == [0, 2]
     assert (raw / "learned.repeat.json").exists()
-    assert ((raw / "learned.ppl.json").stat().st_mtime_ns, (raw / "rope.passkey.json").stat().st_mtime_ns) == kept
+    assert ((raw / "learned.ppl.json").stat().st_mtime_ns,
+            (raw / "rope.passkey.json").stat().st_mtime_ns) == kept
 
 
 @pytest.mark.slow
 def test_raw_results_are_stored_compact(toy_study):
-    """Each job's JSON as the study keeps it: one row per line, without per-position curves, already compact."""
+    """Each job's JSON as the study keeps it: one row per line, without per-position
+    curves, already compact."""
     tmp, _ = toy_study
     raw = tmp / "results" / "raw"
     ppl = (raw / "rope.ppl.json").read_text()
     rows = json.loads(ppl)["rows"]
     assert "curves" not in json.loads(ppl) and len(rows) == 48
-    assert [line.strip(" ,") for line in ppl.splitlines() if '"ppl": ' in line] == [json.dumps(r) for r in rows]
+    assert ([line.strip(" ,") for line in ppl.splitlines() if '"ppl": ' in line]
+            == [json.dumps(r) for r in rows])
     resolution = json.loads((raw / "rope_s1337.resolution1.json").read_text())
-    assert all("s_hat" not in mode and "pairs" not in mode and "R_shared" in mode for mode in resolution["modes"])
+    assert all("s_hat" not in mode and "pairs" not in mode and "R_shared" in mode
+               for mode in resolution["modes"])
     for path in raw.glob("*.json"):
         text = path.read_text()
         kept = study_files.compact_result(json.loads(text))
@@ -153,7 +178,8 @@ def test_raw_results_are_stored_compact(toy_study):
 
 def test_compact_raw_keeps_the_time_a_result_is_judged_by(tmp_path):
     path = tmp_path / "x.ppl.json"
-    path.write_text(json.dumps({"rows": [{"ppl": 1 / 3, "length": 8}], "curves": [{"mean_nll": [0.5] * 8}]},
+    path.write_text(json.dumps({"rows": [{"ppl": 1 / 3, "length": 8}],
+                                "curves": [{"mean_nll": [0.5] * 8}]},
                                indent=1))
     os.utime(path, ns=(10**18, 10**18))
     study_files.compact_raw(path)
@@ -221,18 +247,22 @@ def test_compact_raw_keeps_each_rows_own_value_and_type(tmp_path):
 def flat_numbers(value, key=""):
     """{path: leaf} of a JSON value."""
     if isinstance(value, dict):
-        return {k: v for name, item in value.items() for k, v in flat_numbers(item, f"{key}/{name}").items()}
+        return {k: v for name, item in value.items()
+                for k, v in flat_numbers(item, f"{key}/{name}").items()}
     if isinstance(value, list):
-        return {k: v for i, item in enumerate(value) for k, v in flat_numbers(item, f"{key}[{i}]").items()}
+        return {k: v for i, item in enumerate(value)
+                for k, v in flat_numbers(item, f"{key}[{i}]").items()}
     return {key: value}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("suite", ["char", "retrieval", "retrieval_lr3e-3", "extension"])
 def test_committed_raw_results_reproduce_the_committed_tables(tmp_path, suite):
-    """--report from the committed results (the study's results/char, the task suite's results/retrieval and its
-    first run at 3e-3, the context extension's results/extension with the suite's zero-shot rows) alone (raw/, timings.json, recipe.json) draws the committed tables.md exactly, a summary.json
-    whose every number agrees with the committed one, and leaves the raw files as they are."""
+    """--report from the committed results (the study's results/char, the task suite's
+    results/retrieval and its first run at 3e-3, the context extension's results/extension with the
+    suite's zero-shot rows) alone (raw/, timings.json, recipe.json) draws the committed tables.md
+    exactly, a summary.json whose every number agrees with the committed one, and leaves the raw
+    files as they are."""
     committed = ROOT / "results" / suite
     shutil.copytree(committed, tmp_path / suite)
     reproduce.main(["--report", "--results", str(tmp_path / suite)]
@@ -240,7 +270,8 @@ def test_committed_raw_results_reproduce_the_committed_tables(tmp_path, suite):
                    + (["--suite", "extension"] if suite == "extension" else [])
                    + (["--runs", "out/retrieval_lr3e-3"] if suite == "retrieval_lr3e-3" else []))
     assert (tmp_path / suite / "tables.md").read_text() == (committed / "tables.md").read_text()
-    drawn, kept = (flat_numbers(json.loads((d / "summary.json").read_text())) for d in (tmp_path / suite, committed))
+    drawn, kept = (flat_numbers(json.loads((d / "summary.json").read_text()))
+                   for d in (tmp_path / suite, committed))
     assert drawn.keys() == kept.keys()
     for key, value in kept.items():
         if isinstance(value, float):
@@ -248,23 +279,27 @@ def test_committed_raw_results_reproduce_the_committed_tables(tmp_path, suite):
         else:
             assert drawn[key] == value, key
     for path in sorted((committed / "raw").glob("*.json")):
-        assert (tmp_path / suite / "raw" / path.name).read_bytes() == path.read_bytes(), f"{path.name} not compact"
+        assert ((tmp_path / suite / "raw" / path.name).read_bytes()
+                == path.read_bytes()), f"{path.name} not compact"
 
 
 @pytest.mark.slow
 def test_rows_of_another_results_directory_are_left_out(tmp_path, capsys):
-    """A raw file's rows measured on checkpoints outside --runs (a file copied from another results directory), or on
-    a checkpoint under --runs trained at another block_size, are left out with a note, not averaged in as more seeds
-    (issue 33, finding 7): the tables come out as the committed ones."""
+    """A raw file's rows measured on checkpoints outside --runs (a file copied from another results
+    directory), or on a checkpoint under --runs trained at another block_size, are left out with a
+    note, not averaged in as more seeds (issue 33, finding 7): the tables come out as
+    the committed ones."""
     import torch
     committed = ROOT / "results" / "retrieval"
     shutil.copytree(committed, tmp_path / "r")
     path = tmp_path / "r" / "raw" / "alibi.tasks.json"
     result = study_plan.read_result(path)  # every row in full
-    foreign = [dict(row, ckpt=row["ckpt"].replace("out/retrieval/", "out/retrieval96/"), accuracy=0.0)
+    foreign = [dict(row, ckpt=row["ckpt"].replace("out/retrieval/", "out/retrieval96/"),
+                    accuracy=0.0)
                for row in result["rows"]]
     runs = tmp_path / "runs"
-    retrained = [dict(row, ckpt=str(runs / "alibi_passkey" / "ckpt.pt"), accuracy=0.0) for row in result["rows"]]
+    retrained = [dict(row, ckpt=str(runs / "alibi_passkey" / "ckpt.pt"), accuracy=0.0)
+                 for row in result["rows"]]
     (runs / "alibi_passkey").mkdir(parents=True)
     torch.save({"model": {}, "model_args": {}, "config": {"data_dir": "d", "block_size": 96}},
                runs / "alibi_passkey" / "ckpt.pt")
@@ -275,33 +310,44 @@ def test_rows_of_another_results_directory_are_left_out(tmp_path, capsys):
         other.write_text(other.read_text().replace('"out/retrieval/', f'"{runs}/'))
     own = study_plan.read_result(path)["rows"]
     path.write_text(json.dumps(dict(result, rows=own + foreign + retrained)))
-    reproduce.main(["--report", "--suite", "retrieval", "--results", str(tmp_path / "r"), "--runs", str(runs)])
+    reproduce.main(["--report", "--suite", "retrieval", "--results", str(tmp_path / "r"),
+                    "--runs", str(runs)])
     out = capsys.readouterr().out
-    assert f"rows of {runs / 'alibi_passkey' / 'ckpt.pt'} are left out of the tables: trained at block_size 96, not " \
-        "the results' 128" in out
-    assert "rows of out/retrieval96/alibi_s1337/ckpt.pt are left out of the tables: not one of" in out
-    assert out.count("out/retrieval96/alibi_s1337/ckpt.pt") == 1  # noted once, however many tables read it
-    alibi = [line for line in (tmp_path / "r" / "tables.md").read_text().splitlines() if line.startswith("| alibi")]
-    assert alibi == [line for line in (committed / "tables.md").read_text().splitlines() if line.startswith("| alibi")]
+    assert (f"rows of {runs / 'alibi_passkey' / 'ckpt.pt'} are left out of the tables: trained at "
+            "block_size 96, not the results' 128" in out)
+    assert ("rows of out/retrieval96/alibi_s1337/ckpt.pt are left out of the tables: not one of"
+            in out)
+    # noted once, however many tables read it
+    assert out.count("out/retrieval96/alibi_s1337/ckpt.pt") == 1
+    alibi = [line for line in (tmp_path / "r" / "tables.md").read_text().splitlines()
+             if line.startswith("| alibi")]
+    assert alibi == [line for line in (committed / "tables.md").read_text().splitlines()
+                     if line.startswith("| alibi")]
 
 
 def test_spread():
-    assert study_report.spread([1.0, 2.0, 4.0]) == {"mean": pytest.approx(7 / 3), "std": pytest.approx(1.5275252),
+    assert study_report.spread([1.0, 2.0, 4.0]) == {"mean": pytest.approx(7 / 3),
+                                                    "std": pytest.approx(1.5275252),
                                                  "n": 3, "of": 3, "values": [1.0, 2.0, 4.0]}
-    assert study_report.spread([2.0]) == {"mean": 2.0, "std": None, "n": 1, "of": 1, "values": [2.0]}
-    assert study_report.spread([None, 3.0]) == {"mean": 3.0, "std": None, "n": 1, "of": 2, "values": [3.0]}
+    assert study_report.spread([2.0]) == {"mean": 2.0, "std": None, "n": 1, "of": 1,
+                                          "values": [2.0]}
+    assert study_report.spread([None, 3.0]) == {"mean": 3.0, "std": None, "n": 1, "of": 2,
+                                                "values": [3.0]}
     assert study_report.spread([None]) is None
 
 
 def test_cell_says_how_many_checkpoints_a_partial_value_rests_on():
-    assert study_tables.cell(study_report.spread([1.0, 2.0, 4.0])) == "2.33 ± 1.53 [1.00 / 2.00 / 4.00]"
+    assert (study_tables.cell(study_report.spread([1.0, 2.0, 4.0]))
+            == "2.33 ± 1.53 [1.00 / 2.00 / 4.00]")
     assert study_tables.cell(study_report.spread([None, 64.0, None]), 0) == "64 (1 of 3)"
-    assert study_tables.cell(study_report.spread([None, 16.0, 48.0]), 0) == "32 ± 23 [16 / 48] (2 of 3)"
+    assert (study_tables.cell(study_report.spread([None, 16.0, 48.0]), 0)
+            == "32 ± 23 [16 / 48] (2 of 3)")
     assert study_tables.cell(None) == "–"
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--schemes", "rope,posfree"], "--schemes rope,posfree: unknown posfree; the study's schemes are learned"),
+    (["--schemes", "rope,posfree"],
+     "--schemes rope,posfree: unknown posfree; the study's schemes are learned"),
     (["--budget", "huge"], "invalid choice: 'huge'"),
 ])
 @pytest.mark.slow
@@ -316,7 +362,8 @@ def test_a_failed_job_stops_with_one_line_and_keeps_the_rest(tmp_path):
     (tmp_path / "data" / "meta.json").write_text("{}")  # a dataset that train.py refuses
     done = study(tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("reproduce.py: error: train learned_s1337 failed (exit 1)")
+    assert done.stderr.strip().splitlines()[-1].startswith("reproduce.py: error: train "
+                                                           "learned_s1337 failed (exit 1)")
     assert (tmp_path / "data" / "meta.json").read_text() == "{}"
 
 
@@ -337,54 +384,66 @@ def test_tune_reports_the_last_validation_loss_of_each_run(tmp_path):
 
 
 def readme_results_section():
-    """The README's headline results: from its "Results at small scale" heading to the next heading."""
+    """The README's headline results: from its "Results at small scale" heading to
+    the next heading."""
     text = (ROOT / "README.md").read_text()
     start = text.index("## Results at small scale")
     end = text.find("\n## ", start + 1)
     return text[start:end if end > 0 else None]
 
 
-SUITE_HEADING = "\n## The long-range task suite"  # docs/results.md: the study above it, the task suite from it on
-EXTENSION_HEADING = "\n## Context extension by fine-tuning"  # and from here on, the context extension
+# docs/results.md: the study above it, the task suite from it on
+SUITE_HEADING = "\n## The long-range task suite"
+# and from here on, the context extension
+EXTENSION_HEADING = "\n## Context extension by fine-tuning"
 
 
 def test_results_pages_match_the_committed_summary():
-    """Every table row and every decimal number of the full results page (docs/results.md) and of the README's
-    headline results is in the tables drawn from the committed summary.json: the study's part from results/char's
-    (which also carry the paper's numbers beside ours), the task suite's part from results/retrieval's, the context
-    extension's from results/extension's."""
+    """Every table row and every decimal number of the full results page (docs/results.md) and of
+    the README's headline results is in the tables drawn from the committed summary.json: the
+    study's part from results/char's (which also carry the paper's numbers beside ours), the task
+    suite's part from results/retrieval's, the context extension's from results/extension's."""
     import re
-    number = r"(?<![\d.])\d+\.\d+(?![\d.]|e-?\d)"  # a result; not a setting in scientific notation (1.5e-3)
+    # a result; not a setting in scientific notation (1.5e-3)
+    number = r"(?<![\d.])\d+\.\d+(?![\d.]|e-?\d)"
     page = (ROOT / "docs" / "results.md").read_text()
     study, suite = page.split(SUITE_HEADING)
     suite, extension = suite.split(EXTENSION_HEADING)
     sources = {"char": study_tables.tables_markdown, "retrieval": study_tables.retrieval_markdown,
                "extension": study_tables.extension_markdown}
-    checks = [("char", "docs/results.md (the study)", study, 20), ("char", "README.md", readme_results_section(), 5),
+    checks = [("char", "docs/results.md (the study)", study, 20),
+              ("char", "README.md", readme_results_section(), 5),
               ("retrieval", "docs/results.md (the task suite)", suite, 4),
               ("extension", "docs/results.md (the context extension)", extension, 10)]
     for results, page, section, least in checks:
         summary = json.loads((ROOT / "results" / results / "summary.json").read_text())
         tables = sources[results](summary)
-        assert tables == (ROOT / "results" / results / "tables.md").read_text()  # the committed tables are current
+        # the committed tables are current
+        assert tables == (ROOT / "results" / results / "tables.md").read_text()
         cells = set(re.findall(number, tables))
-        rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| model")]
+        rows = [line for line in section.splitlines() if line.startswith("| ")
+                and not line.startswith("| model")]
         assert len(rows) >= least, f"{page} shows too few rows of the tables"
         for line in rows:
-            assert line in tables.splitlines(), f"{page} row not in the tables drawn from summary.json: {line}"
+            assert line in tables.splitlines(), (
+                f"{page} row not in the tables drawn from summary.json: {line}")
         for value in re.findall(number, section):
-            assert value in cells, f"{page} number {value} is not in results/{results}/summary.json's tables"
+            assert value in cells, (
+                f"{page} number {value} is not in results/{results}/summary.json's tables")
 
 
 @pytest.mark.parametrize("results, message", [
-    ("/etc/hostname", "--results /etc/hostname/raw: it (or a folder above it) is a file, not a directory"),
-    ("/proc/lex-gpt-results", "--results /proc/lex-gpt-results/raw is not writable"),  # root writes anywhere else
+    ("/etc/hostname",
+     "--results /etc/hostname/raw: it (or a folder above it) is a file, not a directory"),
+    # root writes anywhere else
+    ("/proc/lex-gpt-results", "--results /proc/lex-gpt-results/raw is not writable"),
 ])
 def test_results_that_cannot_be_written_are_one_line(tmp_path, results, message):
     with pytest.raises(SystemExit) as e:
-        reproduce.main(["--budget", "toy", "--schemes", "learned", "--results", results, "--runs", str(tmp_path),
-                        "--data", str(tmp_path / "data"), "--plan"])
-    assert e.value.code == f"reproduce.py: error: {message}" if "hostname" in results else message in e.value.code
+        reproduce.main(["--budget", "toy", "--schemes", "learned", "--results", results,
+                        "--runs", str(tmp_path), "--data", str(tmp_path / "data"), "--plan"])
+    assert (e.value.code == f"reproduce.py: error: {message}" if "hostname" in results
+            else message in e.value.code)
 
 
 def test_a_damaged_result_counts_as_missing(tmp_path):
@@ -407,11 +466,13 @@ def test_report_leaves_a_damaged_result_out_and_a_damaged_timings_file_is_a_note
     (tmp_path / "char" / "timings.json").write_text("{not json")
     reproduce.main(["--report", "--results", str(tmp_path / "char")])
     out = capsys.readouterr().out
-    assert "rope.ppl.json is damaged, left out of the tables" in out and "timings.json is not readable JSON" in out
+    assert ("rope.ppl.json is damaged, left out of the tables" in out
+            and "timings.json is not readable JSON" in out)
     summary = json.loads((tmp_path / "char" / "summary.json").read_text())
     assert "rope" not in summary["perplexity"] and "alibi" in summary["perplexity"]
     assert study_plan.read_timings(tmp_path / "char" / "timings.json") == {}
-    # the right keys with a value that is no number: that row left out with a note, the rest of its file kept
+    # the right keys with a value that is no number: that row left out with a note, the
+    # rest of its file kept
     raw = tmp_path / "char" / "raw" / "alibi.ppl.json"
     result = study_plan.read_result(raw)
     result["rows"][0]["ppl"] = "x"
@@ -431,8 +492,10 @@ def test_a_damaged_result_newer_than_its_checkpoints_is_measured_again(toy_study
     (tmp / "results" / "timings.json").write_text("[")
     again = study(tmp)
     assert again.returncode == 0, again.stderr
-    ran = [line.split("] ")[1].split(" (")[0] for line in again.stdout.splitlines() if line.startswith("[")]
-    assert ran == ["repeat probe learned", "tables and plots"] and "timings.json is not readable JSON" in again.stdout
+    ran = [line.split("] ")[1].split(" (")[0] for line in again.stdout.splitlines()
+           if line.startswith("[")]
+    assert (ran == ["repeat probe learned", "tables and plots"]
+            and "timings.json is not readable JSON" in again.stdout)
     assert study_plan.read_result(raw / "learned.repeat.json")["rows"]
 
 def one_job_study(tmp, job):
@@ -444,8 +507,8 @@ def one_job_study(tmp, job):
 
 
 def test_a_train_job_whose_run_is_owned_is_not_started(tmp_path):
-    """A run directory that another process owns (a train.py left running, or another study) is a one-line error
-    naming it, and the job is never started."""
+    """A run directory that another process owns (a train.py left running, or another study) is a
+    one-line error naming it, and the job is never started."""
     import fcntl
     out = tmp_path / "runs" / "rope_s1337"
     out.mkdir(parents=True)
@@ -460,8 +523,8 @@ def test_a_train_job_whose_run_is_owned_is_not_started(tmp_path):
             one_job_study(tmp_path, job)
     finally:
         os.close(fd)
-    assert str(e.value).startswith(f"train rope_s1337: its run directory {out} is in use by pid 4242 on host "
-                                   "elsewhere (train.py)")
+    assert str(e.value).startswith(f"train rope_s1337: its run directory {out} is in use by pid "
+                                   "4242 on host elsewhere (train.py)")
     assert not marker.exists()
     one_job_study(tmp_path, job)  # once the owner is gone
     assert marker.exists()
@@ -469,15 +532,16 @@ def test_a_train_job_whose_run_is_owned_is_not_started(tmp_path):
 
 @pytest.mark.slow
 def test_a_job_dies_with_reproduce(tmp_path):
-    """kill -9 of reproduce.py alone left its train.py running, orphaned, beside the study run again: a job now dies
-    with reproduce.py."""
+    """kill -9 of reproduce.py alone left its train.py running, orphaned, beside the study run
+    again: a job now dies with reproduce.py."""
     pid_file = tmp_path / "job.pid"
     job = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     parent = subprocess.Popen([sys.executable, "-c", f"""
 import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]
 from pathlib import Path
 import reproduce, study_plan, test_reproduce
-test_reproduce.one_job_study(Path({str(tmp_path)!r}), study_plan.Job("job", "extrapolate", Path({str(tmp_path)!r}) /
+test_reproduce.one_job_study(Path({str(tmp_path)!r}), study_plan.Job("job", "extrapolate", \
+Path({str(tmp_path)!r}) /
                              "out.json", [sys.executable, "-c", {job!r}]))
 """], cwd=ROOT, stdout=subprocess.DEVNULL)
     try:
@@ -503,53 +567,67 @@ def alive(pid):
 
 
 def test_a_checkpoint_trained_with_another_recipe_is_neither_finished_nor_resumed(tmp_path):
-    argv = ["--suite", "retrieval", "--budget", "toy", "--schemes", "rope", "--results", str(tmp_path / "results"),
-            "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data")]
+    argv = ["--suite", "retrieval", "--budget", "toy", "--schemes", "rope",
+            "--results", str(tmp_path / "results"), "--runs", str(tmp_path / "runs"),
+            "--data", str(tmp_path / "data")]
     budget = dict(study_plan.RETRIEVAL_BUDGETS["toy"], schemes=["rope"])
-    budget["recipe"] = dict(study_plan.read_recipe(ROOT / study_plan.RETRIEVAL_CONFIG), **budget["train"])
-    job = next(j for j in study_plan.retrieval_plan(reproduce.parse_args(argv), budget) if j.name == "train rope_s1337")
-    assert job.settings["learning_rate"] == budget["recipe"]["learning_rate"] and job.settings["pos"] == "rope"
+    budget["recipe"] = dict(study_plan.read_recipe(ROOT / study_plan.RETRIEVAL_CONFIG),
+                            **budget["train"])
+    job = next(j for j in study_plan.retrieval_plan(reproduce.parse_args(argv), budget)
+               if j.name == "train rope_s1337")
+    assert (job.settings["learning_rate"] == budget["recipe"]["learning_rate"]
+            and job.settings["pos"] == "rope")
     job.output.parent.mkdir(parents=True)
 
     def trained(iters, **changed):  # a checkpoint as train.py writes it, from these settings
         config = dict(job.settings, **changed)
-        torch.save({"model": {}, "model_args": {"pos": config["pos"]}, "config": config, "iter_num": iters},
+        torch.save({"model": {}, "model_args": {"pos": config["pos"]}, "config": config,
+                    "iter_num": iters},
                    job.output)
 
-    trained(2, out_dir="/elsewhere", device="cuda", data_dir="/moved")  # where and on what: not the recipe
+    # where and on what: not the recipe
+    trained(2, out_dir="/elsewhere", device="cuda", data_dir="/moved")
     assert job.done(max_iters=2)
-    trained(1, max_iters=1, eval_interval=1)  # stopped early, as by --max_iters: it resumes, the same run
+    # stopped early, as by --max_iters: it resumes, the same run
+    trained(1, max_iters=1, eval_interval=1)
     assert not job.done(max_iters=2)
     trained(3, max_iters=3)  # trained past this job's end: other weights
-    with pytest.raises(reproduce.UserError, match=r"rope_s1337: .* was trained to iteration 3, past this recipe's "
+    with pytest.raises(reproduce.UserError,
+                       match=r"rope_s1337: .* was trained to iteration 3, past this recipe's "
                                                   r"max_iters=2; move "):
         job.done(max_iters=2)
     lr = job.settings["learning_rate"]
-    for iters in (2, 1):  # finished, or stopped part way (resuming would mix two recipes in one run)
+    # finished, or stopped part way (resuming would mix two recipes in one run)
+    for iters in (2, 1):
         trained(iters, learning_rate=2 * lr, seed=1)
         with pytest.raises(reproduce.UserError) as e:
             job.done(max_iters=2)
-        assert str(e.value) == (f"train rope_s1337: {job.output} was trained with learning_rate={2 * lr}, seed=1, "
-                                f"not this recipe's learning_rate={lr}, seed=1337; move {job.output.parent} aside (or "
-                                "give another --runs) to train it again")
+        assert str(e.value) == (f"train rope_s1337: {job.output} was trained with "
+                                f"learning_rate={2 * lr}, seed=1, not this recipe's "
+                                f"learning_rate={lr}, seed=1337; move {job.output.parent} aside "
+                                "(or give another --runs) to train it again")
     with pytest.raises(SystemExit) as e:
         reproduce.main(argv + ["--plan"])
-    assert e.value.code.startswith("reproduce.py: error: train rope_s1337: ") and "\n" not in e.value.code
+    assert (e.value.code.startswith("reproduce.py: error: train rope_s1337: ")
+            and "\n" not in e.value.code)
 
 
-@pytest.mark.parametrize("suite, budget", [("study", "full"), ("study", "toy"), ("retrieval", "full"),
-                                           ("retrieval", "toy"), ("tune", "full"), ("extension", "full"),
+@pytest.mark.parametrize("suite, budget", [("study", "full"), ("study", "toy"),
+                                           ("retrieval", "full"), ("retrieval", "toy"),
+                                           ("tune", "full"), ("extension", "full"),
                                            ("extension", "toy")])
 def test_each_training_job_names_its_settings_as_train_py_reads_them(tmp_path, suite, budget):
-    """The settings the recipe guard compares with a checkpoint's config are what train.py makes of the job's own
-    command line (its config file and overrides) and stores in that config: else every finished run would be
-    refused, or a mixed one accepted."""
+    """The settings the recipe guard compares with a checkpoint's config are what train.py makes of
+    the job's own command line (its config file and overrides) and stores in that config: else every
+    finished run would be refused, or a mixed one accepted."""
     import train
-    argv = ["--budget", budget, "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
+    argv = ["--budget", budget, "--runs", str(tmp_path / "runs"),
+            "--results", str(tmp_path / "results")]
     argv += {"study": [], "retrieval": ["--suite", "retrieval"], "tune": ["--tune"],
              "extension": ["--suite", "extension"]}[suite]
     args = reproduce.parse_args(argv)
-    jobs = [job for job in reproduce.jobs_for(args, reproduce.budget_for(args)) if job.kind == "train"]
+    jobs = [job for job in reproduce.jobs_for(args, reproduce.budget_for(args))
+            if job.kind == "train"]
     assert len(jobs) >= 3
     for job in jobs:
         config = train.load_config(job.command[2:])
@@ -559,29 +637,33 @@ def test_each_training_job_names_its_settings_as_train_py_reads_them(tmp_path, s
 
 
 def test_a_results_directory_holds_one_recipe(tmp_path, capsys):
-    argv = ["--suite", "retrieval", "--budget", "toy", "--results", str(tmp_path / "results"), "--runs",
-            str(tmp_path / "runs"), "--data", str(tmp_path / "data")]
+    argv = ["--suite", "retrieval", "--budget", "toy", "--results", str(tmp_path / "results"),
+            "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data")]
     recipe = dict(study_plan.read_recipe(ROOT / study_plan.RETRIEVAL_CONFIG),
                   **study_plan.RETRIEVAL_BUDGETS["toy"]["train"])
     reproduce.main(argv + ["--plan"])
     assert not (tmp_path / "results" / "recipe.json").exists()  # --plan writes nothing
-    other = dict(recipe, learning_rate=2 * recipe["learning_rate"], device="cuda")  # the device does not count
+    # the device does not count
+    other = dict(recipe, learning_rate=2 * recipe["learning_rate"], device="cuda")
     (tmp_path / "results").mkdir(exist_ok=True)
     (tmp_path / "results" / "recipe.json").write_text(json.dumps(other))
     with pytest.raises(SystemExit) as e:
         reproduce.main(argv + ["--plan"])
-    assert e.value.code == (f"reproduce.py: error: --results {tmp_path / 'results'} holds results trained with "
-                            f"learning_rate={2 * recipe['learning_rate']}, not this recipe's "
-                            f"learning_rate={recipe['learning_rate']}: give another --results")
-    longer = dict(recipe, max_iters=2 * recipe["max_iters"])  # the same models trained longer: other models
+    assert e.value.code == (f"reproduce.py: error: --results {tmp_path / 'results'} holds results "
+                            f"trained with learning_rate={2 * recipe['learning_rate']}, not this "
+                            f"recipe's learning_rate={recipe['learning_rate']}: give another "
+                            "--results")
+    # the same models trained longer: other models
+    longer = dict(recipe, max_iters=2 * recipe["max_iters"])
     (tmp_path / "results" / "recipe.json").write_text(json.dumps(longer))
     with pytest.raises(SystemExit) as e:
         reproduce.main(argv + ["--plan"])
-    assert f"holds results trained with max_iters={2 * recipe['max_iters']}, not this recipe's max_iters=" \
-           f"{recipe['max_iters']}" in e.value.code
+    assert (f"holds results trained with max_iters={2 * recipe['max_iters']}, not this recipe's "
+            f"max_iters={recipe['max_iters']}" in e.value.code)
     (tmp_path / "results" / "recipe.json").write_text(json.dumps(other))
     args = reproduce.parse_args(argv + ["--report"])
-    assert reproduce.results_recipe(args, recipe) == other  # drawn with the recipe that trained them
+    # drawn with the recipe that trained them
+    assert reproduce.results_recipe(args, recipe) == other
     for damaged in ("[", "{}", json.dumps({"block_size": 16}), json.dumps(dict(other, n_layer=[2])),
                     json.dumps(dict(other, block_size=0)), json.dumps(dict(other, block_size="96")),
                     json.dumps(dict(other, n_head=0)), json.dumps(dict(other, block_size=17)),
@@ -589,8 +671,10 @@ def test_a_results_directory_holds_one_recipe(tmp_path, capsys):
         (tmp_path / "results" / "recipe.json").write_text(damaged)
         with pytest.raises(SystemExit) as e:
             reproduce.main(argv + ["--report"])
-        assert e.value.code.startswith("reproduce.py: error: ") and "recipe.json is damaged" in e.value.code
-    # a directory from before recipe.json: its summary's recipe is the recorded one, and a run writes it down
+        assert (e.value.code.startswith("reproduce.py: error: ")
+                and "recipe.json is damaged" in e.value.code)
+    # a directory from before recipe.json: its summary's recipe is the recorded one, and
+    # a run writes it down
     (tmp_path / "results" / "recipe.json").unlink()
     (tmp_path / "results" / "summary.json").write_text(json.dumps({"recipe": other}))
     with pytest.raises(SystemExit) as e:
@@ -598,32 +682,38 @@ def test_a_results_directory_holds_one_recipe(tmp_path, capsys):
     assert "holds results trained with learning_rate=" in e.value.code
     (tmp_path / "results" / "summary.json").write_text("{")  # damaged: redrawn, and binds nothing
     assert reproduce.results_recipe(reproduce.parse_args(argv + ["--plan"]), recipe) == recipe
-    (tmp_path / "results" / "summary.json").write_text(json.dumps({"recipe": dict(recipe, device="cuda")}))
+    (tmp_path / "results" / "summary.json").write_text(
+        json.dumps({"recipe": dict(recipe, device="cuda")}))
     args = reproduce.parse_args(argv)
     assert reproduce.results_recipe(args, recipe) == recipe
-    assert json.loads((tmp_path / "results" / "recipe.json").read_text())["learning_rate"] == recipe["learning_rate"]
+    assert (json.loads((tmp_path / "results" / "recipe.json").read_text())["learning_rate"]
+            == recipe["learning_rate"])
 
 
 def test_mqar_by_query_is_each_checkpoints_mean_at_1x_under_causal_attention(tmp_path):
     (tmp_path / "raw").mkdir()
 
     def row(run, label, d, length, by_query, task="mqar", kind="distance"):
-        return dict(ckpt=f"out/{run}/ckpt.pt", pos="xpos", label=label, task=task, kind=kind, d=d, length=length,
-                    by_query=by_query)
+        return dict(ckpt=f"out/{run}/ckpt.pt", pos="xpos", label=label, task=task, kind=kind, d=d,
+                    length=length, by_query=by_query)
 
-    rows = [row("xpos_sb512_s1337", "xpos", 32, 60, [0.2, 0.4]), row("xpos_sb512_s1337", "xpos", 64, 129, [0.4, 0.8]),
+    rows = [row("xpos_sb512_s1337", "xpos", 32, 60, [0.2, 0.4]),
+            row("xpos_sb512_s1337", "xpos", 64, 129, [0.4, 0.8]),
             row("xpos_sb512_s1338", "xpos", 32, 60, [1.0, 1.0]),
-            row("xpos_sb512_s1337", "xpos", 96, 130, [0.0, 0.0]),  # longer than a training record: past 1 x
+            # longer than a training record: past 1 x
+            row("xpos_sb512_s1337", "xpos", 96, 130, [0.0, 0.0]),
             row("xpos_sb512_s1337", "xpos + BCA", 32, 60, [0.0, 0.0]),  # another rule
             row("xpos_sb512_s1337", "xpos", 32, 60, [0.0, 0.0], task="copy"),
             row("xpos_sb512_s1337", "xpos", 64, 128, [0.0, 0.0], kind="length")]
     (tmp_path / "raw" / "xpos_sb512.tasks.json").write_text(json.dumps({"rows": rows}))
     (tmp_path / "raw" / "rope.tasks.json").write_text("{")  # damaged: left out
-    found = study_report.mqar_by_query(reproduce.parse_args(["--results", str(tmp_path), "--runs", "out"]), 128)
+    found = study_report.mqar_by_query(reproduce.parse_args(["--results", str(tmp_path),
+                                                             "--runs", "out"]), 128)
     assert found == {"xpos_sb512_s1337": pytest.approx([0.3, 0.6]), "xpos_sb512_s1338": [1.0, 1.0]}
-    tables = study_tables.retrieval_markdown({"recipe": {"block_size": 128}, "wall_time": {"seconds": 60, "measured": 1,
-                                           "jobs": 1}, "budget": "toy", "seeds": [1], "machine": "m", "tasks": [],
-                                           "reach": {}, "accuracy": {}, "mqar_by_query": found})
+    tables = study_tables.retrieval_markdown({
+        "recipe": {"block_size": 128}, "wall_time": {"seconds": 60, "measured": 1, "jobs": 1},
+        "budget": "toy", "seeds": [1], "machine": "m", "tasks": [], "reach": {}, "accuracy": {},
+        "mqar_by_query": found})
     assert "| picking among the values not yet asked for | 0.50 | 1.00 |" in tables
     assert "| xpos_sb512_s1337 | 0.30 | 0.60 |" in tables
 
@@ -639,29 +729,35 @@ def test_a_result_whose_checkpoint_is_missing_is_measured_again(tmp_path):
 
 
 def test_area_bootstrap_and_t_interval_by_hand():
-    # the trapezoids over log2 distance, divided by the width: x = 1, 2, 4 -> (1 + 1)/2 * 1 + (1 + 0)/2 * 2 = 2 of 3
+    # the trapezoids over log2 distance, divided by the width: x = 1, 2, 4 -> (1 + 1)/2 * 1 +
+    # (1 + 0)/2 * 2 = 2 of 3
     assert study_report.area([(2, 1.0, 8), (4, 1.0, 8), (16, 0.0, 8)]) == pytest.approx(2 / 3)
     assert study_report.area([(1, 0.25, 8), (4, 0.75, 8)]) == pytest.approx(0.5)
-    # a cell at 0 or 1 stays there in every bootstrap draw; one at 1/2 spreads as a binomial of its instances
+    # a cell at 0 or 1 stays there in every bootstrap draw; one at 1/2 spreads as a
+    # binomial of its instances
     rng = np.random.default_rng(0)
     assert set(study_report.area([(2, 1.0, 8), (4, 0.0, 8)], rng, 50)) == {0.5}
     drawn = study_report.area([(2, 0.5, 400), (4, 0.5, 400)], rng, 4000)
-    assert drawn.mean() == pytest.approx(0.5, abs=0.01) and drawn.std() == pytest.approx((0.25 / 400 / 2) ** 0.5, rel=0.1)
-    # seeds and units drawn again: identical values give a point; the interval of two seeds lies between them
+    assert (drawn.mean() == pytest.approx(0.5, abs=0.01)
+            and drawn.std() == pytest.approx((0.25 / 400 / 2) ** 0.5, rel=0.1))
+    # seeds and units drawn again: identical values give a point; the interval of two
+    # seeds lies between them
     assert study_report.bootstrap([[0.3, 0.3], [0.3]]) == pytest.approx([0.3, 0.3])
     low, high = study_report.bootstrap([[0.1, 0.2, 0.3], [0.5, 0.6, 0.7]])
     assert 0.1 <= low < 0.4 < high <= 0.7
     # Student's t at 2 degrees of freedom: 2 ± 4.303 / sqrt(3)
-    assert study_report.t_interval([1.0, 2.0, 3.0]) == pytest.approx([2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5])
+    assert (study_report.t_interval([1.0, 2.0, 3.0])
+            == pytest.approx([2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5]))
     assert study_report.t_interval([1.0]) is None
 
 
 def test_a_report_writes_over_nothing_it_did_not_write(tmp_path):
-    """--report refuses, with one line and before writing anything: the other suite's results directory, a tables.md
-    or plot it did not write, a summary.json that is a directory."""
+    """--report refuses, with one line and before writing anything: the other suite's results
+    directory, a tables.md or plot it did not write, a summary.json that is a directory."""
     shutil.copytree(ROOT / "results" / "char", tmp_path / "c")
     before = (tmp_path / "c" / "summary.json").read_bytes()
-    for argv, message in ((["--suite", "retrieval"], "holds the study's (raw/*.ppl.json): drop --suite retrieval"),
+    for argv, message in ((["--suite", "retrieval"],
+                           "holds the study's (raw/*.ppl.json): drop --suite retrieval"),
                           ([], None)):
         if message is None:  # a foreign tables.md, then a plot
             (tmp_path / "c" / "tables.md").write_text("my notes\n")
@@ -671,7 +767,8 @@ def test_a_report_writes_over_nothing_it_did_not_write(tmp_path):
         assert message in str(e.value.code) and "\n" not in str(e.value.code)
         assert (tmp_path / "c" / "summary.json").read_bytes() == before
     assert (tmp_path / "c" / "tables.md").read_text() == "my notes\n"
-    shutil.copytree(ROOT / "results" / "retrieval", tmp_path / "r", ignore=shutil.ignore_patterns("*.png"))
+    shutil.copytree(ROOT / "results" / "retrieval", tmp_path / "r",
+                    ignore=shutil.ignore_patterns("*.png"))
     (tmp_path / "r" / "copy.png").write_text("not a plot")
     with pytest.raises(SystemExit) as e:
         reproduce.main(["--report", "--results", str(tmp_path / "r")])
@@ -689,28 +786,36 @@ def test_a_report_writes_over_nothing_it_did_not_write(tmp_path):
 
 
 def test_plan_creates_nothing(tmp_path, capsys):
-    reproduce.main(["--plan", "--budget", "toy", "--results", str(tmp_path / "r"), "--runs", str(tmp_path / "o"),
-                    "--data", str(tmp_path / "d")])
+    reproduce.main(["--plan", "--budget", "toy", "--results", str(tmp_path / "r"),
+                    "--runs", str(tmp_path / "o"), "--data", str(tmp_path / "d")])
     assert "jobs finished already" in capsys.readouterr().out and not any(tmp_path.iterdir())
 
 
 def test_the_extension_table_is_each_seeds_rows(tmp_path, capsys):
-    """--suite extension's table from raw rows written by hand: per model and rule, each seed's perplexity at each
-    length and context gain, mean and sample std over seeds, the fine-tunes' extra tokens (50 x 8 x 512); a row of a
-    checkpoint that is not the suite's is left out with a note."""
+    """--suite extension's table from raw rows written by hand: per model and rule, each seed's
+    perplexity at each length and context gain, mean and sample std over seeds, the fine-tunes'
+    extra tokens (50 x 8 x 512); a row of a checkpoint that is not the suite's is
+    left out with a note."""
     runs, raw = tmp_path / "runs", tmp_path / "results" / "raw"
     raw.mkdir(parents=True)
     rng = np.random.default_rng(0)
     ppl = {seed: rng.uniform(4, 9, 4) for seed in (1337, 1338, 1339)}
     gain = {seed: rng.uniform(-0.01, 0.01) for seed in (1337, 1338, 1339)}
-    row = lambda ckpt, **kw: dict(ckpt=str(ckpt), pos="rope", label="rope + pi s=4", attention="causal", **kw)
-    ckpt = lambda seed: runs / "extension" / f"rope_pi_s{seed}" / "ckpt.pt"
+
+    def row(ckpt, **kw):
+        return dict(ckpt=str(ckpt), pos="rope", label="rope + pi s=4", attention="causal", **kw)
+
+    def ckpt(seed):
+        return runs / "extension" / f"rope_pi_s{seed}" / "ckpt.pt"
+
     rows = [row(ckpt(seed), length=n, ppl=float(ppl[seed][i])) for seed in ppl
             for i, n in enumerate((128, 512, 1024, 2048))]
     rows.append(row(tmp_path / "elsewhere.pt", length=512, ppl=1000.0))
     (raw / "rope_pi.ppl.json").write_text(json.dumps({"rows": rows}))
-    (raw / "rope_pi.context.json").write_text(json.dumps({"rows": [row(ckpt(s), gain=gain[s]) for s in gain]}))
-    reproduce.main(["--suite", "extension", "--report", "--results", str(tmp_path / "results"), "--runs", str(runs)])
+    (raw / "rope_pi.context.json").write_text(
+        json.dumps({"rows": [row(ckpt(s), gain=gain[s]) for s in gain]}))
+    reproduce.main(["--suite", "extension", "--report", "--results", str(tmp_path / "results"),
+                    "--runs", str(runs)])
     assert "elsewhere.pt are left out" in capsys.readouterr().out
     summary = json.loads((tmp_path / "results" / "summary.json").read_text())
     table = summary["table"]["fine-tuned at 4l: rope + pi s=4"]
@@ -723,16 +828,19 @@ def test_the_extension_table_is_each_seeds_rows(tmp_path, capsys):
     assert table["extra tokens"]["mean"] == summary["extra_tokens"] == 50 * 8 * 512
     tables = (tmp_path / "results" / "tables.md").read_text()
     assert tables == study_tables.extension_markdown(summary)
-    line = next(x for x in tables.splitlines() if x.startswith("| fine-tuned at 4l: rope + pi s=4 |"))
+    line = next(x for x in tables.splitlines()
+                if x.startswith("| fine-tuned at 4l: rope + pi s=4 |"))
     assert "| 204,800 |" in line and f"{np.mean([ppl[s][1] for s in ppl]):.3f} ± " in line
 
 
 def test_the_extension_task_table_is_accuracy_within_and_past_4l(tmp_path):
-    """The extension's task-suite table from raw rows written by hand: each model's mean accuracy over the task
-    probe's distances up to 4l and past it, per task; the zero-shot rows are the task suite's own, of its first
-    seed's checkpoint and the labels asked for (another seed's rows and another rule's are left out)."""
+    """The extension's task-suite table from raw rows written by hand: each model's mean accuracy
+    over the task probe's distances up to 4l and past it, per task; the zero-shot rows are the task
+    suite's own, of its first seed's checkpoint and the labels asked for (another seed's rows and
+    another rule's are left out)."""
     l = 128
-    task_runs, results, task_results = tmp_path / "task_runs", tmp_path / "results", tmp_path / "task_results"
+    task_runs, results, task_results = (tmp_path / "task_runs", tmp_path / "results",
+                                        tmp_path / "task_results")
     (results / "raw").mkdir(parents=True)
     (task_results / "raw").mkdir(parents=True)
     rng = np.random.default_rng(1)
@@ -740,26 +848,30 @@ def test_the_extension_task_table_is_accuracy_within_and_past_4l(tmp_path):
 
     def rows(ckpt, label, task):
         acc = {d: float(rng.uniform(0, 1)) for d in distances}
-        return acc, [dict(ckpt=str(ckpt), pos=label.split()[0], label=label, task=task, kind="distance", d=d,
-                          accuracy=acc[d]) for d in distances]
+        return acc, [dict(ckpt=str(ckpt), pos=label.split()[0], label=label, task=task,
+                          kind="distance", d=d, accuracy=acc[d]) for d in distances]
 
     zero, zero_rows = rows(task_runs / "xpos_s1337" / "ckpt.pt", "xpos + BCA", "copy")
     _, other_seed = rows(task_runs / "xpos_s1338" / "ckpt.pt", "xpos + BCA", "copy")
     _, other_rule = rows(task_runs / "xpos_s1337" / "ckpt.pt", "xpos + sliding W=128", "copy")
     (task_results / "raw" / "xpos.tasks.json").write_text(
         json.dumps({"rows": zero_rows + other_seed + other_rule}))
-    tuned, tuned_rows = rows(task_runs / "extension" / "xpos_long_s1337" / "ckpt.pt", "xpos", "mqar")
+    tuned, tuned_rows = rows(task_runs / "extension" / "xpos_long_s1337" / "ckpt.pt", "xpos",
+                             "mqar")
     (results / "raw" / "xpos_long.tasks.json").write_text(json.dumps({"rows": tuned_rows}))
-    reproduce.main(["--suite", "extension", "--report", "--schemes", "xpos", "--results", str(results),
-                    "--runs", str(tmp_path / "runs"), "--task_runs", str(task_runs), "--task_results",
-                    str(task_results)])
+    reproduce.main(["--suite", "extension", "--report", "--schemes", "xpos",
+                    "--results", str(results), "--runs", str(tmp_path / "runs"),
+                    "--task_runs", str(task_runs), "--task_results", str(task_results)])
     summary = json.loads((results / "summary.json").read_text())
     table = summary["task_suite"]["table"]
     assert set(table) == {"zero-shot: xpos + BCA", "fine-tuned at 4l: xpos"}
-    for name, task, acc in (("zero-shot: xpos + BCA", "copy", zero), ("fine-tuned at 4l: xpos", "mqar", tuned)):
+    for name, task, acc in (("zero-shot: xpos + BCA", "copy", zero),
+                            ("fine-tuned at 4l: xpos", "mqar", tuned)):
         assert set(table[name]) == {task}
-        assert table[name][task]["within"] == pytest.approx(np.mean([acc[d] for d in distances if d <= 4 * l]))
-        assert table[name][task]["past"] == pytest.approx(np.mean([acc[d] for d in distances if d > 4 * l]))
+        assert (table[name][task]["within"]
+                == pytest.approx(np.mean([acc[d] for d in distances if d <= 4 * l])))
+        assert (table[name][task]["past"]
+                == pytest.approx(np.mean([acc[d] for d in distances if d > 4 * l])))
     assert summary["task_suite"]["extra_tokens"] == 400 * 16 * 512
     tables = (results / "tables.md").read_text()
     assert tables == study_tables.extension_markdown(summary)
@@ -769,33 +881,42 @@ def test_the_extension_task_table_is_accuracy_within_and_past_4l(tmp_path):
 
 @pytest.mark.slow
 def test_toy_extension_end_to_end(tmp_path):
-    """--suite extension on a toy budget (RoPE only): the study's models, then each fine-tuned at 4l with PI and
-    YaRN (the scaling, its original length and the source in the checkpoint), every model scored, the table drawn;
-    a second run has nothing to do."""
-    argv = [sys.executable, "study/reproduce.py", "--suite", "extension", "--budget", "toy", "--schemes", "rope",
-            "--results", str(tmp_path / "results"), "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data"),
+    """--suite extension on a toy budget (RoPE only): the study's models, then each fine-tuned at 4l
+    with PI and YaRN (the scaling, its original length and the source in the checkpoint), every
+    model scored, the table drawn; a second run has nothing to do."""
+    argv = [sys.executable, "study/reproduce.py", "--suite", "extension", "--budget", "toy",
+            "--schemes", "rope", "--results", str(tmp_path / "results"),
+            "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data"),
             "--task_runs", str(tmp_path / "task_runs"), "--task_data", str(tmp_path / "task_data"),
             "--task_results", str(tmp_path / "task_results")]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "results" / "summary.json").read_text())
-    assert {"zero-shot: rope", "zero-shot: rope + BCA", "zero-shot: rope + yarn", "fine-tuned at 4l: rope + pi s=4 from 16",
+    assert {"zero-shot: rope", "zero-shot: rope + BCA", "zero-shot: rope + yarn",
+            "fine-tuned at 4l: rope + pi s=4 from 16",
             "fine-tuned at 4l: rope + yarn s=4 from 16"} <= set(summary["table"])
-    for row in summary["table"].values():  # every seed's value, YaRN at inference's context gain too
+    # every seed's value, YaRN at inference's context gain too
+    for row in summary["table"].values():
         assert row["64"]["n"] == 3 and row["context gain"]["n"] == 3
     for name, method in (("rope_pi", "pi"), ("rope_yarn", "yarn")):
-        ckpt = torch.load(tmp_path / "runs" / "extension" / f"{name}_s1338" / "ckpt.pt", weights_only=False)
+        ckpt = torch.load(tmp_path / "runs" / "extension" / f"{name}_s1338" / "ckpt.pt",
+                          weights_only=False)
         args = ckpt["model_args"]
-        assert (args["block_size"], args["rope_scaling"], args["rope_factor"], args["rope_original_length"]) == \
-            (64, method, 4.0, 16)
+        assert (args["block_size"], args["rope_scaling"], args["rope_factor"],
+                args["rope_original_length"]) == (64, method, 4.0, 16)
         assert ckpt["init"]["path"] == str((tmp_path / "runs" / "rope_s1338" / "ckpt.pt").resolve())
-    assert (tmp_path / "results" / "tables.md").read_text() == study_tables.extension_markdown(summary)
+    assert ((tmp_path / "results" / "tables.md").read_text()
+            == study_tables.extension_markdown(summary))
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    suite = summary["task_suite"]["table"]  # the suite's part: rope's first seed fine-tuned, its task probe
-    assert {"fine-tuned at 4l: rope + pi s=4 from 96", "fine-tuned at 4l: rope + yarn s=4 from 96"} <= set(suite)
-    ckpt = torch.load(tmp_path / "task_runs" / "extension" / "rope_yarn_s1337" / "ckpt.pt", weights_only=False)
+    # the suite's part: rope's first seed fine-tuned, its task probe
+    suite = summary["task_suite"]["table"]
+    assert {"fine-tuned at 4l: rope + pi s=4 from 96",
+            "fine-tuned at 4l: rope + yarn s=4 from 96"} <= set(suite)
+    ckpt = torch.load(tmp_path / "task_runs" / "extension" / "rope_yarn_s1337" / "ckpt.pt",
+                      weights_only=False)
     assert (ckpt["model_args"]["block_size"], ckpt["model_args"]["rope_scaling"]) == (384, "yarn")
-    # data, rope's seeds, the fine-tunes, perplexity and context of 3 models; the task data at l and at 4l, the
-    # suite's rope, its two fine-tunes and their task probes; the report
+    # data, rope's seeds, the fine-tunes, perplexity and context of 3 models; the task data at l and
+    # at 4l, the suite's rope, its two fine-tunes and their task probes; the report
     jobs = 1 + 3 + 6 + 2 * 3 + 2 + 1 + 2 + 2 + 1
-    assert again.returncode == 0 and f"{jobs - 1} of {jobs} jobs finished already" in again.stdout, again.stdout[-2000:]
+    assert (again.returncode == 0
+            and f"{jobs - 1} of {jobs} jobs finished already" in again.stdout), again.stdout[-2000:]
