@@ -19,7 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from test_train import tiny_args, words_dataset  # noqa: E402  (the DDP test's data and arguments)
+# the DDP test's data and arguments
+from test_train import tiny_args, words_dataset  # noqa: E402
 
 
 def train_args(data_dir, out_dir):

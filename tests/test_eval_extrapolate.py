@@ -476,7 +476,8 @@ def test_ctrl_c_is_one_line(tiny_data, tmp_path, monkeypatch, capsys):
     handler = signal.getsignal(signal.SIGINT)
     try:
         run("--ckpt", tmp_path / "m.pt", "--lengths", "8", "--json", tmp_path / "r.json")
-    except BaseException as e:  # noqa: B036 -- a KeyboardInterrupt escaping would stop pytest itself
+    # a KeyboardInterrupt escaping would stop pytest itself
+    except BaseException as e:  # noqa: B036
         raised = e
     finally:
         signal.signal(signal.SIGINT, handler)
