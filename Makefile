@@ -22,12 +22,13 @@ test: $(VENV)/installed
 lint: $(VENV)/installed
 	$(VENV)/bin/ruff check .
 
-# Everything (what CI runs): the whole suite, the slow tests included, then the two-process stress loop and the
+# Everything (what CI runs): the whole suite, the slow tests included, then the two-process stress loop (25 runs
+# of each script: a crash that hits one run in five is missed with probability 0.8^25 = 0.4%) and the
 # hostile attacks on the processes' life cycle (two trainers on one out_dir, an orphaned reproduce.py job, Ctrl-C;
 # about 4 minutes). The CUDA tests run where a GPU exists (without one they report as skipped).
 test-all: $(VENV)/installed
-	$(PY) -m pytest
-	$(PY) tests/stress_ddp.py --runs 50
+	$(PY) -m pytest --durations=10
+	$(PY) tests/stress_ddp.py --runs 25
 	$(PY) tests/hostile.py
 
 # Two-process (torchrun, gloo) train and eval, 50 runs each: a teardown crash at exit once hit one run in five.
