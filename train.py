@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from alternatives import TRAINED_SCALINGS
 from lexgpt.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, load_weights, save_checkpoint
 from lexgpt.cli import UserError, error_exit, exit_interrupted
 from lexgpt.configurator import (
@@ -43,7 +44,7 @@ from lexgpt.distributed import DTYPES, all_reduce_sum, autocast, teardown_distri
 from lexgpt.mfu import peak_flops, train_flops_per_token
 from lexgpt.run_dir import clear_run_dir, keep_checkpoint, open_log, release_run_dirs, remove_debris
 from lexgpt.train_setup import TrainRun, setup
-from model import GPT, ROPE_SCALINGS
+from model import GPT
 
 
 @dataclass
@@ -107,7 +108,6 @@ class TrainConfig:
 
 
 # dynamic NTK recomputes its factor at every pass: a model is fine-tuned with a fixed one
-TRAINED_SCALINGS = tuple(m for m in ROPE_SCALINGS if m != "dynamic_ntk")
 CHOICES = dict(lr_schedule=("cosine", "polynomial"), dtype=DTYPES, rope_scaling=TRAINED_SCALINGS)
 CLIP = (NON_NEGATIVE[0], "a finite number >= 0 (0 disables clipping)")
 LIMITS = dict(  # numeric keys, checked once the whole configuration is known

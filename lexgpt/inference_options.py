@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from alternatives import scaling_of
+from alternatives import TRAINED_SCALINGS, scaling_of
 from lexgpt.cli import UserError
 from lexgpt.distributed import (
     DTYPES,
@@ -200,7 +200,7 @@ def attention_options(args, several=False):
         methods = []
     else:
         methods = parse_names(args.rope_scaling, "--rope_scaling", ROPE_SCALINGS, several)
-    takes_factor = [m for m in methods if m in ("pi", "ntk", "yarn")]
+    takes_factor = [m for m in methods if m in TRAINED_SCALINGS and m != "none"]  # fixed s
     if args.rope_factor is not None and not takes_factor:
         raise UserError(f"--rope_factor {args.rope_factor} applies to --rope_scaling pi, ntk "
                         "or yarn only")
