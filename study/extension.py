@@ -135,7 +135,7 @@ def extension_score_jobs(args, budget):
                         [PY, "eval_extrapolate.py", *common, "--lengths", lengths,
                          "--spans", spans, "--json", str(ppl)], inputs=ckpts))
         jobs.append(Job(f"context {name}", "context", context,
-                        [PY, "eval_retrieval.py", *common, "--probe", "context",
+                        [PY, "study/eval_retrieval.py", *common, "--probe", "context",
                          "--beyond", str(l), "--lengths", str(EXTENSION_MULTIPLES[-1] * l),
                          "--sequences", spans, "--json", str(context)], inputs=ckpts))
     return jobs
@@ -221,7 +221,7 @@ def suite_jobs(args, budget):
                                   max_iters=tuned["max_iters"]))
         out = raw / f"{name}.tasks.json"
         jobs.append(Job(f"tasks {name}", "tasks", out,
-                        [PY, "eval_retrieval.py", *ckpt_flags(models[name]), "--data_dir",
+                        [PY, "study/eval_retrieval.py", *ckpt_flags(models[name]), "--data_dir",
                          str(long_data), "--device", args.device, "--probe", "task",
                          "--task", SUITE_TASKS, "--distances", distances, "--lengths",
                          lengths, "--sequences", str(task_budget["sequences"]),

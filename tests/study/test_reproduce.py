@@ -537,10 +537,11 @@ def test_a_job_dies_with_reproduce(tmp_path):
     pid_file = tmp_path / "job.pid"
     job = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     parent = subprocess.Popen([sys.executable, "-c", f"""
-import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]
+import sys; sys.path[:0] = [{str(ROOT)!r}, {str(Path(__file__).parent)!r}]
 from pathlib import Path
-import reproduce, study_plan, test_reproduce
-test_reproduce.one_job_study(Path({str(tmp_path)!r}), study_plan.Job("job", "extrapolate", \
+import test_reproduce
+from study import jobs
+test_reproduce.one_job_study(Path({str(tmp_path)!r}), jobs.Job("job", "extrapolate", \
 Path({str(tmp_path)!r}) /
                              "out.json", [sys.executable, "-c", {job!r}]))
 """], cwd=ROOT, stdout=subprocess.DEVNULL)
