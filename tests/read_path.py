@@ -46,7 +46,7 @@ class ReadPath:
 
 
 def trace() -> ReadPath:
-    """Trace the issue's model: xPos at block_size 64 on a (1, 200) input, in eval mode and
+    """Trace the reference pass: xPos at block_size 64 on a (1, 200) input, in eval mode and
     without gradients (BCA by default past block_size)."""
     torch.manual_seed(0)
     config = GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=2, n_embd=32, pos="xpos")

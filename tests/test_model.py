@@ -1098,7 +1098,7 @@ def test_bad_bca_value():
 
 
 def test_the_read_path_to_the_first_attention_call_is_the_method():
-    """The issue's measure, traced with sys.settrace over every file of the repository
+    """The method's path, traced with sys.settrace over every file of the repository
     (read_path.py): from the entry into GPT.forward to the first F.scaled_dot_product_attention
     of an xPos pass past block_size (BCA), at most 100 unique lines in at most 12 definitions,
     at most 3 of them outside model.py. Over the whole pass no check runs (a rule and a config
