@@ -268,7 +268,7 @@ def sigint_scripts(tmp, data):
         err = proc.communicate(timeout=120)[1].strip()
         check(proc.returncode == 130 and err.startswith(f"{name}.py: interrupted (Ctrl-C):")
               and len(err.splitlines()) == 1,
-              f"sigint_scripts: {script}.py, one line and status 130",
+              f"sigint_scripts: {name}.py, one line and status 130",
               f"exit {proc.returncode}: {err}")
     check(not (tmp / "interrupted").exists() and not (tmp / "theory.json").exists(),
           "sigint_scripts: nothing left as a result")
