@@ -15,7 +15,7 @@ import torch
 
 from lexgpt.checkpoint import load_checkpoint
 from study import files as study_files
-from study import jobs as study_plan
+from study import jobs as study_jobs
 from study import report as study_report
 from study import reproduce
 from study import tables as study_tables
@@ -84,7 +84,7 @@ def test_toy_study_end_to_end(toy_study):
     # each span's gain kept
     context = summary["context"]
     assert set(context) == {"rope", "rope + BCA", "rope + sliding W=16", "rope + sinks S=4 W=16"}
-    rows = study_plan.read_result(results / "raw" / "rope.context.json")["rows"]
+    rows = study_jobs.read_result(results / "raw" / "rope.context.json")["rows"]
     bca = [r for r in rows if r["attention"] == "bca"]
     assert (len(bca) == 3
             and context["rope + BCA"]["gain"]["values"] == pytest.approx([r["gain"] for r in bca]))
@@ -106,7 +106,7 @@ def test_spread_against_the_seeds_rows(toy_study):
     """The table's mean and std are those of the three seeds' own rows in
     eval_extrapolate.py's JSON."""
     tmp, _ = toy_study
-    rows = study_plan.read_result(tmp / "results" / "raw" / "rope.ppl.json")["rows"]
+    rows = study_jobs.read_result(tmp / "results" / "raw" / "rope.ppl.json")["rows"]
     values = [r["ppl"] for r in rows if r["length"] == 32 and r["attention"] == "sinks"]
     assert len(values) == 3 and len({r["ckpt"] for r in rows}) == 3
     mean = sum(values) / 3
@@ -130,10 +130,10 @@ def test_resumes_only_what_is_missing(toy_study):
     args = reproduce.parse_args(["--budget", "toy", "--schemes", "learned,rope",
                                  "--results", str(tmp / "results"), "--runs", str(tmp / "runs"),
                                  "--data", str(tmp / "data")])
-    budget = dict(study_plan.BUDGETS["toy"], schemes=["learned", "rope"])
-    budget["recipe"] = dict(study_plan.read_recipe(ROOT / "config" / "study_char.py"),
+    budget = dict(study_jobs.BUDGETS["toy"], schemes=["learned", "rope"])
+    budget["recipe"] = dict(study_jobs.read_recipe(ROOT / "config" / "study_char.py"),
                             **budget["train"])
-    job = next(j for j in study_plan.plan(args, budget) if j.name == "train rope_s1338")
+    job = next(j for j in study_jobs.plan(args, budget) if j.name == "train rope_s1338")
     job.output.unlink()
     subprocess.run([*job.command, "--max_iters=1"], cwd=ROOT, check=True, capture_output=True)
     again = study(tmp)
@@ -206,7 +206,7 @@ def test_compact_raw_files_read_back_as_the_full_json(tmp_path, name):
     row_defaults): read_result gives back the full JSON, every row field by field; compacting
     again changes nothing, and the committed file is that form."""
     committed = ROOT / "results" / name
-    full = study_plan.read_result(committed)
+    full = study_jobs.read_result(committed)
     assert all("ckpt" in row and "label" in row for row in full.get("rows", []))
     (tmp_path / "full.json").write_text(json.dumps(full, indent=1))
     path = tmp_path / "compact.json"
@@ -216,8 +216,8 @@ def test_compact_raw_files_read_back_as_the_full_json(tmp_path, name):
     assert text == committed.read_text()
     assert ("row_defaults" in text) == ("rows" in full)
     expected = json.loads((tmp_path / "full.json").read_text())
-    assert study_plan.read_result(path) == expected
-    assert json_rows(study_plan.read_result(path)) == json_rows(expected)
+    assert study_jobs.read_result(path) == expected
+    assert json_rows(study_jobs.read_result(path)) == json_rows(expected)
     os.utime(path, ns=(10**18, 10**18))
     study_files.compact_raw(path)
     assert path.read_text() == text and path.stat().st_mtime_ns == 10**18
@@ -239,7 +239,7 @@ def test_compact_raw_keeps_each_rows_own_value_and_type(tmp_path):
     assert compact["row_defaults"] == dict(ckpt="a", flag=True, v=None, x=1, **shared)
     own = '[{}, {"x": 1.0, "flag": 1, "extra": [1, 2]}, {"ckpt": "b", "v": NaN}]'
     assert json.dumps(compact["rows"]) == own
-    assert json_rows(study_plan.read_result(path)) == json_rows({"rows": rows})
+    assert json_rows(study_jobs.read_result(path)) == json_rows({"rows": rows})
     one = {"rows": [{"ckpt": "a", **shared}]}
     assert study_files.compact_result(one) == one
 
@@ -293,7 +293,7 @@ def test_rows_of_another_results_directory_are_left_out(tmp_path, capsys):
     committed = ROOT / "results" / "retrieval"
     shutil.copytree(committed, tmp_path / "r")
     path = tmp_path / "r" / "raw" / "alibi.tasks.json"
-    result = study_plan.read_result(path)  # every row in full
+    result = study_jobs.read_result(path)  # every row in full
     foreign = [dict(row, ckpt=row["ckpt"].replace("out/retrieval/", "out/retrieval96/"),
                     accuracy=0.0)
                for row in result["rows"]]
@@ -308,7 +308,7 @@ def test_rows_of_another_results_directory_are_left_out(tmp_path, capsys):
                runs / "alibi_s1339" / "ckpt.pt")
     for other in (tmp_path / "r" / "raw").glob("*.json"):  # measured on checkpoints under runs
         other.write_text(other.read_text().replace('"out/retrieval/', f'"{runs}/'))
-    own = study_plan.read_result(path)["rows"]
+    own = study_jobs.read_result(path)["rows"]
     path.write_text(json.dumps(dict(result, rows=own + foreign + retrained)))
     reproduce.main(["--report", "--suite", "retrieval", "--results", str(tmp_path / "r"),
                     "--runs", str(runs)])
@@ -373,9 +373,9 @@ def test_tune_reports_the_last_validation_loss_of_each_run(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     tuning = json.loads((tmp_path / "results" / "tuning.json").read_text())
     lr = tuning["recipe"]["learning_rate"]
-    assert set(tuning["val_loss"]) == set(study_plan.TUNE_SCHEMES)
+    assert set(tuning["val_loss"]) == set(study_jobs.TUNE_SCHEMES)
     for scheme, row in tuning["val_loss"].items():
-        assert list(row) == [f"{lr * f:g}" for f in study_plan.TUNE_FACTORS]
+        assert list(row) == [f"{lr * f:g}" for f in study_jobs.TUNE_FACTORS]
         # the recipe's own learning rate is the study's first-seed run: its log's last evaluation
         log = tmp_path / "runs" / f"{scheme}_s1337" / "log.jsonl"
         last = [json.loads(line) for line in log.read_text().splitlines() if "val_loss" in line][-1]
@@ -451,10 +451,10 @@ def test_a_damaged_result_counts_as_missing(tmp_path):
     ckpt.write_bytes(b"")
     output = tmp_path / "raw" / "rope.ppl.json"
     output.parent.mkdir()
-    job = study_plan.Job("perplexity rope", "extrapolate", output, inputs=[ckpt])
+    job = study_jobs.Job("perplexity rope", "extrapolate", output, inputs=[ckpt])
     for damaged in ("{", "[]", '{"rows": 3}', '{"rows": [{"x": 1}]}'):
         output.write_text(damaged)  # newer than its checkpoint
-        assert not job.done() and study_plan.read_result(output) is None
+        assert not job.done() and study_jobs.read_result(output) is None
     output.write_text(json.dumps({"rows": [{"ckpt": "c", "pos": "rope", "label": "rope"}]}))
     assert job.done()
 
@@ -470,11 +470,11 @@ def test_report_leaves_a_damaged_result_out_and_a_damaged_timings_file_is_a_note
             and "timings.json is not readable JSON" in out)
     summary = json.loads((tmp_path / "char" / "summary.json").read_text())
     assert "rope" not in summary["perplexity"] and "alibi" in summary["perplexity"]
-    assert study_plan.read_timings(tmp_path / "char" / "timings.json") == {}
+    assert study_jobs.read_timings(tmp_path / "char" / "timings.json") == {}
     # the right keys with a value that is no number: that row left out with a note, the
     # rest of its file kept
     raw = tmp_path / "char" / "raw" / "alibi.ppl.json"
-    result = study_plan.read_result(raw)
+    result = study_jobs.read_result(raw)
     result["rows"][0]["ppl"] = "x"
     raw.write_text(json.dumps(result))
     reproduce.main(["--report", "--results", str(tmp_path / "char")])
@@ -496,7 +496,7 @@ def test_a_damaged_result_newer_than_its_checkpoints_is_measured_again(toy_study
            if line.startswith("[")]
     assert (ran == ["repeat probe learned", "tables and plots"]
             and "timings.json is not readable JSON" in again.stdout)
-    assert study_plan.read_result(raw / "learned.repeat.json")["rows"]
+    assert study_jobs.read_result(raw / "learned.repeat.json")["rows"]
 
 def one_job_study(tmp, job):
     """reproduce.run_jobs on one job, with the arguments it reads."""
@@ -516,7 +516,7 @@ def test_a_train_job_whose_run_is_owned_is_not_started(tmp_path):
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.write(fd, b"pid 4242 on host elsewhere (train.py)\n")
     marker = tmp_path / "started"
-    job = study_plan.Job("train rope_s1337", "train", out / "ckpt.pt",
+    job = study_jobs.Job("train rope_s1337", "train", out / "ckpt.pt",
                         [sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
     try:
         with pytest.raises(reproduce.UserError) as e:
@@ -571,10 +571,10 @@ def test_a_checkpoint_trained_with_another_recipe_is_neither_finished_nor_resume
     argv = ["--suite", "retrieval", "--budget", "toy", "--schemes", "rope",
             "--results", str(tmp_path / "results"), "--runs", str(tmp_path / "runs"),
             "--data", str(tmp_path / "data")]
-    budget = dict(study_plan.RETRIEVAL_BUDGETS["toy"], schemes=["rope"])
-    budget["recipe"] = dict(study_plan.read_recipe(ROOT / study_plan.RETRIEVAL_CONFIG),
+    budget = dict(study_jobs.RETRIEVAL_BUDGETS["toy"], schemes=["rope"])
+    budget["recipe"] = dict(study_jobs.read_recipe(ROOT / study_jobs.RETRIEVAL_CONFIG),
                             **budget["train"])
-    job = next(j for j in study_plan.retrieval_plan(reproduce.parse_args(argv), budget)
+    job = next(j for j in study_jobs.retrieval_plan(reproduce.parse_args(argv), budget)
                if j.name == "train rope_s1337")
     assert (job.settings["learning_rate"] == budget["recipe"]["learning_rate"]
             and job.settings["pos"] == "rope")
@@ -640,8 +640,8 @@ def test_each_training_job_names_its_settings_as_train_py_reads_them(tmp_path, s
 def test_a_results_directory_holds_one_recipe(tmp_path, capsys):
     argv = ["--suite", "retrieval", "--budget", "toy", "--results", str(tmp_path / "results"),
             "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data")]
-    recipe = dict(study_plan.read_recipe(ROOT / study_plan.RETRIEVAL_CONFIG),
-                  **study_plan.RETRIEVAL_BUDGETS["toy"]["train"])
+    recipe = dict(study_jobs.read_recipe(ROOT / study_jobs.RETRIEVAL_CONFIG),
+                  **study_jobs.RETRIEVAL_BUDGETS["toy"]["train"])
     reproduce.main(argv + ["--plan"])
     assert not (tmp_path / "results" / "recipe.json").exists()  # --plan writes nothing
     # the device does not count
@@ -722,7 +722,7 @@ def test_mqar_by_query_is_each_checkpoints_mean_at_1x_under_causal_attention(tmp
 def test_a_result_whose_checkpoint_is_missing_is_measured_again(tmp_path):
     ckpt, output = tmp_path / "ckpt.pt", tmp_path / "rope.tasks.json"
     output.write_text(json.dumps({"rows": [{"ckpt": str(ckpt), "pos": "rope", "label": "rope"}]}))
-    job = study_plan.Job("tasks rope", "tasks", output, inputs=[ckpt])
+    job = study_jobs.Job("tasks rope", "tasks", output, inputs=[ckpt])
     assert not job.done()  # this run trains the checkpoint: the result it has is of another one
     ckpt.write_bytes(b"")
     os.utime(output)  # the result newer than its checkpoint

@@ -19,7 +19,7 @@ from lexgpt import data
 from lexgpt import retrieval_tasks as tasks
 from model import GPT, AttentionRule, GPTConfig
 from study import eval_retrieval
-from study import jobs as study_plan
+from study import jobs as study_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -377,7 +377,7 @@ def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = tmp_path / "results"
     summary = json.loads((results / "summary.json").read_text())
-    raw = study_plan.read_result(results / "raw" / "rope.tasks.json")  # every row in full
+    raw = study_jobs.read_result(results / "raw" / "rope.tasks.json")  # every row in full
     assert {r["ckpt"] for r in raw["rows"]} == {str(tmp_path / "runs" / f"rope_s{s}" / "ckpt.pt")
                                                  for s in (1337, 1338, 1339)}
     # every rule for both; the interpolations for rope only; learned within its training
@@ -404,7 +404,7 @@ def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
     assert "### copy: accuracy by distance" in tables and "### mqar: accuracy by query" in tables
     # where the rule acts: rope's three seeds under every rule, each zone's accuracy the
     # pooled share of its seed's
-    sweep = study_plan.read_result(results / "raw" / "rope.sweep.json")["rows"]
+    sweep = study_jobs.read_result(results / "raw" / "rope.sweep.json")["rows"]
     assert ({r["task"] for r in sweep} == {"copy", "mqar", "passkey"}
             and "learned" not in summary["sweep"])
     assert {r["attention"] for r in sweep} == {"bca", "sliding", "sinks"}
