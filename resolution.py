@@ -43,7 +43,7 @@ from lexgpt.inference_options import (
     rule_label,
     save_figure,
 )
-from lexgpt.outputs import output_path, pyplot, write_json
+from lexgpt.outputs import distinct_outputs, output_path, pyplot, write_json
 from model import AttentionPlan, GPTConfig
 
 
@@ -262,6 +262,7 @@ def layer_average(s_hat, suffix=""):
 def run(args):
     json_path = output_path(args.json, "--json")
     plot_path = output_path(args.plot, "--plot", plot=True) if args.theory else None
+    distinct_outputs([("--json", json_path), ("--plot", plot_path)])
     if args.theory:
         theirs = ("theory", "head_dim", "gamma", "scale_base", "max_dist", "json", "plot")
         defaults = vars(parse_args([]))

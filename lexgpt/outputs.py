@@ -41,21 +41,42 @@ def pyplot():
     return plt
 
 
-# The first bytes of each image format matplotlib writes that --plot may replace; a file of any
-# other format is kept
-IMAGE_SIGNATURES = {
-    "png": (b"\x89PNG\r\n\x1a\n",),
-    "pdf": (b"%PDF-",),
-    "svg": (b"<?xml", b"<svg"),
-    "svgz": (b"\x1f\x8b",),
-    "eps": (b"%!PS",),
-    "ps": (b"%!PS",),
-    "jpg": (b"\xff\xd8\xff",),
-    "jpeg": (b"\xff\xd8\xff",),
-    "tif": (b"II*\x00", b"MM\x00*"),
-    "tiff": (b"II*\x00", b"MM\x00*"),
-    "webp": (b"RIFF",),
+# The formats --plot writes, each with the metadata field that marks a plot as ours (matplotlib's
+# metadata= argument) and the bytes that field becomes in the file. A file is an earlier plot only
+# when it carries the mark: a user's own figure of the same format is kept.
+PLOT_CREATOR = "lex-gpt"
+PLOT_MARKS = {
+    "png": b"tEXtCreator\x00" + PLOT_CREATOR.encode(),
+    "pdf": b"/Creator (" + PLOT_CREATOR.encode() + b")",
+    "svg": b"<dc:title>" + PLOT_CREATOR.encode() + b"</dc:title>",
+    "eps": b"%%Creator: " + PLOT_CREATOR.encode() + b"\n",
+    "ps": b"%%Creator: " + PLOT_CREATOR.encode() + b"\n",
 }
+
+
+def save_plot(fig, path, dpi=120, quiet=True):
+    """Save a figure marked as ours (PLOT_MARKS), in one atomic rename like write_json."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    fig.savefig(partial, dpi=dpi, format=path.suffix[1:].lower(),
+                metadata={"Creator": PLOT_CREATOR})
+    partial.replace(path)
+    if not quiet:
+        print(f"wrote {path}")
+
+
+def distinct_outputs(outputs):
+    """outputs: (flag, path or None) pairs; a one-line error when two name the same file, which
+    the last written would silently replace."""
+    seen = {}
+    for flag, path in outputs:
+        if path is None:
+            continue
+        key = Path(path).resolve()
+        if key in seen:
+            raise UserError(f"{seen[key]} and {flag} name the same file {path}: each needs its "
+                            "own, or one would replace the other")
+        seen[key] = flag
 
 
 def output_path(path, flag, plot=False):
@@ -79,6 +100,9 @@ def output_path(path, flag, plot=False):
         if path.suffix[1:].lower() not in formats:
             raise UserError(f"{flag} {path}: matplotlib cannot write {path.suffix} files; use "
                             ".png, .pdf or .svg")
+        if path.suffix[1:].lower() not in PLOT_MARKS:
+            raise UserError(f"{flag} {path}: {path.suffix} is not allowed: .png, .pdf, .svg, "
+                            ".eps or .ps (formats whose metadata marks a plot as ours)")
     if (path.exists() or path.is_symlink()) and not earlier_output(path, plot):
         kind = "plot" if plot else "JSON output"
         raise UserError(f"{flag} {path} exists and is not an earlier {kind} of lex-gpt: refusing "
@@ -88,20 +112,17 @@ def output_path(path, flag, plot=False):
 
 
 def earlier_output(path, plot):
-    """Whether the file at path is one this project wrote: JSON carrying OUTPUT_MARK, or an image
-    whose first bytes are its format's signature (IMAGE_SIGNATURES). Anything else, a symlink
+    """Whether the file at path is one this project wrote: JSON carrying OUTPUT_MARK, or a plot
+    carrying its format's mark (PLOT_MARKS, written by save_plot). Anything else, a symlink
     included, is not."""
     if path.is_symlink() or not path.is_file():
         return False
     try:
-        if plot:
-            signatures = IMAGE_SIGNATURES.get(path.suffix[1:].lower())
-            with open(path, "rb") as f:
-                head = f.read(1024)
-            svg_ok = b"<svg" in head or path.suffix != ".svg"
-            return bool(signatures) and head.startswith(signatures) and svg_ok
-        if path.stat().st_size > 1 << 30:  # no output of ours is this large
+        if path.stat().st_size > (1 << 26 if plot else 1 << 30):  # no output of ours is this large
             return False
+        if plot:
+            mark = PLOT_MARKS.get(path.suffix[1:].lower())
+            return mark is not None and mark in path.read_bytes()
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON
         return False

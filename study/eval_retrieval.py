@@ -112,7 +112,7 @@ from lexgpt.inference_options import (
     rule_label,
     save_figure,
 )
-from lexgpt.outputs import output_path, pyplot, write_json
+from lexgpt.outputs import distinct_outputs, output_path, pyplot, write_json
 from model import GPT, GPTConfig, RopeScaling
 
 PROBES = ("repeat", "passkey", "task", "context")
@@ -1442,16 +1442,16 @@ def check_args(args):
     passkey_depths(args)
 
 
-def task_plot_path(args: argparse.Namespace, preflights: list[Preflight]) -> Path:
+def task_plot_path(args: argparse.Namespace, preflights: list[Preflight]) -> tuple[Path, list]:
     """--plot F of the task probe: F_<task> per task where there are several, each checked (F
-    itself is never written)."""
+    itself is never written); also the files written."""
     path = Path(args.plot)
     if not path.suffix:
         path = Path(args.plot + ".png")
     names = list(dict.fromkeys(t for pf in preflights for t in pf.sizes))
-    for task in names:
-        output_path(task_path(path, task, len(names)), "--plot", plot=True)
-    return path
+    files = [output_path(task_path(path, task, len(names)), "--plot", plot=True)
+             for task in names]
+    return path, files
 
 
 def evaluate(args):
@@ -1463,8 +1463,10 @@ def evaluate(args):
     plot_path = output_path(None if per_task else args.plot, "--plot", plot=True)
     rules, scalings = attention_options(args, several=True)
     preflights = [preflight(args, path, rules, scalings, sizing) for path in args.ckpt]
+    plots = [plot_path]
     if per_task:
-        plot_path = task_plot_path(args, preflights)
+        plot_path, plots = task_plot_path(args, preflights)
+    distinct_outputs([("--json", json_path)] + [("--plot", p) for p in plots])
     runtime = Runtime.local(args.device, args.dtype)
     return probe(args, preflights, runtime, json_path, plot_path)
 

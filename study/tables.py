@@ -4,7 +4,7 @@ alone (report.py writes it from the raw results): what the tables show is what t
 file holds.
 """
 
-from lexgpt.outputs import pyplot
+from lexgpt.outputs import pyplot, save_plot
 from lexgpt.retrieval_tasks import by_elimination
 
 # The paper's numbers (its 1024-token models on arXiv text) beside ours, row by row: (our row
@@ -214,7 +214,7 @@ def plot_perplexity(summary, path):
         ax.legend(fontsize=6)
     axes[0][0].set_ylabel("perplexity (mean ± std over seeds)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_plot(fig, path)
     plt.close(fig)
 
 
@@ -237,7 +237,7 @@ def plot_effective_context(summary, path):
     ax.set_yticklabels(labels, fontsize=6)
     ax.invert_yaxis()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_plot(fig, path)
     plt.close(fig)
 
 
@@ -427,7 +427,7 @@ def plot_task(summary, task, path, sweep=False):
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("accuracy")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_plot(fig, path)
     plt.close(fig)
 
 

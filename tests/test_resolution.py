@@ -213,3 +213,12 @@ def test_theory_refuses_huge_tables_and_non_finite_values(argv, message):
         resolution.main(["--theory", *argv])
     assert message in str(e.value.code)
 
+
+
+def test_json_and_plot_never_name_one_file(tmp_path):
+    """Issue 45 item 7: --theory --json F --plot F wrote the plot over the JSON, status 0."""
+    with pytest.raises(SystemExit) as e:
+        resolution.main(["--theory", "--head_dim", "16", "--max_dist", "300",
+                         "--json", str(tmp_path / "t.png"), "--plot", str(tmp_path / "t.png")])
+    assert f"--json and --plot name the same file {tmp_path / 't.png'}" in str(e.value.code)
+    assert not (tmp_path / "t.png").exists()

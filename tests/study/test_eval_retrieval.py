@@ -420,3 +420,28 @@ def test_repeat_sweep_json_table_and_plot(tiny_data, tmp_path, capsys):
     assert all(sum(n for _, _, n in r["zones"].values()) == 3 * 1 for r in rows)
     assert ("where the rule acts" in printed and "| xpos + BCA | " in printed
             and png.stat().st_size > 1000)
+
+
+@pytest.mark.parametrize("name, head", [("thesis.pdf", b"%PDF-1.4\n% my thesis"),
+                                        ("holiday.png", b"\x89PNG\r\n\x1a\n my holiday")])
+def test_plot_keeps_a_user_file_that_looks_like_an_image(tiny_data, tmp_path, name, head):
+    """Issue 45 item 8: --plot thesis.pdf replaced a user's PDF (its first bytes are a PDF's),
+    status 0."""
+    make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope", block_size=16)
+    (tmp_path / name).write_bytes(head)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--probe", "repeat", "--sequences", "2",
+            "--distances", "0,16", "--span", "4", "--plot", tmp_path / name)
+    assert f"--plot {tmp_path / name} exists and is not an earlier plot" in str(e.value.code)
+    assert (tmp_path / name).read_bytes() == head
+
+
+def test_json_and_plot_never_name_one_file(tiny_data, tmp_path):
+    """Issue 45 item 7: --json F --plot F wrote one over the other, status 0."""
+    make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope", block_size=16)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--probe", "repeat", "--sequences", "2",
+            "--distances", "0,16", "--span", "4", "--json", tmp_path / "r.png",
+            "--plot", tmp_path / "r.png")
+    assert f"--json and --plot name the same file {tmp_path / 'r.png'}" in str(e.value.code)
+    assert not (tmp_path / "r.png").exists()

@@ -558,6 +558,22 @@ def test_a_plot_per_task_checks_the_files_it_writes(task_data, tmp_path):
             and (tmp_path / "r_mqar.png").stat().st_size > 1000)
 
 
+def test_json_and_a_per_task_plot_never_name_one_file(task_data, tmp_path):
+    """Issue 45 item 7: --json r_copy.png --plot r.png wrote the copy plot over the JSON, status
+    0; refused before any scoring, nothing written."""
+    meta = data.load_meta(task_data)
+    make_checkpoint(tmp_path / "m.pt", task_data, pos="rope", block_size=96, vocab=meta["chars"])
+    for names, json_name in (("copy,mqar", "r_copy.png"), ("copy", "r.png")):
+        with pytest.raises(SystemExit) as e:
+            eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "task", "--task",
+                                 names, "--lengths", "96", "--distances", "20", "--sequences", "1",
+                                 "--json", str(tmp_path / json_name),
+                                 "--plot", str(tmp_path / "r.png")])
+        assert (f"--json and --plot name the same file {tmp_path / json_name}"
+                in str(e.value.code))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+
+
 def test_distances_and_batch_sizes_that_cannot_be_are_one_line_errors(task_data, tmp_path):
     meta = data.load_meta(task_data)
     make_checkpoint(tmp_path / "m.pt", task_data, pos="rope", block_size=96, vocab=meta["chars"])
