@@ -39,9 +39,18 @@ stress: $(VENV)/installed
 bench: $(VENV)/installed
 	$(PY) bench.py --json out/bench/bench.json
 
+# The GPU targets check, before they write anything, that $(PY) exists and that torch sees the CUDA device they
+# will use (the first argument: gpu-study's STUDY_DEVICE is cpu for its test at a toy size).
+NEED_PY = @command -v $(PY) >/dev/null || { echo "$@: no Python at $(PY): run make $(VENV)/installed first, or give \
+	PY=python3"; exit 1; }
+NEED_CUDA = @[[ "$(1)" != cuda* ]] || $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+	'$@: no CUDA device (torch ' + torch.__version__ + ')')"
+
 # The GPU rows of the scale targets (bench.py --only gpu): BCA against causal at 4k and 16k tokens, compiled steps of
 # the GPT-2-124M shape (xpos/learned, float16/bfloat16, MFU) and of the paper's 350M shape. Several minutes.
 gpu-bench:
+	$(NEED_PY)
+	$(call NEED_CUDA,cuda)
 	$(PY) bench.py --only gpu --json out/bench/gpu.json
 
 # On one GPU, at most about 8 minutes: the CUDA tests (which must not skip), 30 training iterations of a
@@ -54,7 +63,8 @@ GPT2_124M := --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 --batch_siz
 GPU_RUN := --data_dir=$(GPU_DATA) --device=cuda --max_iters=30 --eval_interval=30 --eval_iters=2 --log_interval=5 \
 	--warmup_iters=10 --lr_decay_iters=30 --overwrite=True
 gpu-check:
-	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device')"
+	$(NEED_PY)
+	$(call NEED_CUDA,cuda)
 	$(PY) -m pytest tests/test_cuda.py -q -rs
 	test -f $(GPU_DATA)/meta.json || $(PY) prepare_data.py --dataset shakespeare --tokenizer gpt2 --out_dir $(GPU_DATA)
 	$(PY) train.py $(GPT2_124M) $(GPU_RUN) --dtype=bfloat16 --compile=True --out_dir=$(GPU_OUT)/gpt2_124m_bf16
@@ -82,6 +92,8 @@ code-data: $(VENV)/installed
 	$(PY) prepare_data.py --dataset files --path '$(SITE_PACKAGES)/**/*.py' --tokenizer gpt2 --out_dir $(CODE_DATA) \
 		--passkey 0.1 --passkey_tokens 192 --val_tokens 1000000 --seed 1337
 gpu-retrieval:
+	$(NEED_PY)
+	$(call NEED_CUDA,cuda)
 	test -f $(CODE_DATA)/meta.json || { echo "gpu-retrieval: no $(CODE_DATA); run make code-data first"; exit 1; }
 	$(PY) -c "from lexgpt import data; exec('try:\n data.gpt2_encoding()\nexcept data.UserError as e:\n raise SystemExit(\"gpu-retrieval: %s\" % e)')"
 	$(PY) train.py config/study_gpt2.py --data_dir=$(CODE_DATA) --pos=$(CODE_POS) --dtype=bfloat16 --compile=True \
@@ -99,17 +111,21 @@ gpu-retrieval:
 # out/gpu_study/: the checkpoints, perplexity.json, context.json, repeat_sweep.json and log.txt. The STUDY_ settings
 # are for the CPU test at a toy size (tests/test_gpu_study.py); with a CUDA build of torch, or PY=python3.
 STUDY_OUT ?= out/gpu_study
+STUDY_DEVICE ?= cuda
 STUDY_TRAIN ?= --dtype=bfloat16 --compile=True --batch_size=128 --max_iters=3000 --lr_decay_iters=3000 --eval_iters=20
-STUDY_EVAL ?= --dtype bfloat16
+STUDY_EVAL ?= --device $(STUDY_DEVICE) --dtype bfloat16
 STUDY_LENGTHS ?= 256,512,1024,2048,4096
 STUDY_SPANS ?= 32
 STUDY_CKPTS = $(foreach pos,xpos rope alibi,--ckpt $(STUDY_OUT)/$(pos)/ckpt.pt)
 STUDY_RULES := --attention causal,bca,sliding,sinks
 gpu-study:
+	$(NEED_PY)
 	test -f $(CODE_DATA)/meta.json || { echo "gpu-study: no $(CODE_DATA); run make code-data first"; exit 1; }
+	$(call NEED_CUDA,$(STUDY_DEVICE))
 	mkdir -p $(STUDY_OUT)
 	for pos in xpos rope alibi; do $(PY) train.py config/study_gpt2.py --data_dir=$(CODE_DATA) --pos=$$pos \
-		$(STUDY_TRAIN) --out_dir=$(STUDY_OUT)/$$pos --overwrite=True || exit 1; done 2>&1 | tee $(STUDY_OUT)/log.txt
+		--device=$(STUDY_DEVICE) $(STUDY_TRAIN) --out_dir=$(STUDY_OUT)/$$pos --overwrite=True || exit 1; \
+		done 2>&1 | tee $(STUDY_OUT)/log.txt
 	$(PY) eval_extrapolate.py $(STUDY_CKPTS) --lengths $(STUDY_LENGTHS) --spans $(STUDY_SPANS) $(STUDY_RULES) \
 		--rope_scaling none,yarn $(STUDY_EVAL) --json $(STUDY_OUT)/perplexity.json 2>&1 | tee -a $(STUDY_OUT)/log.txt
 	$(PY) study/eval_retrieval.py $(STUDY_CKPTS) --probe context --sequences $(STUDY_SPANS) $(STUDY_RULES) $(STUDY_EVAL) \

@@ -20,6 +20,7 @@ def write_json(path, obj, quiet=False):
     """Write obj (a dict: OUTPUT_MARK is added) as JSON in one atomic rename, so that a kill never
     leaves a partial file that reads as finished."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     if isinstance(obj, dict):
         obj = {**OUTPUT_MARK, **obj}
@@ -57,6 +58,7 @@ PLOT_MARKS = {
 def save_plot(fig, path, dpi=120, quiet=True):
     """Save a figure marked as ours (PLOT_MARKS), in one atomic rename like write_json."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     fig.savefig(partial, dpi=dpi, format=path.suffix[1:].lower(),
                 metadata={"Creator": PLOT_CREATOR})
@@ -107,7 +109,15 @@ def output_path(path, flag, plot=False):
         kind = "plot" if plot else "JSON output"
         raise UserError(f"{flag} {path} exists and is not an earlier {kind} of lex-gpt: refusing "
                         "to replace it; give a new file name, or remove it first")
+    # proven writable by writing there, then the folders made for the proof are removed: a
+    # command that fails later leaves nothing behind (write_json and save_plot make them again)
+    made = [f for f in (path.parent, *path.parent.parents) if not os.path.lexists(f)]
     writable_dir(path.parent, flag)
+    for folder in made:  # deepest first
+        try:
+            folder.rmdir()
+        except OSError:  # no longer empty: someone else's now
+            break
     return path
 
 

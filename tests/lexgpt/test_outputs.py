@@ -62,3 +62,26 @@ def test_two_outputs_naming_one_file_are_refused(tmp_path):
     message = error(outputs.distinct_outputs, [("--json", f), ("--plot", other)])
     assert "name the same file" in message
     outputs.distinct_outputs([("--json", tmp_path / "r.json"), ("--plot", f), ("--x", None)])
+
+
+def test_a_failed_command_leaves_no_folder_behind(tmp_path):
+    """Issue 45 item 24: make gpu-bench left an empty out/bench/ when it failed: output_path
+    proves the folder writable, then removes what it made; the write makes it again."""
+    path = outputs.output_path(tmp_path / "out" / "bench" / "gpu.json", "--json")
+    assert path == tmp_path / "out" / "bench" / "gpu.json" and not (tmp_path / "out").exists()
+    outputs.write_json(path, {"rows": []}, quiet=True)
+    assert path.is_file()
+    plot = outputs.output_path(tmp_path / "plots" / "p", "--plot", plot=True)
+    assert plot == tmp_path / "plots" / "p.png" and not (tmp_path / "plots").exists()
+    (tmp_path / "kept").mkdir()  # a folder that was there stays
+    outputs.output_path(tmp_path / "kept" / "r.json", "--json")
+    assert (tmp_path / "kept").is_dir()
+
+
+def test_bench_without_cuda_writes_nothing(tmp_path):
+    import bench
+
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--only", "gpu", "--device", "cpu", "--json", str(tmp_path / "b" / "g.json")])
+    assert "--only gpu needs a CUDA device" in str(e.value.code)
+    assert list(tmp_path.iterdir()) == []
