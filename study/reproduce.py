@@ -41,6 +41,7 @@ import argparse
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -50,7 +51,7 @@ if __package__ in (None, ""):  # run as `python study/reproduce.py`: import from
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from lexgpt.checkpoint import load_checkpoint
-from lexgpt.cli import ArgumentParser, UserError, die_with_parent
+from lexgpt.cli import ArgumentParser, UserError, die_with_parent, exit_interrupted
 from lexgpt.outputs import OUTPUT_MARK, earlier_output, writable_dir, write_json
 from lexgpt.run_dir import run_dir_owner
 from study.extension import EXTENSION_SOURCES, extension_plan, extension_report
@@ -85,6 +86,7 @@ from study.tables import clock
 HERE = Path(__file__).resolve().parents[1]  # the scripts and config files; the rest under the cwd
 REPORTS = {"study": report, "retrieval": retrieval_report, "extension": extension_report}
 PLANS = {"study": plan, "retrieval": retrieval_plan, "extension": extension_plan}
+RUNNING = None  # the name of the job running now, for Ctrl-C's line
 
 
 def parse_args(argv=None):
@@ -351,7 +353,9 @@ def run_jobs(args, budget, jobs):
             print(f"  [{mark}] {job.name}: {what}")
         return
     start = time.time()
+    global RUNNING
     for i, job in enumerate(todo):
+        RUNNING = job.name
         left = sum(expected_seconds(j, timings, args.budget) for j in todo[i:])
         print(f"\n[{i + 1}/{len(todo)}] {job.name} ({clock(time.time() - start)} so far, "
               f"about {clock(left)} left)", flush=True)
@@ -403,13 +407,33 @@ def run(args, budget, job):
     # on Linux the kernel kills the job when this process dies, however it dies, so that no
     # job outlives the study (a run resumes from its last checkpoint)
     preexec = functools.partial(die_with_parent, os.getpid())
-    result = subprocess.run(argv, stdout=stdout, preexec_fn=preexec)
-    if result.returncode != 0:
-        raise UserError(f"{job.name} failed (exit {result.returncode}); its command is above. "
+    with subprocess.Popen(argv, stdout=stdout, preexec_fn=preexec) as process:
+        try:
+            returncode = process.wait()
+        except KeyboardInterrupt:
+            stop_job(process)
+            raise
+    if returncode != 0:
+        raise UserError(f"{job.name} failed (exit {returncode}); its command is above. "
                         "Finished jobs are kept: fix the cause and run reproduce.py again to go on")
     if job.output.parent == Path(args.results) / "raw":
         compact_raw(job.output)
     return share
+
+
+def stop_job(process):
+    """Ctrl-C: the job, in our process group, has its own Ctrl-C and stops with its one line (a
+    run keeps its last checkpoint); a SIGINT sent to reproduce.py alone is passed on to it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: no traceback here
+    try:
+        process.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def script_path(arg):
@@ -440,6 +464,16 @@ def main(argv=None):
         run_jobs(args, budget, jobs_for(args, budget))
     except UserError as e:
         sys.exit(f"reproduce.py: error: {e}")
+    except KeyboardInterrupt:
+        exit_interrupted("reproduce.py", interrupted)
+
+
+def interrupted():
+    """What Ctrl-C keeps: every finished job; the one running stopped."""
+    if RUNNING is None:
+        return "no job had started"
+    return (f"{RUNNING} stopped; every finished job is kept (a training run keeps its last "
+            "checkpoint): run reproduce.py again to go on")
 
 
 def redraw(args, budget):

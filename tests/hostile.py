@@ -3,14 +3,17 @@ The slow attacks on the processes' life cycle (issue 22), not part of the pytest
 and real races, each checked for what must hold after it. Part of `make test-all`.
 
     python tests/hostile.py                 # all of them, a few minutes on 2 CPU cores
-    python tests/hostile.py --only race     # or orphan, sigint, sigint_eval, sigint_scripts,
-                                            # sigint_torchrun, full, prepare_kill, sigterm_keep
+    python tests/hostile.py --only race     # or orphan, sigint_study, sigint, sigint_eval,
+                                            # sigint_scripts, sigint_torchrun, full, prepare_kill,
+                                            # sigterm_keep
 
 - race: two trainers started together on one out_dir (--init_from=resume, then --overwrite=True):
   one trains to the end with a complete log, the other is a one-line error naming the first's pid
   and touches nothing.
 - orphan: kill -9 of reproduce.py alone while its train.py job runs (held with SIGSTOP, so that it
   cannot just finish): the job dies with it, and reproduce.py run again finishes the study.
+- sigint_study: Ctrl-C to reproduce.py's process group while its train.py job runs: the job's line
+  and reproduce.py's (naming the job stopped), no traceback, status 130.
 - sigint: Ctrl-C (SIGINT) at random moments of a run that writes a checkpoint every iteration: one
   line and status 130 each time, the checkpoint it names loads, and the run resumes to its end.
 - sigint_eval: Ctrl-C in the middle of eval_extrapolate.py: one line, status 130, no --json written.
@@ -169,6 +172,36 @@ def orphan(tmp):
     done = subprocess.run(argv, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1800)
     check(done.returncode == 0 and "jobs are finished" in done.stdout,
           "orphan: reproduce.py run again finishes", done.stdout[-1000:] + done.stderr)
+
+
+def sigint_study(tmp):
+    """Ctrl-C to reproduce.py's process group (as a terminal sends it) while its train.py job
+    runs (held with SIGSTOP until the signal is sent, so that it cannot finish first)."""
+    study = tmp / "study"
+    argv = [sys.executable, "study/reproduce.py", "--budget", "toy", "--schemes", "rope",
+            "--results", str(study / "results_sigint"), "--runs", str(study / "runs_sigint"),
+            "--data", str(study / "data")]
+    proc = start(argv, start_new_session=True)
+    trainer = []
+    log = study / "runs_sigint" / "rope_s1337" / "log.jsonl"  # written once it trains
+    found = wait_for(lambda: log.exists() and (trainer or trainer.extend(
+        k for k in children(proc.pid) if "train.py" in cmdline(k))), proc, 600)
+    check(found, "sigint_study: reproduce.py starts a train.py job",
+          proc.stderr.read() if proc.poll() is not None else "")
+    if not found:
+        proc.kill()
+        return
+    os.kill(trainer[0], signal.SIGSTOP)
+    os.killpg(proc.pid, signal.SIGINT)
+    os.kill(trainer[0], signal.SIGCONT)
+    err = proc.communicate(timeout=300)[1].strip()
+    lines = err.splitlines()
+    check(proc.returncode == 130 and "Traceback" not in err and lines
+          and lines[-1].startswith("reproduce.py: interrupted (Ctrl-C): train rope_s1337 stopped")
+          and all(line.startswith(("train.py: interrupted", "reproduce.py:")) for line in lines),
+          "sigint_study: reproduce.py and its job, one line each, status 130",
+          f"exit {proc.returncode}: {err}")
+    check(not alive(trainer[0]), "sigint_study: the job stopped with it", cmdline(trainer[0]))
 
 
 def interrupted(name, out, args, sig, seed, rounds=3):
@@ -410,8 +443,8 @@ def sigterm_keep(tmp, data):
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    attacks = ("race", "orphan", "sigint", "sigint_eval", "sigint_scripts", "sigint_torchrun",
-               "full", "prepare_kill", "sigterm_keep")
+    attacks = ("race", "orphan", "sigint_study", "sigint", "sigint_eval", "sigint_scripts",
+               "sigint_torchrun", "full", "prepare_kill", "sigterm_keep")
     p.add_argument("--only", help="comma-separated: " + ", ".join(attacks))
     only = (p.parse_args().only or ",".join(attacks)).split(",")
     with tempfile.TemporaryDirectory() as tmp:
@@ -420,8 +453,8 @@ def main():
         for name in attacks:
             if name in only:
                 t0 = time.time()
-                if name == "orphan":
-                    orphan(tmp)
+                if name in ("orphan", "sigint_study"):
+                    globals()[name](tmp)
                 else:
                     globals()[name](tmp, data)
                 print(f"     ({name}: {time.time() - t0:.0f} s)", flush=True)

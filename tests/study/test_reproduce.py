@@ -921,3 +921,32 @@ def test_toy_extension_end_to_end(tmp_path):
     jobs = 1 + 3 + 6 + 2 * 3 + 2 + 1 + 2 + 2 + 1
     assert (again.returncode == 0
             and f"{jobs - 1} of {jobs} jobs finished already" in again.stdout), again.stdout[-2000:]
+
+
+def test_ctrl_c_is_one_line_naming_the_job_stopped(tmp_path, monkeypatch, capsys):
+    """Issue 45 item 15: Ctrl-C printed a traceback through run_jobs -> subprocess.run ->
+    os.waitpid, status 130."""
+    def interrupted_job(args, budget, jobs):
+        monkeypatch.setattr(reproduce, "RUNNING", "train rope_s1337")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reproduce, "run_jobs", interrupted_job)
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--budget", "toy", "--schemes", "rope", "--results",
+                        str(tmp_path / "r"), "--runs", str(tmp_path / "o"),
+                        "--data", str(tmp_path / "d")])
+    assert e.value.code == 130
+    err = capsys.readouterr().err.strip()
+    assert err == ("reproduce.py: interrupted (Ctrl-C): train rope_s1337 stopped; every finished "
+                   "job is kept (a training run keeps its last checkpoint): run reproduce.py "
+                   "again to go on")
+
+
+def test_ctrl_c_sent_to_reproduce_alone_stops_its_job(monkeypatch):
+    """A SIGINT for reproduce.py alone (kill -INT <pid>, not the group) is passed on to the job,
+    which would otherwise run on after reproduce.py has exited."""
+    job = subprocess.Popen([sys.executable, "-c", "import time\ntry:\n time.sleep(60)\n"
+                            "except KeyboardInterrupt:\n raise SystemExit(130)"])
+    began = time.monotonic()
+    reproduce.stop_job(job)
+    assert job.returncode == 130 and time.monotonic() - began < 30
