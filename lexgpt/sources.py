@@ -83,14 +83,18 @@ def decode(data, name, errors):
 
 
 def input_files(pattern, out_dir, quiet=False):
-    """A directory (every file below it), a glob, or one file; never a file of the dataset in
-    out_dir (an earlier run's output would otherwise be read as text by the next)."""
+    """A directory (every file below it, links to files followed, links to directories not), a
+    glob, or one file; each file once, under the first of its names in sorted order (a symbolic or
+    hard link to a file already listed is left out); never a file of the dataset in out_dir (an
+    earlier run's output would otherwise be read as text by the next). A glob whose ** would walk
+    into a symbolic link loop is refused."""
     path = Path(pattern)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
     elif path.is_file():
         files = [path]
     else:
+        refuse_loops(pattern)
         files = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
     mine = []
     if Path(out_dir).is_dir():
@@ -103,7 +107,74 @@ def input_files(pattern, out_dir, quiet=False):
     if not files:
         own = " but the dataset's own" if mine else ""
         raise UserError(f"--path {pattern!r} matches no readable file" + own)
+    files, repeated = read_once(files)
+    if repeated and not quiet:
+        print(f"note: {repeated} name(s) in --path lead to a file already read under another name "
+              "(a link): each file is read once")
     return files
+
+
+def read_once(files):
+    """(files less each name of a file already among them, by device and inode: a symbolic or
+    hard link; how many were left out)."""
+    seen, kept = set(), []
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:  # gone since it was listed: reading it names the error
+            kept.append(f)
+            continue
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            kept.append(f)
+    return kept, len(files) - len(kept)
+
+
+def refuse_loops(pattern):
+    """A one-line error if the pattern's first ** would walk into a symbolic link loop: glob
+    follows links to directories, so a link back to a folder above it would be walked again at
+    every depth (the same files under dozens of names, or, with two such links, a walk that never
+    ends). A depth-first walk of the folders glob's ** visits (hidden ones skipped, as glob does),
+    each folder once, finds every loop among them."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        return
+    head = os.sep.join(parts[: parts.index("**")])
+    # ("" for the current folder: names as glob gives them, without "./")
+    roots = glob.glob(head) if head else [os.sep if pattern.startswith(os.sep) else ""]
+    done = set()  # folders walked in full: reached again by another way, not walked again
+
+    def walk(folder, key, above):
+        try:
+            entries = list(os.scandir(folder or os.curdir))
+        except OSError:  # unreadable: glob skips it too
+            entries = []
+        for entry in entries:
+            try:
+                if entry.name.startswith(".") or not entry.is_dir():
+                    continue
+                st = entry.stat()
+            except OSError:
+                continue
+            inner, path = (st.st_dev, st.st_ino), os.path.join(folder, entry.name)
+            if inner in above:
+                link = next((p for p in (Path(path), *Path(path).parents) if p.is_symlink()),
+                            Path(path))
+                raise UserError(f"--path {pattern!r} walks into a symbolic link loop: {link} "
+                                f"leads back up ({path} is {above[inner]} again); remove the "
+                                "link, or give a --path whose ** does not pass through it")
+            if inner not in done:
+                walk(path, inner, {**above, inner: path})
+        done.add(key)
+
+    for root in roots:
+        try:
+            st = os.stat(root or os.curdir)
+        except OSError:
+            continue
+        if os.path.isdir(root or os.curdir):
+            key = (st.st_dev, st.st_ino)
+            walk(root, key, {key: root or os.curdir})
 
 
 def read_error(path, e):

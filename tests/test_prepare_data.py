@@ -1087,3 +1087,47 @@ def test_undecodable_bytes_in_a_long_document(tmp_path, monkeypatch, dataset):
     run(*argv, "--out_dir", tmp_path / "p", "--errors", "replace")
     assert all(np.array_equal(a, b) for a, b in zip(load(tmp_path / "p")[1:],
                                                     load(tmp_path / "w")[1:]))
+
+
+# --- inputs that loop, repeat or change while read (issue 45) -------------------------------------
+
+
+def test_a_symlink_loop_under_path_is_one_line(tmp_path, monkeypatch):
+    """A glob that walks into a symbolic link loop (d/sub/up -> d) is refused in one line naming
+    the loop, before --out_dir is made; glob itself would read d/f.txt under 41 names (issue 45,
+    item 10)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "sub" / "up").symlink_to(tmp_path / "d")
+    (tmp_path / "d" / "f.txt").write_text("hello\n")
+    (tmp_path / "d" / "g.txt").write_text("world\n")
+    for pattern in ("d/**/*.txt", f"{tmp_path}/d/**", "d/*/**/*.txt"):
+        with pytest.raises(SystemExit) as e:
+            run("--dataset", "files", "--path", pattern, "--out_dir", "o")
+        message = str(e.value.code)
+        assert "symbolic link loop" in message and "d/sub/up" in message, message
+        assert "\n" not in message and repr(pattern) in message
+    assert not (tmp_path / "o").exists()
+    # a glob that does not walk through it reads each file once
+    run("--dataset", "files", "--path", "d/*.txt", "--out_dir", "o", "--val_documents", 1)
+    meta = load(tmp_path / "o")[0]
+    names = [d["name"] for d in meta["train_documents"] + meta["val_documents"]]
+    assert sorted(names) == ["d/f.txt", "d/g.txt"]
+
+
+@pytest.mark.parametrize("pattern", ["dir", "glob"])
+def test_a_file_reached_by_several_names_is_read_once(tmp_path, capsys, pattern):
+    """Symbolic links to a file, a hard link to it, and a glob matching it twice: one document,
+    named by the first of its names in sorted order (issue 45, item 10)."""
+    corpus = write_corpus(tmp_path / "c", n=4)
+    (corpus / "a_link.txt").symlink_to(corpus / "doc02.txt")
+    os.link(corpus / "doc03.txt", corpus / "doc03_hard.txt")
+    (corpus / "sub").mkdir()
+    (corpus / "sub" / "again.txt").symlink_to("../doc01.txt")
+    path = corpus if pattern == "dir" else f"{corpus}/**/*.txt"
+    run("--dataset", "files", "--path", path, "--out_dir", tmp_path / "o", "--val_documents", 1)
+    meta = load(tmp_path / "o")[0]
+    names = sorted(d["name"] for d in meta["train_documents"] + meta["val_documents"])
+    assert names == sorted([f"{corpus}/a_link.txt", f"{corpus}/doc00.txt", f"{corpus}/doc01.txt",
+                            f"{corpus}/doc03.txt"])
+    assert "3 name(s) in --path lead to a file already read" in capsys.readouterr().out
