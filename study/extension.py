@@ -7,6 +7,7 @@ methods, and the report that tables them.
 import os
 from pathlib import Path
 
+from lexgpt.cli import UserError
 from study.files import check_outputs, check_raw, write_summary
 from study.jobs import (
     FINE_TUNES,
@@ -194,8 +195,7 @@ def suite_jobs(args, budget):
     for name, settings, _ in schemes_of("retrieval"):
         overrides[name] = scheme_settings(settings, recipe)
     models = suite_models(args, budget)
-    sources = [s for s in SUITE_SOURCES if s in budget["schemes"]]
-    for source in sources:
+    for source in [s for s in SUITE_ZERO_SHOT if s in budget["schemes"]]:
         for seed in SUITE_SEEDS:
             ckpt = runs / f"{source}_s{seed}" / "ckpt.pt"
             settings = dict(overrides[source], **task_budget["train"], seed=seed,
@@ -207,6 +207,16 @@ def suite_jobs(args, budget):
     # block_size is 4l; lengths from 4l on, since the probe scores a length at half its l
     distances = ",".join(str(round(k * l)) for k in SUITE_DISTANCES)
     lengths = ",".join(str(k * l) for k in (4, 8, 16))
+    task_probe = ["--data_dir", str(long_data), "--device", args.device, "--probe", "task",
+                  "--task", SUITE_TASKS, "--distances", distances, "--lengths", lengths,
+                  "--sequences", str(task_budget["sequences"])]
+    zero_shot = [s for s in SUITE_ZERO_SHOT if s in budget["schemes"]]
+    for source in zero_shot:  # the sources zero-shot, on the instances the fine-tunes get
+        out = raw / f"{source}.tasks.json"
+        ckpts = [runs / f"{source}_s{seed}" / "ckpt.pt" for seed in SUITE_SEEDS]
+        jobs.append(Job(f"tasks {source}", "tasks", out,
+                        [PY, "study/eval_retrieval.py", *ckpt_flags(ckpts), *task_probe,
+                         *EXTENSION_RULES[source], "--json", str(out)], inputs=ckpts))
     for name, source, scaling in FINE_TUNES:
         if name not in models:
             continue
@@ -221,10 +231,7 @@ def suite_jobs(args, budget):
                                   max_iters=tuned["max_iters"]))
         out = raw / f"{name}.tasks.json"
         jobs.append(Job(f"tasks {name}", "tasks", out,
-                        [PY, "study/eval_retrieval.py", *ckpt_flags(models[name]), "--data_dir",
-                         str(long_data), "--device", args.device, "--probe", "task",
-                         "--task", SUITE_TASKS, "--distances", distances, "--lengths",
-                         lengths, "--sequences", str(task_budget["sequences"]),
+                        [PY, "study/eval_retrieval.py", *ckpt_flags(models[name]), *task_probe,
                          *EXTENSION_RULES[name], "--json", str(out)],
                         inputs=models[name]))
     return jobs
@@ -291,12 +298,18 @@ def extension_report(args, budget, measured=True):
                 table[row][column] = spread(list(by_seed.values()))
             else:
                 table[row][column] = spread([by_seed.get(s) for s in seeds])
+    suite = suite_table(args, budget)
+    if not values and not suite and any((results / "raw").glob("*.json")):
+        raise UserError(f"--results {results}: no row of its raw/ was measured on this suite's "
+                        f"checkpoints (under --runs {args.runs} and --task_runs "
+                        f"{args.task_runs}; the notes above name theirs): give the --runs and "
+                        "--task_runs of the run that measured them; nothing was written")
     task_budget = budget["task_budget"]
     task_suite = {"recipe": task_budget["recipe"], "seeds": list(SUITE_SEEDS),
              "fine_tune": fine_tune_settings(args, task_budget, SUITE_FINE_TUNE_BUDGETS),
              "extra_tokens": extra_tokens(fine_tune_settings(args, task_budget,
                                                              SUITE_FINE_TUNE_BUDGETS)),
-             "table": suite_table(args, budget)}
+             "table": suite}
     summary = {"suite": "extension", "budget": args.budget, "recipe": budget["recipe"],
                "fine_tune": fine_tune_settings(args, budget),
                "extra_tokens": extra_tokens(fine_tune_settings(args, budget)),
@@ -310,12 +323,15 @@ def extension_report(args, budget, measured=True):
 
 
 def suite_rows(path, ckpt, labels=None):
-    """The rows of one checkpoint in a task probe's raw result (by label, if given)."""
+    """The rows of one checkpoint in a task probe's raw result (by label, if given); the rows of
+    another checkpoint are noted and left out."""
     result = read_result(path) if Path(path).exists() else None
     rows = []
     for row in (result or {}).get("rows", []):
-        same = os.path.normpath(str(row["ckpt"])) == os.path.normpath(str(ckpt))
-        if same and (labels is None or row["label"] in labels):
+        if os.path.normpath(str(row["ckpt"])) != os.path.normpath(str(ckpt)):
+            note(f"note: {path}: the rows of {row['ckpt']} are left out: "
+                 "not one of this suite's checkpoints")
+        elif labels is None or row["label"] in labels:
             rows.append(row)
     return rows
 
@@ -323,7 +339,7 @@ def suite_rows(path, ckpt, labels=None):
 def suite_table(args, budget):
     """{row: {task: {"within": acc, "past": acc}}}: each model's mean task accuracy over the
     task probe's distances up to the fine-tuning length 4l and past it, on the suite's first
-    seed. Zero-shot rows come from the task suite's own results (--task_results)."""
+    seed, zero-shot and fine-tuned, from this directory's raw/ alone."""
     l = budget["task_budget"]["recipe"]["block_size"]
     seed = SUITE_SEEDS[0]
     found = []  # (row name, rows)
@@ -331,7 +347,7 @@ def suite_table(args, budget):
         if scheme not in budget["schemes"]:
             continue
         ckpt = Path(args.task_runs) / f"{scheme}_s{seed}" / "ckpt.pt"
-        rows = suite_rows(Path(args.task_results) / "raw" / f"{scheme}.tasks.json", ckpt, labels)
+        rows = suite_rows(Path(args.results) / "raw" / f"{scheme}.tasks.json", ckpt, labels)
         for label in labels:
             found.append((f"zero-shot: {label}", [r for r in rows if r["label"] == label]))
     for name, ckpts in suite_models(args, budget).items():

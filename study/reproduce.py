@@ -99,9 +99,9 @@ def parse_args(argv=None):
     p.add_argument("--variant", default="char", choices=tuple(VARIANTS),
                    help="char: Shakespeare characters on CPU; gpt2: GPT-2 BPE tokens "
                    "(config/study_gpt2.py), for a GPU")
-    p.add_argument("--budget", default="full", choices=tuple(BUDGETS),
-                   help="toy: a tiny model and a few iterations, to check the pipeline end "
-                   "to end")
+    p.add_argument("--budget", choices=tuple(BUDGETS),
+                   help="full (the default) or toy: a tiny model and a few iterations, to check "
+                   "the pipeline end to end; --report: the results directory's own")
     p.add_argument("--results", help="tables, plots and JSON (default: results/VARIANT; toy: "
                    "out/study_VARIANT_toy/results)")
     p.add_argument("--runs", help="checkpoints (default: out/study_VARIANT[_toy])")
@@ -114,9 +114,6 @@ def parse_args(argv=None):
                    "its fine-tunes under extension/ (default: out/retrieval[_toy])")
     p.add_argument("--task_data", help="--suite extension: the task suite's data (default: "
                    "data/task_char[_toy])")
-    p.add_argument("--task_results", help="--suite extension: the task suite's results, for "
-                   "its zero-shot rows (default: results/retrieval; toy: "
-                   "out/retrieval_toy/results)")
     p.add_argument("--plan", action="store_true",
                    help="list the jobs and which are finished; run nothing")
     factors = ", ".join(f"{f:g}" for f in TUNE_FACTORS)
@@ -135,7 +132,13 @@ def parse_args(argv=None):
 
 
 def set_folders(args):
-    """The suite's default results, runs and data folders, where not given."""
+    """The budget (--report: the one the results directory records) and the suite's default
+    results, runs and data folders, where not given."""
+    recorded = recorded_budget(args.results) if args.report and args.results else None
+    if recorded and args.budget and args.budget != recorded:
+        raise UserError(f"--results {args.results} holds the {recorded} budget's results, not "
+                        f"--budget {args.budget}'s: give --budget {recorded}, or none")
+    args.budget = args.budget or recorded or "full"
     toy = "_toy" if args.budget == "toy" else ""
     if args.suite != "study" and (args.variant != "char" or args.tune):
         if args.suite == "retrieval":
@@ -151,15 +154,23 @@ def set_folders(args):
         args.results = args.results or default_results("extension", toy)
         args.task_runs = args.task_runs or f"out/retrieval{toy}"
         args.task_data = args.task_data or f"data/task_char{toy}"
-        args.task_results = args.task_results or default_results("retrieval", toy)
-    elif args.task_runs or args.task_data or args.task_results:
-        raise UserError("--task_runs, --task_data and --task_results are for --suite "
+    elif args.task_runs or args.task_data:
+        raise UserError("--task_runs and --task_data are for --suite "
                         "extension (its task-suite part)")
     if toy:
         args.results = args.results or f"out/study_{args.variant}_toy/results"
     args.results = args.results or f"results/{args.variant}"
     args.runs = args.runs or f"out/study_{args.variant}{toy}"
     args.data = args.data or f"data/study_{args.variant}"
+
+
+def recorded_budget(results):
+    """The budget a results directory's summary.json records (None when there is none)."""
+    try:
+        found = json.loads(Path(results, "summary.json").read_text(encoding="utf-8"))["budget"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return found if found in BUDGETS else None
 
 
 def default_results(suite, toy):

@@ -837,13 +837,12 @@ def test_the_extension_table_is_each_seeds_rows(tmp_path, capsys):
 def test_the_extension_task_table_is_accuracy_within_and_past_4l(tmp_path):
     """The extension's task-suite table from raw rows written by hand: each model's mean accuracy
     over the task probe's distances up to 4l and past it, per task; the zero-shot rows are the task
-    suite's own, of its first seed's checkpoint and the labels asked for (another seed's rows and
-    another rule's are left out)."""
+    suite's sources', of its first seed's checkpoint and the labels asked for (another seed's rows
+    and another rule's are left out), from the results directory alone (issue 45 item 11: they
+    came from --task_results, results/retrieval by default)."""
     l = 128
-    task_runs, results, task_results = (tmp_path / "task_runs", tmp_path / "results",
-                                        tmp_path / "task_results")
+    task_runs, results = tmp_path / "task_runs", tmp_path / "results"
     (results / "raw").mkdir(parents=True)
-    (task_results / "raw").mkdir(parents=True)
     rng = np.random.default_rng(1)
     distances = [32, 256, 512, 768, 2048]
 
@@ -855,14 +854,14 @@ def test_the_extension_task_table_is_accuracy_within_and_past_4l(tmp_path):
     zero, zero_rows = rows(task_runs / "xpos_s1337" / "ckpt.pt", "xpos + BCA", "copy")
     _, other_seed = rows(task_runs / "xpos_s1338" / "ckpt.pt", "xpos + BCA", "copy")
     _, other_rule = rows(task_runs / "xpos_s1337" / "ckpt.pt", "xpos + sliding W=128", "copy")
-    (task_results / "raw" / "xpos.tasks.json").write_text(
+    (results / "raw" / "xpos.tasks.json").write_text(
         json.dumps({"rows": zero_rows + other_seed + other_rule}))
     tuned, tuned_rows = rows(task_runs / "extension" / "xpos_long_s1337" / "ckpt.pt", "xpos",
                              "mqar")
     (results / "raw" / "xpos_long.tasks.json").write_text(json.dumps({"rows": tuned_rows}))
     reproduce.main(["--suite", "extension", "--report", "--schemes", "xpos",
                     "--results", str(results), "--runs", str(tmp_path / "runs"),
-                    "--task_runs", str(task_runs), "--task_results", str(task_results)])
+                    "--task_runs", str(task_runs)])
     summary = json.loads((results / "summary.json").read_text())
     table = summary["task_suite"]["table"]
     assert set(table) == {"zero-shot: xpos + BCA", "fine-tuned at 4l: xpos"}
@@ -888,8 +887,7 @@ def test_toy_extension_end_to_end(tmp_path):
     argv = [sys.executable, "study/reproduce.py", "--suite", "extension", "--budget", "toy",
             "--schemes", "rope", "--results", str(tmp_path / "results"),
             "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data"),
-            "--task_runs", str(tmp_path / "task_runs"), "--task_data", str(tmp_path / "task_data"),
-            "--task_results", str(tmp_path / "task_results")]
+            "--task_runs", str(tmp_path / "task_runs"), "--task_data", str(tmp_path / "task_data")]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "results" / "summary.json").read_text())
@@ -917,8 +915,8 @@ def test_toy_extension_end_to_end(tmp_path):
                       weights_only=False)
     assert (ckpt["model_args"]["block_size"], ckpt["model_args"]["rope_scaling"]) == (384, "yarn")
     # data, rope's seeds, the fine-tunes, perplexity and context of 3 models; the task data at l and
-    # at 4l, the suite's rope, its two fine-tunes and their task probes; the report
-    jobs = 1 + 3 + 6 + 2 * 3 + 2 + 1 + 2 + 2 + 1
+    # at 4l, the suite's rope, its task probe, its two fine-tunes and their task probes; the report
+    jobs = 1 + 3 + 6 + 2 * 3 + 2 + 1 + 1 + 2 + 2 + 1
     assert (again.returncode == 0
             and f"{jobs - 1} of {jobs} jobs finished already" in again.stdout), again.stdout[-2000:]
 
@@ -950,3 +948,31 @@ def test_ctrl_c_sent_to_reproduce_alone_stops_its_job(monkeypatch):
     began = time.monotonic()
     reproduce.stop_job(job)
     assert job.returncode == 130 and time.monotonic() - began < 30
+
+
+def test_a_report_reads_its_own_directory_and_budget(tmp_path, capsys):
+    """Issue 45 item 11: --report --suite extension on another directory mixed in the committed
+    results/retrieval, dropped the run's rows with no note, replaced a populated tables.md with an
+    empty table and printed a budget that never ran, status 0."""
+    results = tmp_path / "r"
+    shutil.copytree(ROOT / "results" / "extension", results)
+    tables = (results / "tables.md").read_bytes()
+    summary = json.loads((results / "summary.json").read_text())
+    summary["budget"] = "toy"
+    (results / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--report", "--suite", "extension", "--results", str(results),
+                        "--budget", "full"])
+    assert (f"--results {results} holds the toy budget's results, not --budget full's: give "
+            "--budget toy, or none") in str(e.value.code)
+    summary["budget"] = "full"
+    (results / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit) as e:  # the rows' checkpoints are not under these folders
+        reproduce.main(["--report", "--suite", "extension", "--results", str(results),
+                        "--runs", str(tmp_path / "o"), "--task_runs", str(tmp_path / "t")])
+    assert (f"--results {results}: no row of its raw/ was measured on this suite's checkpoints"
+            in str(e.value.code))
+    assert "rows of out/study_char/rope_s1337/ckpt.pt are left out" in capsys.readouterr().out
+    assert (results / "tables.md").read_bytes() == tables
+    reproduce.main(["--report", "--suite", "extension", "--results", str(results)])
+    assert (results / "tables.md").read_bytes() == tables
