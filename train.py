@@ -38,6 +38,7 @@ from lexgpt.configurator import (
     POSITIVE,
     SEED,
     configure,
+    key_help,
 )
 from lexgpt.data import get_batch, read_tokens, sample_offsets, tokenizer_identity
 from lexgpt.distributed import DTYPES, all_reduce_sum, autocast, teardown_distributed
@@ -50,57 +51,55 @@ from model import GPT
 @dataclass
 class TrainConfig:
     # I/O
-    out_dir: str = "out"
-    log_interval: int = 10
-    # scratch | resume (from out_dir/ckpt.pt) | another run's checkpoint: a new run from its
-    # weights (a fine-tune, at another block_size too), with a fresh optimizer and schedule
-    init_from: str = "scratch"
+    out_dir: str = "out"  # the run's directory: ckpt.pt and log.jsonl
+    log_interval: int = 10  # log a training step this often
+    init_from: str = "scratch"  # scratch | resume (out_dir/ckpt.pt) | a checkpoint to fine-tune
     eval_interval: int = 250  # evaluate and write the checkpoint this often, and at the end
     keep_checkpoints: int = 0  # K >= 1: also keep the last K as ckpt_<iter>.pt, the best too
     checkpoint_minutes: float = 0.0  # > 0: also write the checkpoint this often (at log steps)
     eval_iters: int = 20  # batches per split per evaluation, shared out among the ranks
     wandb_log: bool = False  # also log to Weights & Biases (pip install wandb), from rank 0
-    wandb_project: str = "lex-gpt"
+    wandb_project: str = "lex-gpt"  # the wandb project
     wandb_run_name: str = ""  # empty: wandb picks one
     # data
-    data_dir: str = "data/shakespeare_char"
+    data_dir: str = "data/shakespeare_char"  # a dataset prepare_data.py wrote
     batch_size: int = 16  # sequences per micro-step per rank
     gradient_accumulation_steps: int = 1  # global micro-steps per iteration, over all ranks
     # model (GPTConfig; vocab_size comes from data_dir/meta.json)
-    block_size: int = 256
-    n_layer: int = 6
-    n_head: int = 6
-    n_embd: int = 384
-    dropout: float = 0.0
-    bias: bool = True
+    block_size: int = 256  # the training length, in tokens
+    n_layer: int = 6  # layers
+    n_head: int = 6  # attention heads
+    n_embd: int = 384  # the width
+    dropout: float = 0.0  # the dropout probability
+    bias: bool = True  # biases in Linears and LayerNorms, as in GPT-2
     pos: str = "xpos"  # learned | sinusoidal | rope | alibi | xpos (paper §3.2) | none
-    rope_base: float = 10000.0
-    xpos_gamma: float = 0.4
-    xpos_scale_base: float = 512.0
-    xpos_rotate: bool = True
+    rope_base: float = 10000.0  # theta_j = rope_base^(-2j/d), for rope and xpos
+    xpos_gamma: float = 0.4  # zeta_j = (2j + gamma*d) / ((1 + gamma)*d), paper Eq. 9
+    xpos_scale_base: float = 512.0  # xPos's decay zeta^(n / scale_base); inf: none
+    xpos_rotate: bool = True  # False: xPos without rotation, decay only (Table 4)
     rope_scaling: str = "none"  # none | pi | ntk | yarn: RoPE interpolation in training
     rope_factor: float = 1.0  # its s > 1
-    rope_original_length: int = 0  # YaRN's; 0: a fine-tune's source's block_size, else ours
+    rope_original_length: int = 0  # its unscaled length; 0: a fine-tune source's, else ours
     # AdamW
-    learning_rate: float = 1e-3
-    max_iters: int = 5000
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0  # 0 disables
+    learning_rate: float = 1e-3  # the peak learning rate
+    max_iters: int = 5000  # the iterations to train
+    weight_decay: float = 0.1  # on matrices and embeddings
+    beta1: float = 0.9  # Adam's beta1
+    beta2: float = 0.95  # Adam's beta2
+    adam_eps: float = 1e-8  # Adam's epsilon
+    grad_clip: float = 1.0  # clip the gradient norm to this; 0 disables
     # learning rate: linear warmup, then cosine or polynomial (the paper's, §4.1) decay to min_lr
-    decay_lr: bool = True
-    warmup_iters: int = 100
-    lr_decay_iters: int = 5000
-    min_lr: float = 1e-4
+    decay_lr: bool = True  # False: learning_rate throughout
+    warmup_iters: int = 100  # iterations of linear warmup
+    lr_decay_iters: int = 5000  # the iteration the decay reaches min_lr
+    min_lr: float = 1e-4  # the learning rate the decay ends at
     lr_schedule: str = "cosine"  # cosine | polynomial
     lr_power: float = 1.0  # polynomial decay power (1 = linear, fairseq's default)
     # system
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto: bf16 on sm80+, fp16 + GradScaler on older CUDA, fp32 on CPU
-    compile: bool = False
-    seed: int = 1337
+    compile: bool = False  # torch.compile the model
+    seed: int = 1337  # the initial weights', the batches' and dropout's
     ddp_timeout_minutes: float = 30.0  # a rank's wait in a collective (rank 0 saving, say)
     ddp_rendezvous_minutes: float = 10.0  # the processes' wait for each other at the start
     grad_checkpoint: bool = False  # recompute activations in the backward pass: less memory
@@ -120,8 +119,18 @@ LIMITS = dict(  # numeric keys, checked once the whole configuration is known
     gradient_accumulation_steps=AT_LEAST_ONE)
 
 
-def load_config(argv: list[str]) -> TrainConfig:
-    return TrainConfig(**configure(asdict(TrainConfig()), argv, CHOICES, LIMITS))
+def load_config(argv: list[str], given: set | None = None) -> TrainConfig:
+    """The configuration argv makes; given, a set, gets the keys it set."""
+    return TrainConfig(**configure(asdict(TrainConfig()), argv, CHOICES, LIMITS, given))
+
+
+def help_text() -> str:
+    """--help: the usage, and every key with its default and meaning, from TrainConfig itself."""
+    return "\n".join([
+        "usage: python train.py [config_file.py ...] [--key=value ...]", "",
+        "Train a lex-gpt model (docs/training.md). The configuration: the defaults below, then",
+        "each config file (Python assignments) and each --key=value, in order.",
+        *key_help(TrainConfig)])
 
 
 def get_lr(it: int, cfg: TrainConfig) -> float:
@@ -225,6 +234,7 @@ def save(cfg: TrainConfig, run: TrainRun, trainer: Trainer, iter_num: int, best_
     ckpt = {"model": trainer.raw_model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
             "scaler": trainer.scaler.state_dict(), "model_args": asdict(run.gpt_config),
             "format": CHECKPOINT_FORMAT, "tokenizer": tokenizer_identity(run.meta),
+            "cwd": os.getcwd(),  # what the config's relative paths (data_dir) are relative to
             "iter_num": iter_num, "best_val_loss": best_val_loss, "config": asdict(cfg),
             "rng": rngs, "data": sampler}
     if run.init:
@@ -427,8 +437,9 @@ def stop(log: Log, run: TrainRun, problem: str) -> None:
     raise UserError(f"{problem}; stopped, the last good checkpoint ({run.ckpt_path}) is kept")
 
 
-def train(cfg: TrainConfig) -> None:
-    cfg, run, ckpt, weights = setup(cfg)
+def train(cfg: TrainConfig, given: frozenset | None = None) -> None:
+    """The run cfg describes; given: the keys the user set (None: all), for setup's notes."""
+    cfg, run, ckpt, weights = setup(cfg, given)
     if run.start_iter >= cfg.max_iters:
         if run.master:
             print(f"nothing to train: at iteration {run.start_iter}, max_iters={cfg.max_iters}; "
@@ -530,10 +541,15 @@ def kept(cfg: TrainConfig | None) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     cfg, made, failed = None, False, True
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        return
     try:
-        cfg = load_config(sys.argv[1:] if argv is None else argv)
+        given = set()
+        cfg = load_config(argv, given)
         made = not os.path.lexists(cfg.out_dir)
-        train(cfg)
+        train(cfg, frozenset(given))
         failed = False
     except UserError as e:
         error_exit("train.py", e)

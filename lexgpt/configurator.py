@@ -52,21 +52,25 @@ AT_LEAST_ONE = (at_least_one, "an integer >= 1")
 SEED = (is_seed, f"{SEED_RULE} (numpy takes no negative seed, torch none >= 2**64)")
 
 
-def configure(defaults, argv, choices=None, limits=None):
+def configure(defaults, argv, choices=None, limits=None, given=None):
     """The configuration dict: defaults, then argv's config files and --key=value in order.
     choices: key -> allowed values; limits: key -> (check, what it allows), checked once the whole
-    configuration is known."""
+    configuration is known. given, a set: gets the keys argv set (to their default too), the
+    user's choices as against the defaults."""
     config = dict(defaults)
+    given = set() if given is None else given
     for arg in argv:
         if arg.startswith("--"):
             key, eq, value = arg[2:].partition("=")
             if not eq:
                 raise UserError(f"expected --key=value, got {arg!r}")
             set_key(config, defaults, choices or {}, key, value, arg)
+            given.add(key)
         else:
             for key, value in run_config_file(arg).items():
                 if not key.startswith("_") and not isinstance(value, ModuleType):
                     set_key(config, defaults, choices or {}, key, value, arg)
+                    given.add(key)
     for key, (ok, allowed) in (limits or {}).items():
         if not ok(config[key]):
             raise UserError(
@@ -135,3 +139,35 @@ def run_config_file(path):
         where = f"{frames[-1].filename}, line {frames[-1].lineno}" if frames else path
         raise UserError(f"config file {where}: {type(e).__name__}: {e}") from None
     return namespace
+
+
+def key_help(config_class):
+    """Lines describing a configuration dataclass's keys, read from its source so that they cannot
+    drift from it: each key as --key=default with the comment beside it, under the comments that
+    stand alone on their lines (its sections' headings)."""
+    import inspect
+    import io
+    import tokenize
+    from dataclasses import MISSING, fields
+
+    source = inspect.getsource(config_class)
+    lines = source.splitlines()
+    comments = {}  # line number -> the comment on it, without the '#'
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string[1:].strip()
+    defaults = {f.name: f.default for f in fields(config_class) if f.default is not MISSING}
+    keys, out = [], []
+    for number, line in enumerate(lines, 1):
+        name = line.strip().partition(":")[0]
+        if name in defaults:
+            keys.append((f"--{name}={defaults[name]}", comments.get(number, "")))
+        elif number in comments and line.strip().startswith("#"):
+            keys.append((None, comments[number]))
+    width = max(len(shown) for shown, _ in keys if shown) + 2
+    for shown, meaning in keys:
+        if shown is None:
+            out += ["", meaning]
+        else:
+            out.append(f"  {shown:<{width}}{meaning}")
+    return out

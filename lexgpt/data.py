@@ -7,6 +7,7 @@ not its checkpoint's.
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -377,24 +378,78 @@ def read_tokens(data_dir: str | Path, split: str, meta: dict) -> TokenFile:
 # Which dataset goes with a checkpoint: one with the tokenizer it was trained on
 
 
+def same_dir(a, b):
+    """Whether two paths name one directory (through links; neither need exist)."""
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def trained_data_dir(ckpt):
+    """The data_dir a checkpoint was trained on, as this process finds it: its config's, relative
+    to the directory its run was made in (cwd, recorded since issue 45) when it is relative, or
+    else, where that holds no dataset (a repository moved whole) or none is recorded, relative to
+    this one. The first of these, when neither holds a dataset."""
+    stored, made = ckpt["config"]["data_dir"], ckpt.get("cwd")
+    if Path(stored).is_absolute() or not made or same_dir(made, os.curdir):
+        return stored
+    there = str(Path(made) / stored)
+    if not (Path(there) / "meta.json").is_file() and (Path(stored) / "meta.json").is_file():
+        return stored
+    return there
+
+
+def trained_tokenizer(ckpt, path, meta, data_dir):
+    """(identity, how it is known) of the tokenizer of a checkpoint that records none (written
+    before tokenizer records, or re-saved without them): that of the dataset it was trained on
+    (meta, when data_dir is that dataset). Without that dataset, or with one of another vocab_size
+    than the model's (prepared again since), nothing shows which tokenizer it has: refused."""
+    trained = trained_data_dir(ckpt)
+    old = (f"checkpoint {path} records no tokenizer (written before tokenizer records, or "
+           "re-saved without them)")
+    if not same_dir(trained, data_dir):
+        if not (Path(trained) / "meta.json").is_file():
+            raise UserError(f"{old}, and the dataset it was trained on, {trained}, is gone: "
+                            f"nothing shows whether {data_dir} has its tokenizer; prepare its "
+                            f"dataset again at {trained} to use it")
+        try:
+            meta = load_meta(trained)
+        except UserError as e:
+            raise UserError(f"{old}, and the dataset it was trained on cannot tell it: {e}") \
+                from None
+    identity, vocab_size = tokenizer_identity(meta), ckpt["model_args"]["vocab_size"]
+    if identity["vocab_size"] != vocab_size:
+        raise UserError(f"{old}, and the dataset it was trained on, {trained}, now has vocab_size "
+                        f"{identity['vocab_size']}, not its model's {vocab_size}: its tokenizer "
+                        "is unknown")
+    return identity, f" (that of {trained}, the dataset it was trained on: it records none)"
+
+
 def check_tokenizer(ckpt, path, meta, data_dir):
-    """Refuse a dataset whose tokenizer is not the checkpoint's (a checkpoint from before tokenizer
-    records: the vocabulary size must match)."""
-    want = ckpt.get("tokenizer") or {"vocab_size": ckpt["model_args"]["vocab_size"]}
+    """Refuse a dataset whose tokenizer is not the checkpoint's: the one it records, or for a
+    checkpoint that records none, that of the dataset it was trained on (trained_tokenizer)."""
+    want, known = ckpt.get("tokenizer"), ""
+    if not want:
+        want, known = trained_tokenizer(ckpt, path, meta, data_dir)
     have = tokenizer_identity(meta)
     if any(have.get(k) != v for k, v in want.items()):
 
         def describe(t):
             return ", ".join(f"{k} {t[k]}" for k in want)
-        raise UserError(f"checkpoint {path} was trained on tokenizer ({describe(want)}), but "
-                        f"{data_dir} has ({describe(have)}): pass --data_dir with the dataset it "
-                        "was trained on")
+        raise UserError(f"checkpoint {path} was trained on tokenizer ({describe(want)}){known}, "
+                        f"but {data_dir} has ({describe(have)}): pass --data_dir with the dataset "
+                        "it was trained on")
 
 
 def checkpoint_dataset(ckpt, path, data_dir=None):
     """(data_dir, meta) of the dataset to use with a checkpoint: data_dir, or by default the one it
-    was trained on; checked, and checked to share the checkpoint's tokenizer."""
-    data_dir = data_dir or ckpt["config"]["data_dir"]
+    was trained on (trained_data_dir); checked, and checked to share the checkpoint's tokenizer."""
+    if data_dir is None:
+        data_dir = trained_data_dir(ckpt)
+        stored, made = ckpt["config"]["data_dir"], ckpt.get("cwd")
+        missing = not (Path(data_dir) / "meta.json").is_file()
+        if missing and not made and not Path(stored).is_absolute():
+            raise UserError(f"no dataset at {stored} from here: checkpoint {path} gives its "
+                            "data_dir relative to the directory its run was made in, which it "
+                            "does not record: run from that directory, or pass --data_dir")
     meta = load_meta(data_dir)
     check_tokenizer(ckpt, path, meta, data_dir)
     return data_dir, meta

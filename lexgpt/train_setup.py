@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from lexgpt.checkpoint import checkpoint_path, load_checkpoint, model_config
 from lexgpt.cli import UserError, rank_error
-from lexgpt.data import check_tokenizer, load_meta
+from lexgpt.data import check_tokenizer, load_meta, same_dir, trained_data_dir
 from lexgpt.distributed import (
     all_reduce_sum,
     resolve_dtype,
@@ -32,6 +32,8 @@ TrainConfig = Any
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
 # a fine-tune's own model settings; the others are its source's
 FINE_TUNED_KEYS = ("block_size", "dropout", "rope_scaling", "rope_factor", "rope_original_length")
+# the RoPE scaling's settings, and their values without one
+SCALING_KEYS = {"rope_factor": 1.0, "rope_original_length": 0}
 
 
 @dataclass(frozen=True)
@@ -52,16 +54,18 @@ class TrainRun:
     start_iter: int = 0
 
 
-def setup(cfg: TrainConfig) -> tuple[TrainConfig, TrainRun, dict | None, dict | None]:
+def setup(cfg: TrainConfig, given: frozenset | None = None
+          ) -> tuple[TrainConfig, TrainRun, dict | None, dict | None]:
     """Processes, device, precision, and every check that can fail before any work: wandb, out_dir
     (taken for this run: own_run_dir), the dataset, the checkpoint and the model's configuration
-    (the checkpoint's on resume). Returns (cfg, run, the checkpoint to resume, a fine-tune's source
+    (the checkpoint's on resume). given: the keys the user set (None: all), the only ones a note
+    says are overridden. Returns (cfg, run, the checkpoint to resume, a fine-tune's source
     weights)."""
     ddp, rank, world, device = setup_distributed(cfg.device, cfg.ddp_timeout_minutes,
                                                  cfg.ddp_rendezvous_minutes)
     problem = None
     try:
-        cfg, run, weights = check_run(cfg, ddp, rank, world, device)
+        cfg, run, weights = check_run(cfg, ddp, rank, world, device, given)
     except UserError as e:
         problem = e
     agree_on_error(problem, ddp, device)  # rank 0 alone takes out_dir: all stop if it cannot
@@ -75,7 +79,7 @@ def setup(cfg: TrainConfig) -> tuple[TrainConfig, TrainRun, dict | None, dict | 
     ckpt = None
     if resume:  # memory-mapped: the ranks of a node share one copy of it in the page cache
         ckpt = load_checkpoint(run.ckpt_path, mmap=True, verify=True)
-        cfg, run = resumed(cfg, run, ckpt)
+        cfg, run = resumed(cfg, run, ckpt, given)
     check_data(cfg, run.meta, ckpt, run.ckpt_path)
     return cfg, run, ckpt, weights
 
@@ -97,8 +101,8 @@ def agree_on_error(problem: UserError | None, ddp: bool, device: str) -> None:
         raise rank_error(problem or "another rank failed", quiet=rank != int(first.item()))
 
 
-def check_run(cfg: TrainConfig, ddp: bool, rank: int, world: int,
-              device: str) -> tuple[TrainConfig, TrainRun, dict | None]:
+def check_run(cfg: TrainConfig, ddp: bool, rank: int, world: int, device: str,
+              given: frozenset | None = None) -> tuple[TrainConfig, TrainRun, dict | None]:
     """The checks each rank makes alone, with no collective (setup agrees on their outcome), and
     out_dir's lock. Returns (cfg, run, a fine-tune's source weights or None)."""
     steps = cfg.gradient_accumulation_steps
@@ -115,7 +119,12 @@ def check_run(cfg: TrainConfig, ddp: bool, rank: int, world: int,
             import wandb  # noqa: F401
         except ImportError:
             raise UserError("wandb_log=True needs the wandb package: pip install wandb") from None
-    meta = load_meta(cfg.data_dir)
+    if cfg.init_from != "resume" and cfg.rope_scaling == "none":  # (resume: the checkpoint's)
+        for key, unscaled in SCALING_KEYS.items():
+            if getattr(cfg, key) != unscaled:
+                raise UserError(f"{key}={getattr(cfg, key)!r} applies to rope_scaling pi, ntk or "
+                                "yarn only: give --rope_scaling too")
+    meta = run_dataset(cfg, ckpt_path)
     gpt_config, weights, init = None, None, None
     if cfg.init_from == "scratch":  # a bad configuration: one line before out_dir is made
         try:
@@ -124,7 +133,7 @@ def check_run(cfg: TrainConfig, ddp: bool, rank: int, world: int,
         except ValueError as e:
             raise UserError(str(e)) from None
     elif cfg.init_from != "resume":
-        cfg, gpt_config, weights, init = fine_tune_source(cfg, meta, rank == 0)
+        cfg, gpt_config, weights, init = fine_tune_source(cfg, meta, rank == 0, given)
     if cfg.compile:
         check_compiler(device.split(":")[0])
     if rank == 0:  # which writes the checkpoints: out_dir's one owner, before anything in it
@@ -146,16 +155,18 @@ def check_run(cfg: TrainConfig, ddp: bool, rank: int, world: int,
 
 
 def adopt(cfg: TrainConfig, gpt_config: GPTConfig, where: str | Path, master: bool,
-          own: dict | tuple = ()) -> TrainConfig:
-    """cfg with the model's settings, noting each given one it overrides (but this run's own)."""
+          own: dict | tuple = (), given: frozenset | None = None) -> TrainConfig:
+    """cfg with the model's settings, noting each one the user set (given; None: all) that it
+    overrides (but this run's own): a default is nobody's choice."""
     for k in MODEL_KEYS:
-        given, theirs = getattr(cfg, k), getattr(gpt_config, k)
-        if given != theirs and k not in own and master:
-            print(f"note: {k}={given!r} ignored, {where} has {theirs!r}")
+        ours, theirs = getattr(cfg, k), getattr(gpt_config, k)
+        if ours != theirs and k not in own and (given is None or k in given) and master:
+            print(f"note: {k}={ours!r} ignored, {where} has {theirs!r}")
     return replace(cfg, **{k: getattr(gpt_config, k) for k in MODEL_KEYS})
 
 
-def resumed(cfg: TrainConfig, run: TrainRun, ckpt: dict) -> tuple[TrainConfig, TrainRun]:
+def resumed(cfg: TrainConfig, run: TrainRun, ckpt: dict,
+            given: frozenset | None = None) -> tuple[TrainConfig, TrainRun]:
     """A training checkpoint for this dataset's tokenizer, whose architecture wins over cfg's."""
     path = run.ckpt_path
     missing = [k for k in ("optimizer", "scaler", "iter_num", "best_val_loss", "rng")
@@ -164,7 +175,7 @@ def resumed(cfg: TrainConfig, run: TrainRun, ckpt: dict) -> tuple[TrainConfig, T
         raise UserError(f"checkpoint {path} cannot be resumed: it has no {', '.join(missing)}")
     gpt_config = model_config(ckpt, path)
     check_tokenizer(ckpt, path, run.meta, cfg.data_dir)
-    cfg = adopt(cfg, gpt_config, "the checkpoint", run.master)
+    cfg = adopt(cfg, gpt_config, "the checkpoint", run.master, given=given)
     # a fine-tune's source is kept in every checkpoint
     run = replace(run, gpt_config=gpt_config, init=ckpt.get("init"),
                   start_iter=ckpt["iter_num"])
@@ -180,7 +191,7 @@ def check_data(cfg: TrainConfig, meta: dict, ckpt: dict | None, ckpt_path: Path)
                f"--block_size {cfg.block_size}")
         if ckpt:
             trained = f", and {ckpt_path} was trained at block_size={cfg.block_size}"
-            fix = f"resume on the data it was trained on ({ckpt['config']['data_dir']})"
+            fix = f"resume on the data it was trained on ({trained_data_dir(ckpt)})"
         raise UserError(f"{cfg.data_dir} holds task records of {record} tokens, made for "
                         f"block_size {record - 1}{trained}: {fix}")
     for split in ("train", "val"):
@@ -190,13 +201,15 @@ def check_data(cfg: TrainConfig, meta: dict, ckpt: dict | None, ckpt_path: Path)
                             f"block_size={cfg.block_size}")
 
 
-def fine_tune_source(cfg: TrainConfig, meta: dict,
-                     master: bool) -> tuple[TrainConfig, GPTConfig, dict, dict]:
+def fine_tune_source(cfg: TrainConfig, meta: dict, master: bool, given: frozenset | None = None
+                     ) -> tuple[TrainConfig, GPTConfig, dict, dict]:
     """init_from=<checkpoint>: (cfg, the model's configuration, the source's weights, the
     source's record: init, kept in every checkpoint). The model is the source's (source_config)
-    but for FINE_TUNED_KEYS, which are this run's (a RoPE scaling's original length, unless given,
-    the source's training length); nothing else in the state_dict depends on the length, so the
-    weights fit at any block_size but learned positions'."""
+    but for FINE_TUNED_KEYS, which are this run's. A RoPE scaling's original length, unless given,
+    is the length the source's unscaled angles were trained at: its own original length if it was
+    scaled (so a chain of fine-tunes keeps the first one's, as Hugging Face keeps
+    original_max_position_embeddings), else its block_size. Nothing else in the state_dict depends
+    on the length, so the weights fit at any block_size but learned positions'."""
     path = Path(cfg.init_from)
     try:
         found = path.is_file()
@@ -223,15 +236,37 @@ def fine_tune_source(cfg: TrainConfig, meta: dict,
         config = replace(source_config, **own)
     except ValueError as e:
         raise UserError(str(e)) from None
-    cfg = adopt(cfg, config, path, master, own)
+    cfg = adopt(cfg, config, path, master, own, given)
     trained = source_config.rope_scaling
-    if trained != config.rope_scaling and master:  # a scaled source, unscaled here
+    chosen = given is not None and "rope_scaling" in given
+    if trained != config.rope_scaling and master and not chosen:  # a scaled source, unscaled here
         print(f"note: {path} was trained with rope_scaling={trained!r}; this run trains with "
               f"{config.rope_scaling!r} (give --rope_scaling to keep it)")
     init = {"path": str(path.resolve()), "iter_num": ckpt.get("iter_num", 0),
             "config": ckpt.get("config"), "model_args": ckpt["model_args"],
             "init": ckpt.get("init")}
     return cfg, config, ckpt["model"], init
+
+
+def run_dataset(cfg: TrainConfig, ckpt_path: Path) -> dict:
+    """data_dir's meta.json. Where there is none and the run continues a checkpoint (a resume, a
+    fine-tune) whose dataset is elsewhere (a relative data_dir given in another directory than its
+    run was made in, say), the error names that dataset instead of sending the user to build a
+    second one here with prepare_data.py."""
+    if cfg.init_from == "scratch" or (Path(cfg.data_dir) / "meta.json").is_file():
+        return load_meta(cfg.data_dir)
+    source = ckpt_path if cfg.init_from == "resume" else Path(cfg.init_from)
+    try:
+        ckpt = load_checkpoint(source, mmap=True, verify=())
+    except (UserError, OSError):  # reported as such once the dataset is there
+        return load_meta(cfg.data_dir)
+    trained = trained_data_dir(ckpt)
+    if (Path(trained) / "meta.json").is_file() and not same_dir(trained, cfg.data_dir):
+        here = "" if Path(cfg.data_dir).is_absolute() else f", relative to {os.getcwd()}"
+        trained = os.path.abspath(trained)
+        raise UserError(f"no dataset at {cfg.data_dir} (no meta.json{here}); {source} was "
+                        f"trained on {trained}: give --data_dir={trained}")
+    return load_meta(cfg.data_dir)
 
 
 def check_compiler(device_type: str) -> None:

@@ -1097,3 +1097,148 @@ def test_a_fine_tune_under_torchrun_matches_one_process(data_dir, tmp_path, sour
             and max(abs(a["loss"] - b["loss"]) for a, b in zip(ddp[0], single[0])) < 1e-5)
     assert (torch.load(tmp_path / "ddp" / "ckpt.pt", weights_only=False)["init"]["path"]
             == str(source_run.resolve()))
+
+
+# --- issue 45: help, notes, the RoPE keys, the tokenizer and data_dir of a checkpoint -------------
+
+
+def test_help_lists_every_key_with_its_default_and_meaning(capsys):
+    """--help and -h: every TrainConfig key as --key=default, which reads back as the default, and
+    a meaning beside it; status 0 (main returns), nothing trained (issue 45, item 21)."""
+    from dataclasses import fields
+    for flag in ("--help", "-h"):
+        train.main(["--max_iters=3", flag])
+        out = capsys.readouterr().out
+        assert out.startswith("usage: ") and "config" in out.splitlines()[0]
+        lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  --")}
+        for f in fields(train.TrainConfig):
+            shown = next(k for k in lines if k.partition("=")[0] == f"--{f.name}")
+            assert getattr(train.load_config([shown]), f.name) == f.default, shown
+            assert len(lines[shown].split(None, 1)) == 2, f"{shown}: no meaning"
+        assert len(lines) == len(fields(train.TrainConfig))
+
+
+def test_notes_name_only_the_keys_the_user_set(data_dir, tmp_path, source_run, capsys):
+    """A fine-tune or a resume notes a model key it overrides only when the user set it, in a
+    config file or as --key=value: defaults are nobody's choice (issue 45, item 22)."""
+    ft = tmp_path / "ft"
+    train.main(tiny_args(data_dir, ft, init_from=source_run, max_iters=1))  # pos: default xpos
+    out = capsys.readouterr().out
+    assert "fine-tuning" in out and "ignored" not in out
+    args = [a for a in tiny_args(data_dir, ft, init_from="resume", max_iters=2)
+            if not a.startswith("--block_size=")]  # the default 256: the checkpoint's 16 wins
+    train.main(args)
+    assert "ignored" not in capsys.readouterr().out
+    config = tmp_path / "c.py"
+    config.write_text("pos = 'xpos'\n")
+    train.main([str(config), *tiny_args(data_dir, ft, init_from="resume", max_iters=3,
+                                        block_size=64)])
+    out = capsys.readouterr().out
+    assert ("note: pos='xpos' ignored, the checkpoint has 'rope'" in out
+            and "note: block_size=64 ignored, the checkpoint has 16" in out)
+    train.main(tiny_args(data_dir, tmp_path / "ft2", init_from=source_run, max_iters=1,
+                         pos="alibi"))
+    assert f"note: pos='alibi' ignored, {source_run} has 'rope'" in capsys.readouterr().out
+
+
+def test_a_rope_factor_or_length_without_a_scaling_is_refused(data_dir, tmp_path, source_run):
+    """rope_factor or rope_original_length given with rope_scaling=none: one line before any work,
+    as the evaluation scripts refuse --rope_factor alone, not a run that trains unscaled and
+    records rope_factor=4.0 (issue 45, item 18)."""
+    for overrides, message in (
+            (dict(init_from=source_run, block_size=64, rope_factor=4),
+             "rope_factor=4.0 applies to rope_scaling pi, ntk or yarn only: give --rope_scaling"),
+            (dict(pos="rope", rope_factor=2), "rope_factor=2.0 applies to rope_scaling"),
+            (dict(init_from=source_run, block_size=64, rope_original_length=16),
+             "rope_original_length=16 applies to rope_scaling pi, ntk or yarn only")):
+        assert message in train_error(tiny_args(data_dir, tmp_path / "ft", **overrides))
+        assert not (tmp_path / "ft").exists()
+
+
+def test_a_chained_fine_tune_keeps_the_first_original_length(data_dir, tmp_path, source_run):
+    """rope_original_length, unless given: the source's own when it was scaled (the length its
+    unscaled angles were trained at, as Hugging Face keeps original_max_position_embeddings),
+    else the source's block_size (docs/training.md; issue 45, item 6)."""
+    def fine_tune(source, out, block_size, scaling):
+        train.main(tiny_args(data_dir, out, init_from=source, block_size=block_size,
+                             rope_scaling=scaling, rope_factor=2.0 if scaling != "none" else 1.0,
+                             max_iters=1))
+        args = torch.load(out / "ckpt.pt", weights_only=True)["model_args"]
+        return args["block_size"], args["rope_scaling"], args["rope_original_length"]
+
+    assert fine_tune(source_run, tmp_path / "a", 32, "yarn") == (32, "yarn", 16)
+    assert fine_tune(tmp_path / "a" / "ckpt.pt", tmp_path / "b", 64, "yarn") == (64, "yarn", 16)
+    assert fine_tune(source_run, tmp_path / "c", 32, "none") == (32, "none", 0)
+    assert fine_tune(tmp_path / "c" / "ckpt.pt", tmp_path / "d", 64, "pi") == (64, "pi", 32)
+
+
+def other_characters(root, data_dir):
+    """A dataset with as many characters as data_dir's, other ones: its corpus in capitals."""
+    (root / "upper").mkdir()
+    for f in (data_dir.parent / "corpus").iterdir():
+        (root / "upper" / f.name).write_text(f.read_text().upper())
+    prepare_data.main(["--dataset", "files", "--path", str(root / "upper"),
+                       "--out_dir", str(root / "upper_chars")])
+    return root / "upper_chars"
+
+
+def without_tokenizer(source, path, **config):
+    """source re-saved as a checkpoint from before tokenizer records (none), config changed."""
+    from lexgpt.checkpoint import save_checkpoint
+    ckpt = torch.load(source, weights_only=True)
+    del ckpt["tokenizer"], ckpt["checksums"]
+    ckpt["config"].update(config)
+    ckpt.pop("cwd", None)
+    save_checkpoint(ckpt, path)
+    return path
+
+
+def test_a_checkpoint_without_a_tokenizer_takes_its_datasets(data_dir, tmp_path, source_run):
+    """A checkpoint that records no tokenizer (an old or a re-saved one) has the tokenizer of the
+    dataset it was trained on: a fine-tune or a resume on another one of the same vocab_size is
+    refused, so that no run records a tokenizer its weights were not trained with; without that
+    dataset there is nothing to check against, and it is refused (issue 45, item 12)."""
+    from lexgpt.data import load_meta, tokenizer_identity
+    upper = other_characters(tmp_path, data_dir)
+    assert load_meta(upper)["vocab_size"] == load_meta(data_dir)["vocab_size"]
+    old = without_tokenizer(source_run, tmp_path / "old.pt")
+    message = train_error(tiny_args(upper, tmp_path / "ft", init_from=old))
+    assert "chars_sha256" in message and str(upper) in message and str(data_dir) in message
+    assert not (tmp_path / "ft").exists()
+    # on its own dataset: the fine-tune records that dataset's tokenizer
+    train.main(tiny_args(data_dir, tmp_path / "ft", init_from=old, max_iters=1))
+    ckpt = torch.load(tmp_path / "ft" / "ckpt.pt", weights_only=True)
+    assert ckpt["tokenizer"] == tokenizer_identity(load_meta(data_dir))
+    # resumed on the other dataset
+    run = tmp_path / "run"
+    train.main(tiny_args(data_dir, run, pos="rope", max_iters=1))
+    without_tokenizer(run / "ckpt.pt", run / "ckpt.pt")
+    assert "chars_sha256" in train_error(tiny_args(upper, run, pos="rope", init_from="resume"))
+    # the dataset it was trained on is gone: refused, on any dataset
+    gone = without_tokenizer(source_run, tmp_path / "gone.pt", data_dir=str(tmp_path / "nowhere"))
+    message = train_error(tiny_args(data_dir, tmp_path / "ft2", init_from=gone))
+    assert "records no tokenizer" in message and str(tmp_path / "nowhere") in message
+
+
+def test_a_relative_data_dir_is_found_from_another_directory(data_dir, tmp_path, monkeypatch):
+    """A run made in A with data_dir=data (relative): the evaluation scripts, run from B, find A's
+    dataset by default; train.py from B with --data_dir=data (not there) names A's dataset instead
+    of advising prepare_data.py to build a second one in B (issue 45, item 23)."""
+    from lexgpt.checkpoint import load_checkpoint
+    from lexgpt.data import checkpoint_dataset
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    os.symlink(data_dir, a / "data")
+    monkeypatch.chdir(a)
+    train.main(tiny_args("data", "out", pos="rope", max_iters=1))
+    monkeypatch.chdir(b)
+    ckpt_path = a / "out" / "ckpt.pt"
+    found, meta = checkpoint_dataset(load_checkpoint(ckpt_path), ckpt_path)
+    assert Path(found).resolve() == data_dir.resolve() and meta["vocab_size"] > 0
+    for overrides in (dict(init_from=ckpt_path, out_dir=b / "ft"),
+                      dict(init_from="resume", out_dir=a / "out")):
+        message = train_error(tiny_args("data", overrides.pop("out_dir"), pos="rope",
+                                        **overrides))
+        assert (f"relative to {b}" in message and f"--data_dir={a / 'data'}" in message
+                and "prepare_data.py" not in message), message
+    assert not (b / "ft").exists()

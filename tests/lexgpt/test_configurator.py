@@ -100,3 +100,12 @@ def test_the_seed_key_and_the_seed_flag_share_one_rule(seed):
         assert str(e) == (f"config key seed={seed} is not allowed: must be an integer from 0 to "
                           "2**63 - 1 (numpy takes no negative seed, torch none >= 2**64)")
     assert flag == key == allowed
+
+
+def test_the_keys_set_are_reported(tmp_path):
+    """given collects the keys a config file or --key=value set, even to their default: what the
+    user chose, apart from the defaults (issue 45, item 22)."""
+    given = set()
+    (tmp_path / "a.py").write_text("n_layer = 6\n_private = 1\nimport math\n")
+    configure(DEFAULTS, [f"{tmp_path}/a.py", "--flag=True"], CHOICES, LIMITS, given=given)
+    assert given == {"n_layer", "flag"}

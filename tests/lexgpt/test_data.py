@@ -262,3 +262,49 @@ def test_evaluation_readers_check_the_ids_they_read(tmp_path):
                     16, Variant(AttentionRule("causal"), None, 64), Runtime("cpu"))
     assert message.startswith(want)
     assert error(resolution.texts_from, meta, d, 16, 8).startswith(want)
+
+
+# --- a checkpoint that records no tokenizer, or a relative data_dir (issue 45, items 12 and 23) ---
+
+
+def test_a_checkpoint_without_a_tokenizer_has_its_datasets(tmp_path):
+    """A checkpoint from before tokenizer records (or re-saved without one) has the tokenizer of
+    the dataset it was trained on: another dataset of the same vocab_size but other characters is
+    refused; with that dataset gone (or changed) nothing can vouch for one, and every dataset is
+    refused."""
+    a = dataset(tmp_path / "a")
+    copy = shutil.copytree(a, tmp_path / "copy")  # the same tokenizer, elsewhere
+    same_size = dataset(tmp_path / "same", vocab="ABCDEFGHIJK")
+    ckpt_path = tmp_path / "m.pt"
+    make_checkpoint(ckpt_path, a, vocab="abcdefghijk")
+    ckpt = checkpoint.load_checkpoint(ckpt_path)
+    del ckpt["tokenizer"]
+    message = error(data.checkpoint_dataset, ckpt, ckpt_path, same_size)
+    assert "chars_sha256" in message and str(a) in message and str(same_size) in message
+    assert data.checkpoint_dataset(ckpt, ckpt_path, copy)[0] == copy
+    assert data.checkpoint_dataset(ckpt, ckpt_path)[0] == str(a)
+    ckpt["config"]["data_dir"] = str(tmp_path / "gone")
+    message = error(data.checkpoint_dataset, ckpt, ckpt_path, copy)
+    assert "records no tokenizer" in message and str(tmp_path / "gone") in message
+    ckpt["config"]["data_dir"] = str(dataset(tmp_path / "grown", vocab="abcdefghijkl"))
+    message = error(data.checkpoint_dataset, ckpt, ckpt_path, copy)
+    assert "vocab_size 12" in message and "its model's 11" in message
+
+
+def test_a_relative_data_dir_from_a_checkpoint_that_records_no_directory(tmp_path, monkeypatch):
+    """A checkpoint's relative data_dir is relative to the directory its run was made in; where the
+    checkpoint records none (an older one) and the path is not there from here, the error says
+    so, not "run prepare_data.py first"."""
+    dataset(tmp_path / "a" / "data")
+    ckpt_path = tmp_path / "m.pt"
+    monkeypatch.chdir(tmp_path / "a")
+    make_checkpoint(ckpt_path, "data", vocab="abcdefghijk")
+    ckpt = checkpoint.load_checkpoint(ckpt_path)
+    assert data.checkpoint_dataset(ckpt, ckpt_path)[0] == "data"  # from where it was made
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "b")
+    message = error(data.checkpoint_dataset, ckpt, ckpt_path)
+    assert ("relative to the directory its run was made in" in message
+            and "prepare_data.py" not in message and "--data_dir" in message)
+    ckpt["cwd"] = str(tmp_path / "a")  # recorded: found from anywhere
+    assert data.checkpoint_dataset(ckpt, ckpt_path)[0] == str(tmp_path / "a" / "data")
