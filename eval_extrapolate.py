@@ -27,10 +27,13 @@ BCA: auto uses it only for lengths beyond the checkpoint's block_size (the paper
 force it; both reports every checkpoint and length with and without it (Table 5). --attention and
 --rope_scaling take comma-separated lists instead: one row per checkpoint x attention rule x
 interpolation, and the combinations that make no sense (interpolation on ALiBi or learned
-positions, or where no query sees past block_size) are skipped and listed. Runs under torchrun too:
-pieces are shared out among the ranks and the sums all-reduced. Every checkpoint, dataset, rule and
-length is checked before the first one is scored; a non-finite NLL stops with an error instead of a
-NaN in the table.
+positions, or where no query sees past block_size) are skipped and listed; a run with nothing left
+to score is an error. --rope_factor on a fine-tuned checkpoint counts over the original length it
+stores, as its own scaling does (each row's rope_original_length); without it, pi, ntk and yarn
+are skipped on a checkpoint trained with a scaling (s would come from the length over block_size,
+dropping the factor it was trained with). Runs under torchrun too: pieces are shared out among the
+ranks and the sums all-reduced. Every checkpoint, dataset, rule and length is checked before the
+first one is scored; a non-finite NLL stops with an error instead of a NaN in the table.
 """
 
 import argparse
@@ -278,6 +281,9 @@ def evaluate(args: argparse.Namespace) -> list[dict]:
     dtype = runtime.dtype
     preflights = [preflight(args, request, ckpt_path) for ckpt_path in args.ckpt]
     results = Results(skipped=[line for pf in preflights for line in pf.skipped])
+    if not any(pf.variants for pf in preflights):  # else an empty table, status 0
+        raise UserError("nothing to score: every combination is skipped: "
+                        + "; ".join(results.skipped))
     rows, curves = results.rows, results.curves
     block_sizes = set()
     for pf in preflights:

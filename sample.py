@@ -9,7 +9,9 @@ but learned.
 --bca auto (default) switches blockwise causal attention on once the text is longer than
 block_size; --attention sliding|sinks (with --window, --sinks) and --rope_scaling
 pi|ntk|dynamic_ntk|yarn (with --rope_factor) decode with those instead (model.py's AttentionRule
-and RopeScaling).
+and RopeScaling). As in eval_extrapolate.py, --rope_factor on a fine-tuned checkpoint counts over
+the original length it stores, as its own scaling does, and pi, ntk and yarn need it on a
+checkpoint trained with a scaling.
 
 One process: under torchrun (RANK set) every rank would print every sample, so sample.py refuses it
 with a one-line error (printed once).
@@ -22,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from alternatives import scaling_of
 from lexgpt.checkpoint import load_model
 from lexgpt.cli import ArgumentParser, UserError, check_seed, error_exit, exit_interrupted
 from lexgpt.data import checkpoint_dataset, tokenizer_from_meta
@@ -31,6 +32,7 @@ from lexgpt.inference_options import (
     add_checkpoint_args,
     attention_options,
     check_rule,
+    checkpoint_scaling,
     learned_length_check,
     pointless,
 )
@@ -68,7 +70,7 @@ def sample(args):
         raise UserError(f"--top_k {args.top_k} must be >= 1")
     (rule,), (scaling,) = attention_options(args)
     model, ckpt = load_model(args.ckpt, runtime.device)
-    scaling = scaling_of(model.config, scaling)
+    scaling = checkpoint_scaling(model.config, scaling)
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise UserError(f"checkpoint {args.ckpt} holds non-finite weights (inf or NaN): "
                         "it cannot be sampled from")

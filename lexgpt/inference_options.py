@@ -8,7 +8,7 @@ fields and labels of their results; and their plots. Extrapolation is judged by 
 """
 
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -75,7 +75,7 @@ class Runtime:
 
 class Variant(NamedTuple):
     """One way a checkpoint is scored: which keys a query sees, the RoPE interpolation (resolved
-    against the checkpoint, scaling_of), and the tokens per forward pass (--batch_tokens, or
+    against the checkpoint, checkpoint_scaling), and the tokens per forward pass (--batch_tokens, or
     default_batch_tokens, which depends on the interpolation): they bound memory, and leave the
     scores as they are up to rounding."""
 
@@ -127,6 +127,8 @@ def lex_documents(offsets, max_len, spans="first"):
 
 # --bca as --attention
 BCA_MODES = {"auto": ["auto"], "on": ["bca"], "off": ["causal"], "both": ["causal", "bca"]}
+# the interpolations that take --rope_factor: a fixed s, counted over the training length
+FIXED_FACTOR = tuple(m for m in TRAINED_SCALINGS if m != "none")
 
 
 def add_checkpoint_args(parser, bca=("auto", "on", "off"), bca_default="auto", dtype=True,
@@ -155,8 +157,10 @@ def add_checkpoint_args(parser, bca=("auto", "on", "off"), bca_default="auto", d
                         f"{' | '.join(ROPE_SCALINGS)} (default: the checkpoint's own, "
                         "none unless it was fine-tuned with one)")
     parser.add_argument("--rope_factor", type=float,
-                        help="s for pi, ntk and yarn (default: the most positions a "
-                        "query sees / block_size; every method is the identity at s <= 1)")
+                        help="s for pi, ntk and yarn, over the checkpoint's original length "
+                        "where it stores one (a fine-tune's); default: the most positions a "
+                        "query sees / block_size, refused on a checkpoint trained with a "
+                        "scaling; every method is the identity at s <= 1")
     parser.add_argument("--data_dir",
                         help="the dataset (its meta.json); "
                         "default: the one the checkpoint was trained on")
@@ -200,7 +204,7 @@ def attention_options(args, several=False):
         methods = []
     else:
         methods = parse_names(args.rope_scaling, "--rope_scaling", ROPE_SCALINGS, several)
-    takes_factor = [m for m in methods if m in TRAINED_SCALINGS and m != "none"]  # fixed s
+    takes_factor = [m for m in methods if m in FIXED_FACTOR]
     if args.rope_factor is not None and not takes_factor:
         raise UserError(f"--rope_factor {args.rope_factor} applies to --rope_scaling pi, ntk "
                         "or yarn only")
@@ -223,9 +227,23 @@ def check_rule(rule, length, block_size, path):
         raise UserError(f"{path}: {e}") from None
 
 
+def checkpoint_scaling(config: GPTConfig, scaling: RopeScaling | None) -> RopeScaling:
+    """The RopeScaling a checkpoint is run with: its own (scaling_of) where none is asked for. One
+    asked for with a factor (pi, ntk, yarn) counts over the original length the checkpoint stores
+    (GPTConfig.rope_original_length: a fine-tune's source's block_size), as its own does, so that
+    its own method and factor given explicitly are the same model; without a factor, s is the
+    length over block_size, and so is YaRN's ramp (pointless refuses it on a scaled checkpoint)."""
+    scaling = scaling_of(config, scaling)
+    length = config.rope_original_length
+    if scaling.method in FIXED_FACTOR and scaling.factor is not None and length \
+            and scaling.original_length is None:
+        scaling = replace(scaling, original_length=length)
+    return scaling
+
+
 def pointless(config, rule, scaling):
-    """Why a combination of scheme, attention rule and RoPE interpolation makes no sense (None if it
-    does)."""
+    """Why a combination of scheme, attention rule and RoPE interpolation (checkpoint_scaling's)
+    makes no sense (None if it does)."""
     if scaling.method == "none":
         return None
     if not (config.pos == "rope" or config.pos == "xpos" and config.xpos_rotate):
@@ -234,6 +252,20 @@ def pointless(config, rule, scaling):
     if scaling.factor is not None and scaling.factor <= 1:
         return (f"{scaling.method} at s = {scaling.factor:g} is the identity: "
                 "every method is, at s <= 1")
+    fixed = scaling.method in FIXED_FACTOR
+    if fixed and scaling.factor is None and config.rope_scaling != "none":
+        # at every length up to block_size s <= 1: the weights without the angles they were
+        # trained with
+        own = scaling_of(config)
+        return (f"{scaling.method} without --rope_factor takes s from the length over "
+                f"block_size ({config.block_size}), not the {scaling_label(own)} this "
+                f"checkpoint was trained with: give --rope_factor (its own: {own.factor:g}), "
+                "or leave out --rope_scaling for its own")
+    stored = config.rope_original_length
+    if fixed and scaling.factor is not None and stored and scaling.original_length is None:
+        return (f"{scaling_label(scaling)} would count over block_size ({config.block_size}), "
+                f"not the original length ({stored}) this checkpoint stores: "
+                "resolve it with inference_options.checkpoint_scaling")
     window = rule.window or config.block_size
     short = rule.name in ("auto", "bca") or window <= config.block_size
     if scaling.factor is None and rule.name != "causal" and short:
@@ -254,7 +286,7 @@ def checked_variants(config: GPTConfig, rules: list[AttentionRule],
     skipped = []
     for rule in rules:
         check_rule(rule, longest, config.block_size, path)
-        for scaling in (scaling_of(config, s) for s in scalings):
+        for scaling in (checkpoint_scaling(config, s) for s in scalings):
             why = pointless(config, rule, scaling)
             if why:
                 label = rule_label(config.pos, rule, scaling, config.block_size)
@@ -265,20 +297,25 @@ def checked_variants(config: GPTConfig, rules: list[AttentionRule],
     return variants, skipped
 
 
-# the keys of rule_fields
-RULE_FIELDS = ("attention", "bca", "window", "sinks", "rope_scaling", "rope_factor")
+# the keys of rule_fields (rows written before rope_original_length lack it)
+RULE_FIELDS = ("attention", "bca", "window", "sinks", "rope_scaling", "rope_factor",
+               "rope_original_length")
 
 
 def rule_fields(rule, scaling, block_size, length):
     """The attention/scaling fields of a result row: attention, bca, window, sinks, rope_scaling,
-    rope_factor."""
+    rope_factor, and rope_original_length, the training length the scaling counts over (a
+    fine-tune's stored original length, else block_size; None unscaled): the same method and
+    factor over another length is another model."""
     resolved = rule.resolve(length, block_size)
+    scaled = scaling.method != "none"
     return dict(attention=rule.name,
                 bca="auto" if rule.name == "auto" else rule.name == "bca",
                 window=resolved.window,
                 sinks=resolved.sinks if resolved.name == "sinks" else None,
                 rope_scaling=scaling.method,
-                rope_factor=scaling.factor)
+                rope_factor=scaling.factor,
+                rope_original_length=(scaling.original_length or block_size) if scaled else None)
 
 
 def rule_label(pos, rule, scaling, block_size):
@@ -288,11 +325,17 @@ def rule_label(pos, rule, scaling, block_size):
                    "sliding": f" + sliding W={window}",
                    "sinks": f" + sinks S={rule.sinks} W={window}"}[rule.name]
     if scaling.method != "none":
-        label += f" + {scaling.method}"
-        if scaling.factor is not None:
-            label += f" s={scaling.factor:g}"
-        if scaling.original_length:  # a fine-tuned model's
-            label += f" from {scaling.original_length}"
+        label += f" + {scaling_label(scaling)}"
+    return label
+
+
+def scaling_label(scaling):
+    """A RoPE interpolation's method, its factor and, a fine-tuned model's, its original length."""
+    label = scaling.method
+    if scaling.factor is not None:
+        label += f" s={scaling.factor:g}"
+    if scaling.original_length:
+        label += f" from {scaling.original_length}"
     return label
 
 

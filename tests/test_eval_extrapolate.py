@@ -152,7 +152,8 @@ def test_bca_both_json_and_plot(tiny_data, tmp_path):
                                                        (True, 4), (True, 8),
                                                       (True, 32)]
     assert set(rows[0]) == {"ckpt", "pos", "bca", "attention", "window", "sinks", "rope_scaling",
-                            "rope_factor", "length", "ppl", "nll", "tokens", "label"}
+                            "rope_factor", "rope_original_length", "length", "ppl", "nll",
+                            "tokens", "label"}
     assert [(r["attention"], r["window"], r["label"])
             for r in rows[2:4]] == [("causal", None, "xpos"),
                                     ("bca", 8, "xpos + BCA")]
@@ -345,6 +346,83 @@ def test_a_checkpoint_with_a_scaling_is_evaluated_under_it_unless_told(tiny_data
         over_64, _ = nll_of(plain, stream(tiny_data)[:17], rope_scaling=RopeScaling("yarn", 2.0))
         over_8, _ = nll_of(plain, stream(tiny_data)[:17], rope_scaling=RopeScaling("yarn", 2.0, 8))
         assert abs(over_64 - over_8) > 1e-6
+
+
+def yarn_fine_tune(tmp_path, data_dir):
+    """A YaRN fine-tune as train.py --init_from writes it (s = 2 from an original length of 8, at
+    block_size 64), and the same weights with no scaling."""
+    make_checkpoint(tmp_path / "s.pt", data_dir, pos="rope", block_size=64, rope_scaling="yarn",
+                    rope_factor=2.0, rope_original_length=8)
+    return make_checkpoint(tmp_path / "plain.pt", data_dir, pos="rope", block_size=64)
+
+
+def test_an_explicit_scaling_on_a_fine_tune_counts_from_its_original_length(tiny_data, tmp_path):
+    """--rope_scaling and --rope_factor on a checkpoint that stores an original length use it, as
+    its own scaling does: its own method and factor given explicitly give the default's rows, and
+    another factor is YaRN's ramp over 8, not block_size. Every row records the original length
+    it used, so the JSON tells the two apart."""
+    plain = yarn_fine_tune(tmp_path, tiny_data)
+    common = ("--lengths", 16, "--max_len", 16, "--bca", "off")
+    own = run("--ckpt", tmp_path / "s.pt", *common)
+    explicit = run("--ckpt", tmp_path / "s.pt", *common, "--rope_scaling", "yarn",
+                   "--rope_factor", 2)
+    assert explicit == own and own[0]["rope_original_length"] == 8
+    out = tmp_path / "r.json"
+    rows = run("--ckpt", tmp_path / "s.pt", *common, "--rope_scaling", "none,pi,yarn",
+               "--rope_factor", 3, "--json", out)
+    for row, scaling in zip(rows, (None, RopeScaling("pi", 3.0), RopeScaling("yarn", 3.0, 8))):
+        by_doc = [nll_of(plain, stream(tiny_data)[start : start + 17], rope_scaling=scaling)
+                  for start in (0, 40)]
+        assert row["nll"] == pytest.approx(sum(n for n, _ in by_doc) / sum(c for _, c in by_doc),
+                                           rel=1e-6)
+        assert row["rope_original_length"] == (scaling and 8)
+    written = json.loads(out.read_text())
+    assert [r["rope_original_length"] for r in written["rows"]] == [None, 8, 8]
+    assert [c["rope_original_length"] for c in written["curves"]] == [None, 8, 8]
+    # a model never fine-tuned counts from its block_size
+    base = run("--ckpt", tmp_path / "plain.pt", *common, "--rope_scaling", "yarn",
+               "--rope_factor", 2)
+    assert base[0]["rope_original_length"] == 64
+
+
+@pytest.mark.parametrize("argv", [("--rope_scaling", "yarn"),
+                                  ("--rope_scaling", "pi,yarn", "--bca", "off")])
+def test_a_factor_from_the_length_on_a_scaled_checkpoint_is_refused(tiny_data, tmp_path,
+                                                                    monkeypatch, argv):
+    """Without --rope_factor, s is the length over block_size, which on a checkpoint trained with
+    a scaling drops the factor it was trained with: one line before any work, naming what is
+    allowed, never an empty table with status 0."""
+    yarn_fine_tune(tmp_path, tiny_data)
+    monkeypatch.setattr(eval_extrapolate, "score", None)  # refused before any scoring
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "s.pt", "--lengths", 16, "--max_len", 16, *argv)
+    message = str(e.value.code)
+    assert len(message.splitlines()) == 1 and "nothing to score" in message
+    assert ("without --rope_factor takes s from the length over block_size (64), not the yarn "
+            "s=2 from 8 this checkpoint was trained with: give --rope_factor (its own: 2), or "
+            "leave out --rope_scaling for its own") in message
+
+
+def test_a_factor_from_the_length_is_skipped_for_a_scaled_checkpoint_alone(tiny_data, tmp_path,
+                                                                          capsys):
+    """Beside a model never scaled, the scaled checkpoint's combination is skipped and listed; the
+    other is scored."""
+    yarn_fine_tune(tmp_path, tiny_data)
+    rows = run("--ckpt", tmp_path / "plain.pt", "--ckpt", tmp_path / "s.pt", "--lengths", 16,
+               "--max_len", 16, "--bca", "off", "--rope_scaling", "yarn")
+    assert [(Path(r["ckpt"]).stem, r["rope_scaling"]) for r in rows] == [("plain", "yarn")]
+    assert "s.pt: skipped rope + yarn: yarn without --rope_factor" in capsys.readouterr().out
+
+
+def test_nothing_to_score_is_an_error(tiny_data, tmp_path, monkeypatch):
+    """Every combination skipped (an interpolation that is the identity under auto): one line,
+    not an empty table with status 0."""
+    make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope")
+    monkeypatch.setattr(eval_extrapolate, "score", None)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--lengths", 8, "--rope_scaling", "yarn")
+    assert ("nothing to score: every combination is skipped: " in str(e.value.code)
+            and "yarn is the identity under auto" in str(e.value.code))
 
 
 def test_one_command_compares_rules_and_interpolations(tiny_data, tmp_path, capsys):

@@ -102,6 +102,41 @@ def test_generates_with_windows_and_interpolation(tiny_data, tmp_path, capsys, m
     assert seen == [dict(attention=attention, rope_scaling=rope_scaling)]
 
 
+def test_an_explicit_scaling_on_a_fine_tune_is_its_own(tiny_data, tmp_path, capsys, monkeypatch):
+    """As in eval_extrapolate.py: on a YaRN fine-tune (s = 2 from an original length of 4, at
+    block_size 16), its own method and factor given explicitly decode with its own scaling, YaRN's
+    ramp over 4 (not over block_size), and give the same samples."""
+    make_checkpoint(tmp_path / "s.pt", tiny_data, pos="rope", block_size=16, rope_scaling="yarn",
+                    rope_factor=2.0, rope_original_length=4)
+    seen = []
+    generate_ = GPT.generate
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs["rope_scaling"])
+        return generate_(self, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "generate", spy)
+    argv = ["--ckpt", tmp_path / "s.pt", "--start", "abc", "--max_new_tokens", 30]
+    own = generate(capsys, *argv)
+    explicit = generate(capsys, *argv, "--rope_scaling", "yarn", "--rope_factor", 2)
+    assert explicit == own and seen == [RopeScaling("yarn", 2.0, 4)] * 2
+
+
+@pytest.mark.parametrize("argv", [[], ["--bca", "off"]])
+def test_a_factor_from_the_length_on_a_scaled_checkpoint_is_refused(tiny_data, tmp_path, argv):
+    """--rope_scaling yarn without --rope_factor on that fine-tune: s would be the length over
+    block_size, the weights without the factor they were trained with; one line naming what is
+    allowed, under every rule."""
+    make_checkpoint(tmp_path / "s.pt", tiny_data, pos="rope", block_size=16, rope_scaling="yarn",
+                    rope_factor=2.0, rope_original_length=4)
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--ckpt", str(tmp_path / "s.pt"), "--max_new_tokens", "5",
+                     "--rope_scaling", "yarn", *argv])
+    assert ("yarn without --rope_factor takes s from the length over block_size (16), not the "
+            "yarn s=2 from 4 this checkpoint was trained with: give --rope_factor (its own: 2), "
+            "or leave out --rope_scaling for its own") in str(e.value.code)
+
+
 def test_pointless_or_several_rules_are_errors(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "alibi.pt", tiny_data, pos="alibi", block_size=8)
     for argv, message in ((["--rope_scaling", "yarn"],

@@ -311,6 +311,38 @@ def test_runtime_computes_in_its_dtype():
     assert Runtime("cpu").all_reduce_sum(a) is a  # no process group: the sum is this process's
 
 
+def test_a_scaling_asked_for_counts_over_the_checkpoints_original_length():
+    """inference_options.checkpoint_scaling: where no scaling is asked for, the checkpoint's own;
+    a factor asked for (pi, ntk, yarn) counts over the original length a fine-tune stores, as its
+    own does; dynamic NTK, none, a factor from the length and a model never fine-tuned count over
+    block_size. rule_fields records the length used; pointless refuses a fixed factor not
+    resolved so (a script that skips checkpoint_scaling) and a factor from the length on a
+    checkpoint trained with one."""
+    from lexgpt.inference_options import checkpoint_scaling, pointless, rule_fields
+    from model import AttentionRule, GPTConfig, RopeScaling
+    tuned = GPTConfig(block_size=64, vocab_size=11, n_layer=1, n_head=2, n_embd=16, pos="rope",
+                      rope_scaling="yarn", rope_factor=2.0, rope_original_length=8)
+    plain = GPTConfig(block_size=64, vocab_size=11, n_layer=1, n_head=2, n_embd=16, pos="rope")
+    causal = AttentionRule("causal")
+    for config, asked, want, length in (
+            (tuned, None, RopeScaling("yarn", 2.0, 8), 8),
+            (tuned, RopeScaling("yarn", 2.0), RopeScaling("yarn", 2.0, 8), 8),
+            (tuned, RopeScaling("ntk", 3.0), RopeScaling("ntk", 3.0, 8), 8),
+            (tuned, RopeScaling("pi", 3.0), RopeScaling("pi", 3.0, 8), 8),
+            (tuned, RopeScaling("dynamic_ntk"), RopeScaling("dynamic_ntk"), 64),
+            (tuned, RopeScaling("none"), RopeScaling(), None),
+            (plain, RopeScaling("yarn", 3.0), RopeScaling("yarn", 3.0), 64),
+            (plain, RopeScaling("yarn"), RopeScaling("yarn"), 64)):
+        scaling = checkpoint_scaling(config, asked)
+        assert scaling == want and pointless(config, causal, scaling) is None
+        assert rule_fields(causal, scaling, 64, 128)["rope_original_length"] == length
+    assert ("yarn s=3 would count over block_size (64), not the original length (8) this "
+            "checkpoint stores" in pointless(tuned, causal, RopeScaling("yarn", 3.0)))
+    assert ("yarn without --rope_factor takes s from the length over block_size (64), not the "
+            "yarn s=2 from 8 this checkpoint was trained with"
+            in pointless(tuned, causal, checkpoint_scaling(tuned, RopeScaling("yarn"))))
+
+
 def test_a_run_directory_has_one_owner(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
