@@ -407,9 +407,12 @@ def trained_tokenizer(ckpt, path, meta, data_dir):
            "re-saved without them)")
     if not same_dir(trained, data_dir):
         if not (Path(trained) / "meta.json").is_file():
-            raise UserError(f"{old}, and the dataset it was trained on, {trained}, is gone: "
-                            f"nothing shows whether {data_dir} has its tokenizer; prepare its "
-                            f"dataset again at {trained} to use it")
+            fix = f"prepare its dataset again at {trained} to use it"
+            if not Path(trained).is_absolute() and not ckpt.get("cwd"):
+                fix = ("it is relative to the directory the run was made in, which the checkpoint "
+                       "does not record: run from there")
+            raise UserError(f"{old}, and the dataset it was trained on, {trained}, is not there: "
+                            f"nothing shows whether {data_dir} has its tokenizer; {fix}")
         try:
             meta = load_meta(trained)
         except UserError as e:

@@ -306,5 +306,10 @@ def test_a_relative_data_dir_from_a_checkpoint_that_records_no_directory(tmp_pat
     message = error(data.checkpoint_dataset, ckpt, ckpt_path)
     assert ("relative to the directory its run was made in" in message
             and "prepare_data.py" not in message and "--data_dir" in message)
+    tokenizer = ckpt.pop("tokenizer")  # no record: its dataset, not found, cannot tell it
+    message = error(data.checkpoint_dataset, ckpt, ckpt_path, tmp_path / "a" / "data")
+    assert "records no tokenizer" in message and "does not record: run from there" in message
     ckpt["cwd"] = str(tmp_path / "a")  # recorded: found from anywhere
+    assert data.checkpoint_dataset(ckpt, ckpt_path)[0] == str(tmp_path / "a" / "data")
+    ckpt["tokenizer"] = tokenizer
     assert data.checkpoint_dataset(ckpt, ckpt_path)[0] == str(tmp_path / "a" / "data")
