@@ -28,24 +28,36 @@ RAW_DIGITS = 10
 
 
 
+SUITE_NAMES = {"study": "the study's", "retrieval": "the task suite's",
+               "extension": "the context extension's"}
+
+
+def suite_of(raw):
+    """Which suite's raw results a folder holds, by the files only that suite's jobs write: the
+    fine-tunes' perplexity or task probe (extension), the task sweeps or task probes alone
+    (retrieval), the perplexity or repeat probe (study); None when empty."""
+    if any((raw / f"{name}.{kind}.json").exists() for name, _, _ in FINE_TUNES
+           for kind in ("ppl", "tasks")):
+        return "extension"
+    if any(raw.glob("*.sweep.json")) or (any(raw.glob("*.tasks.json"))
+                                          and not any(raw.glob("*.ppl.json"))):
+        return "retrieval"
+    if any(raw.glob("*.ppl.json")) or any(raw.glob("*.repeat.json")):
+        return "study"
+    return None
+
+
 def check_outputs(results, suite):
     """Before a report writes anything: the results directory holds this suite's raw results,
     not another's, and every file the report writes that is already there is one a report
     wrote (summary.json marked, tables.md with its heading, plots by their signature);
     anything else is refused with one line and kept."""
     raw = results / "raw"
-    study = "the study's (raw/*.{}.json): drop --suite {}"
-    tasks = ("tasks", "the task suite's (raw/*.tasks.json): give --suite retrieval")
-    extension = [(f"{name}.ppl", f"the context extension's (raw/{name}.ppl.json): "
-                  "give --suite extension") for name, _, _ in FINE_TUNES]
-    others = {"study": [tasks, *extension],
-              "retrieval": [("ppl", study.format("ppl", "retrieval"))],
-              "extension": [("sweep", "the task suite's (raw/*.sweep.json): give --suite "
-                             "retrieval"), ("repeat", study.format("repeat", "extension"))]}
-    for kind, whose in others[suite]:
-        pattern = f"{kind}.json" if "." in kind else f"*.{kind}.json"
-        if any(raw.glob(pattern)):
-            raise UserError(f"--results {results} holds {whose}")
+    found = suite_of(raw)
+    if found and found != suite:
+        option = f"drop --suite {suite}" if found == "study" else f"give --suite {found}"
+        raise UserError(f"--results {results} holds {SUITE_NAMES[found]} results (raw/): "
+                        f"{option}, or another --results")
     plots = {"study": ["perplexity.png", "effective_context.png"],
              "retrieval": [f"{p}{t}.png" for t in TASKS for p in ("", "sweep_")],
              "extension": []}

@@ -758,7 +758,7 @@ def test_a_report_writes_over_nothing_it_did_not_write(tmp_path):
     shutil.copytree(ROOT / "results" / "char", tmp_path / "c")
     before = (tmp_path / "c" / "summary.json").read_bytes()
     for argv, message in ((["--suite", "retrieval"],
-                           "holds the study's (raw/*.ppl.json): drop --suite retrieval"),
+                           "holds the study's results (raw/): drop --suite retrieval"),
                           ([], None)):
         if message is None:  # a foreign tables.md, then a plot
             (tmp_path / "c" / "tables.md").write_text("my notes\n")
@@ -773,7 +773,7 @@ def test_a_report_writes_over_nothing_it_did_not_write(tmp_path):
     (tmp_path / "r" / "copy.png").write_text("not a plot")
     with pytest.raises(SystemExit) as e:
         reproduce.main(["--report", "--results", str(tmp_path / "r")])
-    assert "holds the task suite's (raw/*.tasks.json): give --suite retrieval" in str(e.value.code)
+    assert "holds the task suite's results (raw/): give --suite retrieval" in str(e.value.code)
     with pytest.raises(SystemExit) as e:
         reproduce.main(["--report", "--suite", "retrieval", "--results", str(tmp_path / "r")])
     assert "copy.png exists and is not one a report of reproduce.py wrote" in str(e.value.code)
@@ -976,3 +976,17 @@ def test_a_report_reads_its_own_directory_and_budget(tmp_path, capsys):
     assert (results / "tables.md").read_bytes() == tables
     reproduce.main(["--report", "--suite", "extension", "--results", str(results)])
     assert (results / "tables.md").read_bytes() == tables
+
+
+@pytest.mark.parametrize("suite, given", [("char", "retrieval"), ("char", "extension"),
+                                          ("retrieval", "study"), ("retrieval", "extension"),
+                                          ("extension", "study"), ("extension", "retrieval")])
+def test_another_suites_results_name_their_own_suite(suite, given):
+    """Issue 45 item 19: results/extension without --suite said "give --suite retrieval", and
+    with it "drop --suite retrieval": a loop that never named --suite extension."""
+    argv = ["--report", "--results", str(ROOT / "results" / suite)]
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(argv + ([] if given == "study" else ["--suite", given]))
+    advice = {"char": f"drop --suite {given}", "retrieval": "give --suite retrieval",
+              "extension": "give --suite extension"}[suite]
+    assert f"results (raw/): {advice}, or another --results" in str(e.value.code)
