@@ -68,6 +68,7 @@ from lexgpt.sources import (
     NAMED_DOWNLOADS,
     DocumentBytes,
     TokenReader,
+    Unchanged,
     expand,
     file_documents,
     input_files,
@@ -401,13 +402,14 @@ def source_documents(args):
         if not args.path:
             raise UserError(f"--dataset {args.dataset} needs --path DIR_OR_GLOB")
         files = input_files(args.path, args.out_dir)
+        unchanged = Unchanged()  # each file as first read: a later read must find it so
 
         def read():
             if args.dataset == "files":
-                return file_documents(files, args.errors)
+                return file_documents(files, args.errors, unchanged=unchanged)
             if args.dataset == "jsonl":
-                return jsonl_documents(files, args.errors, args.text_field)
-            return text_documents(files, args.errors, args.separator)
+                return jsonl_documents(files, args.errors, args.text_field, unchanged)
+            return text_documents(files, args.errors, args.separator, unchanged)
         what = {"files": "local files", "jsonl": f"JSON lines ({args.text_field!r})",
                 "text": f"plain text cut at lines {args.separator!r}"}[args.dataset]
         return read, f"{what}: {args.path}"
@@ -521,6 +523,9 @@ def build(args, out_dir, registry):
         writer = SplitWriter(out_dir, split, dtype, names is not None, registry)
         written.update(write_split(writer, stream, ranges, names, tokenizer.eot,
                                    passkeys if split == "train" else None))
+    if args.dataset == "nanogpt":  # its files as scanned for their documents, to the end
+        for stream, _, _ in splits.values():
+            stream.check()
     meta = dict(dataset=args.dataset, tokenizer=tokenizer.kind, vocab_size=tokenizer.vocab_size,
                 dtype=np.dtype(dtype).name, source=source, seed=args.seed,
                 val_fraction=args.val_fraction, val_tokens=args.val_tokens,

@@ -181,20 +181,48 @@ def read_error(path, e):
     return UserError(f"cannot read {path}: {e.strerror}")
 
 
-def file_documents(files, errors, name=str):
-    """Each file one document, read only when its turn comes: whole if small, else in pieces."""
+class Unchanged:
+    """Each input file's size, modification time and inode as first opened, checked again when it
+    is opened and when a read of it ends: a file written while the corpus is read (or between the
+    char vocabulary's read and the tokens') would give a dataset of neither version."""
+
+    def __init__(self):
+        self.first = {}
+
+    def check(self, f, fd):
+        """os.fstat(fd) of the open file f; a one-line error if it is not as first opened."""
+        st = os.fstat(fd)
+        now = (st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
+        first = self.first.setdefault(str(f), now)
+        if now != first:
+            what = (f"{first[0]:,} bytes, now {now[0]:,}" if now[0] != first[0]
+                    else "modified again" if now[1] != first[1] else "replaced by another file")
+            raise UserError(f"{f} changed while it was read ({what}): the dataset would match "
+                            "neither version; run again once nothing writes to it")
+        return st
+
+
+def file_documents(files, errors, name=str, unchanged=None):
+    """Each file one document, read only when its turn comes: whole if small, else in pieces.
+    unchanged: the Unchanged that holds each file as first read (default: a new one)."""
+    unchanged = unchanged or Unchanged()
     for f in files:
         try:
-            if f.stat().st_size <= PIECE_CHARS:
-                yield name(f), decode(f.read_bytes(), f, errors), True
-                continue
             with open(f, "rb") as raw:
-                document = Pieces(f, errors)
-                while chunk := raw.read(READ_BYTES):
-                    yield from ((name(f), piece, False) for piece in document.feed(chunk))
-                yield from ((name(f), piece, last) for piece, last in document.finish())
+                if unchanged.check(f, raw.fileno()).st_size <= PIECE_CHARS:
+                    data = raw.read()
+                    unchanged.check(f, raw.fileno())
+                else:
+                    data = None
+                    document = Pieces(f, errors)
+                    while chunk := raw.read(READ_BYTES):
+                        yield from ((name(f), piece, False) for piece in document.feed(chunk))
+                    unchanged.check(f, raw.fileno())
+                    yield from ((name(f), piece, last) for piece, last in document.finish())
         except OSError as e:
             raise read_error(f, e) from None
+        if data is not None:
+            yield name(f), decode(data, f, errors), True
 
 
 class Pieces:
@@ -292,12 +320,14 @@ def whole_characters(text, name, errors):
                         "UTF-8 text can: pass --errors replace to substitute U+FFFD") from None
 
 
-def jsonl_documents(files, errors, field):
+def jsonl_documents(files, errors, field, unchanged=None):
     """One document per line of each file: the line's JSON object's `field` (a string), read whole.
-    Blank lines are skipped."""
+    Blank lines are skipped. unchanged: as file_documents'."""
+    unchanged = unchanged or Unchanged()
     for f in files:
         try:
             with open(f, "rb") as lines:
+                unchanged.check(f, lines.fileno())
                 for number, line in enumerate(lines, 1):
                     if not line.strip():
                         continue
@@ -312,6 +342,7 @@ def jsonl_documents(files, errors, field):
                     if not text.isascii():
                         text = whole_characters(text, where, errors)
                     yield None, text, True
+                unchanged.check(f, lines.fileno())
         except OSError as e:
             raise read_error(f, e) from None
 
@@ -327,17 +358,21 @@ class DocumentBytes(typing.NamedTuple):
     separator: bytes
 
 
-def text_documents(files, errors, separator):
+def text_documents(files, errors, separator, unchanged=None):
     """Documents of plain-text files, cut at every line that is exactly `separator` (trailing
     whitespace ignored; the default, an empty line, cuts at blank lines, a run of them counting as
     one). The separator lines are dropped; a file's end also ends a document. Read in blocks, a
     long document in pieces: a file, a line or a document of any size. Documents within a block
-    come as one DocumentBytes (name None, the DocumentBytes, last True)."""
+    come as one DocumentBytes (name None, the DocumentBytes, last True). unchanged: as
+    file_documents'."""
     separator = separator.encode()
+    unchanged = unchanged or Unchanged()
     for f in files:
         try:
             with open(f, "rb") as raw:
+                unchanged.check(f, raw.fileno())
                 yield from file_text_documents(raw, f, errors, separator, as_bytes=True)
+                unchanged.check(f, raw.fileno())
         except OSError as e:
             raise read_error(f, e) from None
 
@@ -462,8 +497,11 @@ def url_documents(urls: list[str], errors: str, cache_dir: str, retries: int, ba
     paths = [download(url, cache_dir, retries=retries, backoff=backoff, timeout=timeout)
              for url in urls]
 
+    unchanged = Unchanged()  # the cached files, as first read
+
     def documents():
-        return file_documents(paths, errors, name=dict(zip(paths, urls)).get)
+        return file_documents(paths, errors, name=dict(zip(paths, urls)).get,
+                              unchanged=unchanged)
     return documents
 
 
@@ -488,9 +526,10 @@ class TokenReader:
     process's resident memory as it copies a corpus of any size, though they can be dropped."""
 
     def __init__(self, path: str | Path, dtype: np.dtype | type):
-        self.dtype = np.dtype(dtype)
-        self.fd = os.open(path, os.O_RDONLY)
-        self.length = os.fstat(self.fd).st_size // self.dtype.itemsize
+        self.path, self.dtype = path, np.dtype(dtype)
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.unchanged = Unchanged()
+        self.length = self.check().st_size // self.dtype.itemsize
 
     def __len__(self):
         return self.length
@@ -499,7 +538,14 @@ class TokenReader:
         start, stop, _ = s.indices(self.length)
         size = max(0, stop - start) * self.dtype.itemsize
         data = os.pread(self.fd, size, start * self.dtype.itemsize)
+        if len(data) < size:  # cut since it was opened
+            self.check()
+            raise UserError(f"{self.path} changed while it was read (a read fell short)")
         return np.frombuffer(data, dtype=self.dtype)
+
+    def check(self) -> os.stat_result:
+        """A one-line error if the file is not as it was when opened (Unchanged)."""
+        return self.unchanged.check(self.path, self.fd)
 
 
 def nanogpt_stream(path: Path) -> tuple[TokenReader, np.ndarray]:

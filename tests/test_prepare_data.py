@@ -1131,3 +1131,87 @@ def test_a_file_reached_by_several_names_is_read_once(tmp_path, capsys, pattern)
     assert names == sorted([f"{corpus}/a_link.txt", f"{corpus}/doc00.txt", f"{corpus}/doc01.txt",
                             f"{corpus}/doc03.txt"])
     assert "3 name(s) in --path lead to a file already read" in capsys.readouterr().out
+
+
+def change(path, how):
+    """Cut the file to half its size, or rewrite it in place at the same size with a later
+    modification time."""
+    data = path.read_bytes()
+    if how == "shrink":
+        path.write_bytes(data[: len(data) // 2])
+    else:
+        st = path.stat()
+        path.write_bytes(data.swapcase())
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+@pytest.mark.parametrize("how", ["shrink", "rewrite"])
+@pytest.mark.parametrize("dataset", ["files", "text", "jsonl"])
+def test_a_file_that_changes_while_it_is_read_is_refused(tmp_path, monkeypatch, dataset, how):
+    """A file cut or rewritten after its first documents are read: a one-line error naming it,
+    not a dataset of neither version (issue 45, item 14). Read in small blocks, a document in
+    pieces, so that the change falls inside the read."""
+    monkeypatch.setattr(sources, "PIECE_CHARS", 50)
+    monkeypatch.setattr(sources, "READ_BYTES", 64)
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    lines = [f"Document number {i} says hello to the reader." for i in range(40)]
+    if dataset == "jsonl":
+        text = "".join(json.dumps({"text": line}) + "\n" for line in lines)
+    else:
+        text = "\n\n".join(lines) + "\n"
+    (corpus / "a.txt").write_text(text)
+    original = prepare_data.batches
+
+    def batches(docs, names):
+        def then_change():
+            for i, doc in enumerate(docs):
+                if i == 1:
+                    change(corpus / "a.txt", how)
+                yield doc
+        return original(then_change(), names)
+    monkeypatch.setattr(prepare_data, "batches", batches)
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", dataset, "--path", corpus, "--tokenizer", "gpt2", "--workers", 1,
+            "--out_dir", tmp_path / "o")
+    message = str(e.value.code)
+    assert f"{corpus}/a.txt changed while it was read" in message and "\n" not in message
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_file_that_changes_between_the_two_reads_is_refused(tmp_path, monkeypatch):
+    """--tokenizer char reads the corpus twice (its vocabulary, then its tokens): a file changed
+    in between is refused, not tokenized against a vocabulary made from another version (issue
+    45, item 14)."""
+    corpus = write_corpus(tmp_path / "c", n=4)
+    original = prepare_data.char_vocabulary
+
+    def char_vocabulary(*args):
+        chars = original(*args)
+        (corpus / "doc01.txt").write_text("Zebras quiz vexed jocks.")
+        return chars
+    monkeypatch.setattr(prepare_data, "char_vocabulary", char_vocabulary)
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", "files", "--path", corpus, "--out_dir", tmp_path / "o")
+    assert f"{corpus}/doc01.txt changed while it was read" in str(e.value.code)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("how", ["shrink", "rewrite"])
+def test_a_nanogpt_file_that_changes_while_it_is_read_is_refused(tmp_path, monkeypatch, how):
+    """nanoGPT's train.bin changed between the scan for its documents and the copy of its tokens:
+    a one-line error naming it (issue 45, item 14)."""
+    nanogpt_files(tmp_path / "nano")
+    original = prepare_data.write_split
+
+    def write_split(*args, **kwargs):
+        if not (tmp_path / "changed").exists():
+            change(tmp_path / "nano" / "train.bin", how)
+            (tmp_path / "changed").touch()
+        return original(*args, **kwargs)
+    monkeypatch.setattr(prepare_data, "write_split", write_split)
+    with pytest.raises(SystemExit) as e:
+        run("--dataset", "nanogpt", "--path", tmp_path / "nano", "--out_dir", tmp_path / "o")
+    message = str(e.value.code)
+    assert f"{tmp_path}/nano/train.bin changed while it was read" in message, message
+    assert not (tmp_path / "o").exists()
