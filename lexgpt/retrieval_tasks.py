@@ -255,13 +255,13 @@ def ids(text):
     return lookup[np.frombuffer(text.encode("ascii"), dtype=np.uint8)]
 
 
-def parse_tasks(text):
-    """A comma-separated list of task names, or "all"."""
+def parse_tasks(text, flag="--tasks"):
+    """A comma-separated list of task names, or "all" (flag: the script's name for the list)."""
     names = list(TASKS) if text == "all" else text.split(",")
     unknown = [n for n in names if n not in TASKS]
     if unknown or not names:
         named = ", ".join(n or "an empty name" for n in unknown)
-        raise ValueError(f"--tasks {text!r}: {named} not allowed: the tasks are "
+        raise ValueError(f"{flag} {text!r}: {named} not allowed: the tasks are "
                          f"{', '.join(TASKS)} (or all)")
     return list(dict.fromkeys(names))
 

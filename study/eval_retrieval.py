@@ -126,6 +126,9 @@ DISTANCES = (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 12, 16)
 MAX_TASK_TOKENS = 2**20
 # reach: accuracy >= 90% of that at 1 x, which must be half way from chance to 1
 REACH_SHARE, RETRIEVES = 0.9, 0.5
+# The tokens a probe's sequences (or a task's instances) may hold at once, built before they are
+# scored: 2^25 int64 ids are 256 MiB, with the repeat probe's controls 512 MiB
+MAX_PROBE_TOKENS = 2**25
 ZONES = ("direct", "relay", "beyond")
 PHASE_BINS = 8  # the sweep's accuracy by phase: the segment in eighths
 NOT_APPLICABLE = {  # the flags a probe does not read: given, they are errors
@@ -160,6 +163,11 @@ def preflight(args: argparse.Namespace, path: str, rules: list, scalings: list,
     config = model_config(ckpt, path)
     data_dir, meta = checkpoint_dataset(ckpt, path, args.data_dir)
     sizes, longest = sizing(args, path, config, data_dir, meta)
+    if args.probe != "context" and args.sequences * longest > MAX_PROBE_TOKENS:
+        raise UserError(f"--sequences {args.sequences} is not allowed for {path}: "
+                        f"{args.sequences:,} sequences of up to {longest:,} tokens are more than "
+                        f"{MAX_PROBE_TOKENS:,} tokens at once; at most "
+                        f"{MAX_PROBE_TOKENS // longest:,}")
     learned_length_check(config, longest, path)
     variants, skipped = checked_variants(config, rules, scalings, longest, path,
                                          args.batch_tokens)
@@ -1288,7 +1296,7 @@ def context_rows(args: argparse.Namespace, pf: Preflight, model: GPT, stream: np
     """The context probe's rows for one checkpoint: per variant, the gain from context beyond l
     per span, by bin, and the lex fall's split, from every --stride-th position from l on."""
     path, config, (length, spans) = pf.path, pf.config, pf.sizes
-    l = args.beyond or config.block_size
+    l = config.block_size if args.beyond is None else args.beyond
     stride = args.stride or max(1, l // 8)
     positions = torch.arange(l, length, stride)
     xy = as_batch([stream[s["start"] : s["end"]] for s in spans])
@@ -1360,13 +1368,13 @@ def context_spans(args, path, config, data_dir, meta):
     """The context probe's one length (above l: block_size, or --beyond) and the spans of it
     scored: ((length, spans), length)."""
     l = config.block_size
-    beyond = args.beyond or l
+    beyond = l if args.beyond is None else args.beyond
     if beyond < 2 or beyond > l:
         raise UserError(f"--beyond {args.beyond} is not allowed for {path}: from 2 to its "
                         f"block_size {l}")
     lengths = parse_list(args.lengths, "--lengths", int, [16 * l])
     if len(lengths) != 1 or lengths[0] <= beyond:
-        above = f"--beyond {beyond}" if args.beyond else f"block_size {l}"
+        above = f"block_size {l}" if args.beyond is None else f"--beyond {beyond}"
         raise UserError(f"--lengths {args.lengths!r}: --probe context takes one length, above "
                         f"{above}")
     length = lengths[0]
@@ -1412,6 +1420,9 @@ PROBE_STEPS = {
 def check_args(args):
     """The flags' own checks, before any work; args.task becomes a list and args.span gets its
     default."""
+    if args.sweep and args.probe not in ("task", "repeat"):
+        raise UserError(f"--sweep applies to --probe task and repeat only, not --probe "
+                        f"{args.probe}")
     sweep = " --sweep" if args.sweep else ""
     for flag in NOT_APPLICABLE[args.probe] + (("lengths",) if args.sweep else ()):
         if getattr(args, flag) is not None:
@@ -1424,12 +1435,9 @@ def check_args(args):
         if min(parse_list(args.distances, "--distances", int, [])) < 1:
             raise UserError(f"--distances {args.distances!r} is not allowed: distances from an "
                             "answer to its source are >= 1")
-    if args.sweep and args.probe not in ("task", "repeat"):
-        raise UserError(f"--sweep applies to --probe task and repeat only, not --probe "
-                        f"{args.probe}")
     if args.task is not None:
         try:
-            args.task = retrieval_tasks.parse_tasks(args.task)
+            args.task = retrieval_tasks.parse_tasks(args.task, "--task")
         except ValueError as e:
             raise UserError(str(e)) from None
     args.span = 32 if args.span is None else args.span

@@ -102,8 +102,9 @@ def test_repeat_probe_json_table_and_plot(tiny_data, tmp_path, capsys):
         ("causal", 0, 5), ("causal", 3, 5), ("causal", 7, 5), ("bca", 0, 5), ("bca", 3, 5),
         ("bca", 7, 5)]
     assert set(result["rows"][0]) == {"ckpt", "pos", "attention", "bca", "window", "sinks",
-                                      "rope_scaling", "rope_factor", "probe", "d", "gain",
-                                      "gain_stderr", "n", "loss", "control_loss",
+                                      "rope_scaling", "rope_factor", "rope_original_length",
+                                      "probe", "d", "gain", "gain_stderr", "n", "loss",
+                                      "control_loss",
                                       "effective_context", "reach_bound", "label"}
     assert (result["rows"][3]["reach_bound"] == 2 * 8 // 2
             and result["rows"][0]["reach_bound"] is None)
@@ -207,8 +208,8 @@ def test_passkey_probe_json_table_and_heatmap(tmp_path, capsys):
     assert [(r["attention"], r["length"], r["depth"], r["n"]) for r in result["rows"]] == [
         (a, n, d, 3) for a in ("causal", "sliding") for n in (100, 200) for d in (0.0, 1.0)]
     assert set(result["rows"][0]) == {"ckpt", "pos", "attention", "bca", "window", "sinks",
-                                      "rope_scaling", "rope_factor", "probe", "length", "depth",
-                                      "accuracy", "n", "label"}
+                                      "rope_scaling", "rope_factor", "rope_original_length",
+                                      "probe", "length", "depth", "accuracy", "n", "label"}
     assert all(0 <= r["accuracy"] <= 1 for r in result["rows"]) and result["depths"] == [0.0, 1.0]
     assert ("| xpos + sliding W=64: depth \\ length | 100 | 200 |" in printed
             and png.stat().st_size > 1000)
@@ -445,3 +446,43 @@ def test_json_and_plot_never_name_one_file(tiny_data, tmp_path):
             "--plot", tmp_path / "r.png")
     assert f"--json and --plot name the same file {tmp_path / 'r.png'}" in str(e.value.code)
     assert not (tmp_path / "r.png").exists()
+
+
+@pytest.mark.parametrize("probe", ["repeat", "passkey"])
+def test_sequences_that_cannot_fit_are_refused_before_any_work(tiny_data, tmp_path, probe):
+    """Issue 45 item 16: --sequences 100000000 built the sequences until memory ran out
+    (repeat 0.79 -> 2.38 GB in 27 s), nothing printed. (The task probe: test_retrieval_tasks.)"""
+    data = tiny_data
+    if probe == "passkey":
+        (tmp_path / "c").mkdir()
+        for i in range(3):
+            (tmp_path / "c" / f"{i}.txt").write_text("It was a dark night, and so on. " * 20)
+        data = tmp_path / "d"
+        prepare_data.main(["--dataset", "files", "--path", str(tmp_path / "c"), "--out_dir",
+                           str(data), "--passkey", "0.5", "--passkey_tokens", "100",
+                           "--val_fraction", "0.34"])
+    meta = json.loads((data / "meta.json").read_text())
+    make_checkpoint(tmp_path / "m.pt", data, pos="rope", block_size=16, vocab=meta["chars"])
+    extra = {"repeat": ["--span", "4", "--distances", "0,8"], "passkey": ["--lengths", "100"]}
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--probe", probe, "--sequences", "100000000",
+            *extra[probe])
+    assert (f"--sequences 100000000 is not allowed for {tmp_path / 'm.pt'}: 100,000,000 "
+            "sequences of up to") in str(e.value.code)
+    assert f"tokens are more than {eval_retrieval.MAX_PROBE_TOKENS:,} tokens at once" \
+        in str(e.value.code)
+
+
+def test_errors_name_the_flags_of_this_script(tiny_data, tmp_path):
+    """Issue 45 items 20 and 24: errors named --tasks (prepare_data.py's) for --task, blamed
+    --lengths for --sweep on the context probe, and --beyond 0 was taken as block_size."""
+    make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope", block_size=16)
+    for argv, message in ((["--probe", "task", "--task", "bogus"], "--task 'bogus': bogus not "
+                           "allowed: the tasks are"),
+                          (["--probe", "context", "--sweep"],
+                           "--sweep applies to --probe task and repeat only, not --probe context"),
+                          (["--probe", "context", "--beyond", "0"],
+                           "--beyond 0 is not allowed for")):
+        with pytest.raises(SystemExit) as e:
+            run("--ckpt", tmp_path / "m.pt", *argv)
+        assert message in str(e.value.code), argv

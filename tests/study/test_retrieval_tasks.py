@@ -323,7 +323,7 @@ def test_task_probe_json_table_plots_and_errors(task_data, tmp_path, capsys):
             and (tmp_path / "t_flipflop.png").stat().st_size > 1000)
     for argv, message in ((["--task", "copy", "--span", "4"],
                            "--span does not apply to --probe task"),
-                          (["--task", "cop"], "--tasks 'cop': cop not allowed"),
+                          (["--task", "cop"], "--task 'cop': cop not allowed"),
                           (["--lengths", "20"], "--lengths 20 cannot hold copy")):
         with pytest.raises(SystemExit) as e:
             eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "task", *argv])
@@ -572,6 +572,17 @@ def test_json_and_a_per_task_plot_never_name_one_file(task_data, tmp_path):
         assert (f"--json and --plot name the same file {tmp_path / json_name}"
                 in str(e.value.code))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+
+
+def test_sequences_that_cannot_fit_are_refused_before_any_work(task_data, tmp_path):
+    """Issue 45 item 16: --sequences 100000000 built the instances until memory ran out."""
+    meta = data.load_meta(task_data)
+    make_checkpoint(tmp_path / "m.pt", task_data, pos="rope", block_size=96, vocab=meta["chars"])
+    with pytest.raises(SystemExit) as e:
+        eval_retrieval.main(["--ckpt", str(tmp_path / "m.pt"), "--probe", "task", "--task",
+                             "copy", "--lengths", "96", "--sequences", "100000000"])
+    assert (f"--sequences 100000000 is not allowed for {tmp_path / 'm.pt'}: 100,000,000 "
+            "sequences of up to") in str(e.value.code)
 
 
 def test_distances_and_batch_sizes_that_cannot_be_are_one_line_errors(task_data, tmp_path):
