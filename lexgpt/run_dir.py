@@ -20,7 +20,7 @@ LOCK_NAME = "lock"
 OWNED = {}  # lock file -> descriptor (None: no locks there), held until release_run_dirs
 
 
-def own_run_dir(folder, what="out_dir"):
+def own_run_dir(folder, what="out_dir", advice="or give another out_dir"):
     """Take out_dir for this process, or a one-line error naming its owner (pid and host, written
     in the lock file): two trainers in one directory would rename each other's checkpoints away. A
     lock left by a dead process is free (flock locks die with their process), so it is taken over.
@@ -34,8 +34,7 @@ def own_run_dir(folder, what="out_dir"):
             owner = lock_owner(fd)
             os.close(fd)
             raise UserError(f"{what} {folder} is in use by {owner}: one process at a time writes "
-                            "a run; wait for it to end or stop it, or give another out_dir") \
-                from None
+                            f"a run; wait for it to end or stop it, {advice}") from None
         except OSError as e:
             os.close(fd)
             print(f"note: {what} {folder} cannot be locked ({e.strerror}): nothing stops a "

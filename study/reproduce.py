@@ -53,7 +53,7 @@ if __package__ in (None, ""):  # run as `python study/reproduce.py`: import from
 from lexgpt.checkpoint import load_checkpoint
 from lexgpt.cli import ArgumentParser, UserError, die_with_parent, exit_interrupted
 from lexgpt.outputs import OUTPUT_MARK, earlier_output, writable_dir, write_json
-from lexgpt.run_dir import run_dir_owner
+from lexgpt.run_dir import own_run_dir, release_run_dirs, run_dir_owner
 from study.extension import EXTENSION_SOURCES, extension_plan, extension_report
 from study.files import check_outputs, compact_raw
 from study.jobs import (
@@ -186,7 +186,10 @@ def budget_for(args):
         known = list(EXTENSION_SOURCES)
     else:
         known = [s for s, _, _ in schemes_of(args.suite)]
-    schemes = args.schemes.split(",") if args.schemes else known
+    schemes = args.schemes.split(",") if args.schemes is not None else known
+    if not all(schemes):
+        raise UserError(f"--schemes {args.schemes!r}: an empty name is not allowed; the "
+                        f"{args.suite}'s schemes are " + ", ".join(known))
     unknown = set(schemes) - set(known)
     if unknown:
         raise UserError(f"--schemes {args.schemes}: unknown {', '.join(sorted(unknown))}; "
@@ -470,6 +473,8 @@ def main(argv=None):
         if args.plan:
             for folder in made:
                 folder.rmdir()
+        if not args.plan:  # one study at a time in a results directory
+            own_run_dir(args.results, "--results", "or give another --results")
         if not args.tune and not args.plan:  # another suite's results: refused before any job
             check_outputs(Path(args.results), args.suite)
         run_jobs(args, budget, jobs_for(args, budget))
@@ -477,6 +482,8 @@ def main(argv=None):
         sys.exit(f"reproduce.py: error: {e}")
     except KeyboardInterrupt:
         exit_interrupted("reproduce.py", interrupted)
+    finally:
+        release_run_dirs()
 
 
 def interrupted():
@@ -495,6 +502,7 @@ def redraw(args, budget):
     if not Path(args.results, "raw").is_dir():
         raise UserError(f"--report: {Path(args.results, 'raw')} does not exist; "
                         "nothing to draw from")
+    own_run_dir(args.results, "--results", "or give another --results")
     REPORTS[args.suite](args, budget, measured=False)
 
 

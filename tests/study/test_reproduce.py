@@ -990,3 +990,38 @@ def test_another_suites_results_name_their_own_suite(suite, given):
     advice = {"char": f"drop --suite {given}", "retrieval": "give --suite retrieval",
               "extension": "give --suite extension"}[suite]
     assert f"results (raw/): {advice}, or another --results" in str(e.value.code)
+
+
+@pytest.mark.parametrize("schemes", ["", "rope,", ",xpos"])
+def test_an_empty_scheme_name_is_refused(tmp_path, schemes):
+    """Issue 45 item 24: --schemes "" ran every scheme."""
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--plan", "--budget", "toy", "--schemes", schemes,
+                        "--results", str(tmp_path / "r")])
+    assert f"--schemes {schemes!r}: an empty name is not allowed" in str(e.value.code)
+
+
+def test_a_second_study_on_one_results_directory_names_the_first(tmp_path):
+    """Issue 45 item 24: a second reproduce.py on one results directory failed with train.py's
+    advice (--init_from=resume or --overwrite=True), naming no other process."""
+    results = tmp_path / "r"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.argv = ['reproduce.py']; "
+        "from lexgpt.run_dir import own_run_dir; import pathlib; "
+        f"pathlib.Path({str(results)!r}).mkdir(); own_run_dir({str(results)!r}, '--results'); "
+        "print('held', flush=True); time.sleep(60)")], cwd=ROOT, stdout=subprocess.PIPE,
+        text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for extra in ([], ["--report"]):
+            (results / "raw").mkdir(exist_ok=True)
+            with pytest.raises(SystemExit) as e:
+                reproduce.main(["--budget", "toy", "--results", str(results), "--runs",
+                                str(tmp_path / "o"), "--data", str(tmp_path / "d"), *extra])
+            assert (f"--results {results} is in use by pid {holder.pid} on host"
+                    in str(e.value.code)
+                    and str(e.value.code).endswith("or give another --results")), extra
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (tmp_path / "o").exists() and not (tmp_path / "d").exists()
