@@ -4,8 +4,8 @@ and real races, each checked for what must hold after it. Part of `make test-all
 
     python tests/hostile.py                 # all of them, a few minutes on 2 CPU cores
     python tests/hostile.py --only race     # or orphan, sigint_study, sigint, sigint_eval,
-                                            # sigint_scripts, sigint_torchrun, full, prepare_kill,
-                                            # sigterm_keep
+                                            # sigint_scripts, outputs, sigint_torchrun, full,
+                                            # prepare_kill, sigterm_keep
 
 - race: two trainers started together on one out_dir (--init_from=resume, then --overwrite=True):
   one trains to the end with a complete log, the other is a one-line error naming the first's pid
@@ -19,6 +19,10 @@ and real races, each checked for what must hold after it. Part of `make test-all
 - sigint_eval: Ctrl-C in the middle of eval_extrapolate.py: one line, status 130, no --json written.
 - sigint_scripts: the same in eval_retrieval.py, sample.py, resolution.py and prepare_data.py (with
   two workers busy, the signal to the whole process group).
+- outputs: the data-loss repros of issue 45: --json and --plot naming one file (eval_retrieval.py,
+  resolution.py), --plot onto a user's file that only looks like an image, make gpu-study without
+  CUDA over the last run's log, a report on another results directory: each refused in one line
+  with the files kept, and a report that reads its own directory's rows alone.
 - sigint_torchrun: Ctrl-C to torchrun's process group (as a terminal sends it) mid-run: the line
   once, from rank 0.
 - full: a write the kernel refuses half-way, as on a full disk: a file-size limit (ulimit -f, with
@@ -307,6 +311,68 @@ def sigint_scripts(tmp, data):
           "sigint_scripts: nothing left as a result")
 
 
+def one_line_refusal(argv, what, **kwargs):
+    """Run a command that must be refused: status 1 (make: non-zero) and one line of error."""
+    done = subprocess.run(argv, cwd=ROOT, env=kwargs.pop("env", ENV), capture_output=True,
+                          text=True, timeout=600, **kwargs)
+    err = done.stderr.strip()
+    check(done.returncode != 0 and "Traceback" not in err and len(err.splitlines()) <= 2,
+          what, f"exit {done.returncode}: {done.stdout[-500:]} {err}")
+    return done
+
+
+def outputs(tmp, data):
+    """The data-loss repros of issue 45 (items 7, 8, 9, 11), from the command line: two outputs
+    naming one file, a user's file that looks like an image, make gpu-study without CUDA over the
+    last run's log, and a report on a results directory that is not the committed one."""
+    ckpt = tmp / "base" / "ckpt.pt"
+    if not ckpt.exists():
+        subprocess.run([sys.executable, "train.py", *tiny_args(data, tmp / "base", max_iters=4)],
+                       cwd=ROOT, env=ENV, check=True, capture_output=True)
+    out = tmp / "outputs"
+    out.mkdir()
+    probe = [sys.executable, "study/eval_retrieval.py", "--ckpt", str(ckpt), "--probe",
+             "repeat", "--span", "4", "--distances", "0,8", "--sequences", "2"]
+    one_line_refusal(probe + ["--json", str(out / "r.png"), "--plot", str(out / "r.png")],
+                     "outputs: eval_retrieval.py --json F --plot F refused")
+    one_line_refusal([sys.executable, "resolution.py", "--theory", "--json", str(out / "t.png"),
+                      "--plot", str(out / "t.png")], "outputs: resolution.py --json F --plot F "
+                     "refused")
+    check(not any(out.iterdir()), "outputs: nothing written by the refused commands")
+    for name, head in (("thesis.pdf", b"%PDF-1.4\n% my thesis"),
+                       ("holiday.png", b"\x89PNG\r\n\x1a\n my holiday")):
+        (out / name).write_bytes(head)
+        one_line_refusal(probe + ["--plot", str(out / name)],
+                         f"outputs: --plot {name} (a user's file) refused")
+        check((out / name).read_bytes() == head, f"outputs: {name} kept")
+    code_data, study_out = tmp / "code_data", tmp / "gpu_study"
+    code_data.mkdir()
+    (code_data / "meta.json").write_text("{}")
+    study_out.mkdir()
+    (study_out / "log.txt").write_text("the last run's log\n")
+    one_line_refusal(["make", "gpu-study", f"PY={sys.executable}", f"CODE_DATA={code_data}",
+                      f"STUDY_OUT={study_out}"], "outputs: make gpu-study without CUDA refused",
+                     env=dict(ENV, CUDA_VISIBLE_DEVICES=""))
+    check((study_out / "log.txt").read_text() == "the last run's log\n",
+          "outputs: make gpu-study without CUDA keeps the last run's log")
+    results = tmp / "extension"
+    shutil.copytree(ROOT / "results" / "extension", results)
+    tables = (results / "tables.md").read_bytes()
+    one_line_refusal([sys.executable, "study/reproduce.py", "--report", "--suite", "extension",
+                      "--results", str(results), "--runs", str(tmp / "elsewhere"),
+                      "--task_runs", str(tmp / "elsewhere")],
+                     "outputs: a report whose rows are all another run's refused")
+    check((results / "tables.md").read_bytes() == tables,
+          "outputs: the refused report keeps tables.md")
+    (results / "raw" / "xpos.tasks.json").unlink()
+    subprocess.run([sys.executable, "study/reproduce.py", "--report", "--suite", "extension",
+                    "--results", str(results)], cwd=ROOT, env=ENV, check=True,
+                   capture_output=True)
+    suite = json.loads((results / "summary.json").read_text())["task_suite"]["table"]
+    check("zero-shot: xpos + BCA" not in suite and "zero-shot: rope + BCA" in suite,
+          "outputs: a report reads its own directory's rows alone", str(list(suite)))
+
+
 def sigint_torchrun(tmp, data):
     import torch
     out = tmp / "sigint_torchrun"
@@ -444,7 +510,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     attacks = ("race", "orphan", "sigint_study", "sigint", "sigint_eval", "sigint_scripts",
-               "sigint_torchrun", "full", "prepare_kill", "sigterm_keep")
+               "outputs", "sigint_torchrun", "full", "prepare_kill", "sigterm_keep")
     p.add_argument("--only", help="comma-separated: " + ", ".join(attacks))
     only = (p.parse_args().only or ",".join(attacks)).split(",")
     with tempfile.TemporaryDirectory() as tmp:
