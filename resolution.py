@@ -28,7 +28,6 @@ import math
 
 import torch
 
-from alternatives import scaling_of
 from lexgpt.checkpoint import load_model
 from lexgpt.cli import ArgumentParser, UserError, error_exit, exit_interrupted
 from lexgpt.data import checked, checkpoint_dataset, documents, read_tokens
@@ -37,6 +36,7 @@ from lexgpt.inference_options import (
     add_checkpoint_args,
     attention_options,
     check_rule,
+    checkpoint_scaling,
     learned_length_check,
     pointless,
     rule_fields,
@@ -311,7 +311,7 @@ def run(args):
         learned_length_check(cfg, args.length, args.ckpt)
         for rule in rules:
             check_rule(rule, args.length, cfg.block_size, args.ckpt)
-        runs = [(rule, scaling_of(cfg, scaling)) for rule in rules for scaling in scalings]
+        runs = [(rule, checkpoint_scaling(cfg, scaling)) for rule in rules for scaling in scalings]
         for rule, scaling in runs:
             why = pointless(cfg, rule, scaling)
             if why:

@@ -24,7 +24,7 @@ from lexgpt.distributed import (
     setup_distributed,
     teardown_distributed,
 )
-from lexgpt.outputs import pyplot
+from lexgpt.outputs import pyplot, save_plot
 from model import (
     ATTENTION_RULES,
     ROPE_SCALINGS,
@@ -96,17 +96,18 @@ def learned_length_check(config, length, path):
         raise UserError(f"{path}: {e}") from None
 
 
-def lex_documents(offsets, max_len, spans="first"):
+def lex_documents(offsets, max_len, spans="first", flags=("--max_len or --lengths", "--spans")):
     """The lex protocol's spans of max_len + 1 validation tokens, as {"start", "end"}, from the
     documents' (n, 2) [start, end) offsets (data.documents): each long enough document's first
     (spans="first", the paper's), all its whole spans ("all"), or K of all, evenly spread (an
-    integer); and how many documents were too short."""
+    integer); and how many documents were too short. flags: the script's names for the length
+    and the number of spans, for its errors."""
     long_enough = offsets[offsets[:, 1] - offsets[:, 0] >= max_len + 1]
     usable = [{"start": int(s), "end": int(e)} for s, e in long_enough]
     if not usable:
         longest = int((offsets[:, 1] - offsets[:, 0]).max())
         raise UserError(f"no validation document has max_len+1 = {max_len + 1} tokens "
-                        f"(the longest has {longest}): lower --max_len or --lengths")
+                        f"(the longest has {longest}): lower {flags[0]}")
     if spans == "first":
         found = [{"start": d["start"], "end": d["start"] + max_len + 1} for d in usable]
     else:
@@ -116,7 +117,7 @@ def lex_documents(offsets, max_len, spans="first"):
                  for i in range(0, d["end"] - d["start"] - max_len, max_len)]
     if spans not in ("first", "all"):
         if int(spans) > len(found):
-            raise UserError(f"--spans {spans}: the validation text has only {len(found)} "
+            raise UserError(f"{flags[1]} {spans}: the validation text has only {len(found)} "
                             f"whole spans of max_len+1 = {max_len + 1} tokens")
         found = [found[i * len(found) // int(spans)] for i in range(int(spans))]
     return found, len(offsets) - len(usable)
@@ -378,5 +379,4 @@ def finish_curves(fig, ax, n_curves, block_sizes, path):
 
 def save_figure(fig, path):
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    save_plot(fig, path, quiet=False)

@@ -1379,7 +1379,7 @@ def context_spans(args, path, config, data_dir, meta):
                         f"{above}")
     length = lengths[0]
     offsets = documents(data_dir, "val", meta)
-    spans = lex_documents(offsets, length, str(args.sequences))[0]
+    spans = lex_documents(offsets, length, str(args.sequences), ("--lengths", "--sequences"))[0]
     return (length, spans), length
 
 
@@ -1471,6 +1471,9 @@ def evaluate(args):
     plot_path = output_path(None if per_task else args.plot, "--plot", plot=True)
     rules, scalings = attention_options(args, several=True)
     preflights = [preflight(args, path, rules, scalings, sizing) for path in args.ckpt]
+    if not any(pf.variants for pf in preflights):  # else an empty table, status 0
+        raise UserError("nothing to score: every combination is skipped: "
+                        + "; ".join(line for pf in preflights for line in pf.skipped))
     plots = [plot_path]
     if per_task:
         plot_path, plots = task_plot_path(args, preflights)

@@ -222,3 +222,19 @@ def test_json_and_plot_never_name_one_file(tmp_path):
                          "--json", str(tmp_path / "t.png"), "--plot", str(tmp_path / "t.png")])
     assert f"--json and --plot name the same file {tmp_path / 't.png'}" in str(e.value.code)
     assert not (tmp_path / "t.png").exists()
+
+
+def test_an_explicit_scaling_on_a_fine_tune_is_its_own(tiny_data, tmp_path):
+    """Issue 45 items 1 and 13: --rope_scaling yarn --rope_factor 2 on a YaRN fine-tune (s = 2
+    from 8) measures the same model as its default, counting over the stored original length."""
+    make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope", block_size=16, rope_scaling="yarn",
+                    rope_factor=2.0, rope_original_length=8)
+    out = {}
+    for name, extra in (("own", []), ("explicit", ["--rope_scaling", "yarn", "--rope_factor", "2"])):
+        resolution.main(["--ckpt", str(tmp_path / "m.pt"), "--length", "32", "--bca", "off",
+                         "--json", str(tmp_path / f"{name}.json"), *extra])
+        out[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    own, explicit = out["own"]["modes"], out["explicit"]["modes"]
+    assert [m["rope_original_length"] for m in own] == [8]
+    assert [m["rope_original_length"] for m in explicit] == [8]
+    assert own[0]["R"] == explicit[0]["R"] and own[0]["s_hat"] == explicit[0]["s_hat"]

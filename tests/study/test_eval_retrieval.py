@@ -349,7 +349,7 @@ def test_context_probe_flags_are_one_line_errors(tiny_data, tmp_path):
     for argv, message in ((["--lengths", "8"], "takes one length, above block_size 8"),
                           (["--lengths", "16,32"], "takes one length"),
                           (["--lengths", "32", "--sequences", "5"],
-                           "--spans 5: the validation text has only 1"),
+                           "--sequences 5: the validation text has only 1"),
                           (["--stride", "0"], "--stride 0 is not allowed"),
                           (["--span", "4"], "--span does not apply to --probe context"),
                           (["--beyond", "16"], "--beyond 16 is not allowed for"),
@@ -474,15 +474,32 @@ def test_sequences_that_cannot_fit_are_refused_before_any_work(tiny_data, tmp_pa
 
 
 def test_errors_name_the_flags_of_this_script(tiny_data, tmp_path):
-    """Issue 45 items 20 and 24: errors named --tasks (prepare_data.py's) for --task, blamed
-    --lengths for --sweep on the context probe, and --beyond 0 was taken as block_size."""
+    """Issue 45 items 20 and 24: errors named --tasks (prepare_data.py's) for --task, --max_len
+    and --spans (eval_extrapolate.py's) for --lengths and --sequences, blamed --lengths for --sweep
+    on the context probe, and --beyond 0 was taken as block_size."""
     make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope", block_size=16)
     for argv, message in ((["--probe", "task", "--task", "bogus"], "--task 'bogus': bogus not "
                            "allowed: the tasks are"),
                           (["--probe", "context", "--sweep"],
                            "--sweep applies to --probe task and repeat only, not --probe context"),
                           (["--probe", "context", "--beyond", "0"],
-                           "--beyond 0 is not allowed for")):
+                           "--beyond 0 is not allowed for"),
+                          (["--probe", "context", "--lengths", "600000"],
+                           "(the longest has 40): lower --lengths"),
+                          (["--probe", "context", "--lengths", "32", "--sequences", "100000"],
+                           "--sequences 100000: the validation text has only")):
         with pytest.raises(SystemExit) as e:
             run("--ckpt", tmp_path / "m.pt", *argv)
         assert message in str(e.value.code), argv
+
+
+def test_nothing_to_score_is_an_error(tiny_data, tmp_path):
+    """Issue 45 item 1: with every combination skipped (--rope_scaling yarn without a factor on a
+    YaRN fine-tune) the probe printed an empty table, status 0."""
+    make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope", block_size=16, rope_scaling="yarn",
+                    rope_factor=2.0, rope_original_length=8)
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--probe", "repeat", "--sequences", "2", "--span", "4",
+            "--distances", "0,8", "--rope_scaling", "yarn", "--json", tmp_path / "r.json")
+    assert "nothing to score: every combination is skipped: " in str(e.value.code)
+    assert not (tmp_path / "r.json").exists()
