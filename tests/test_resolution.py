@@ -230,7 +230,8 @@ def test_an_explicit_scaling_on_a_fine_tune_is_its_own(tiny_data, tmp_path):
     make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope", block_size=16, rope_scaling="yarn",
                     rope_factor=2.0, rope_original_length=8)
     out = {}
-    for name, extra in (("own", []), ("explicit", ["--rope_scaling", "yarn", "--rope_factor", "2"])):
+    explicit = ["--rope_scaling", "yarn", "--rope_factor", "2"]
+    for name, extra in (("own", []), ("explicit", explicit)):
         resolution.main(["--ckpt", str(tmp_path / "m.pt"), "--length", "32", "--bca", "off",
                          "--json", str(tmp_path / f"{name}.json"), *extra])
         out[name] = json.loads((tmp_path / f"{name}.json").read_text())
