@@ -14,7 +14,7 @@ import numpy as np
 
 from lexgpt.checkpoint import load_checkpoint
 from lexgpt.cli import UserError
-from lexgpt.retrieval_tasks import PAIR_COUNT, SPAN, TASKS
+from lexgpt.retrieval_tasks import TASKS
 from study.files import check_outputs, check_raw, write_summary
 from study.jobs import (
     SEEDS,
@@ -248,44 +248,23 @@ def gather_resolution(args, budget, m):
 def gather_context(args):
     """{row name: {column: spread over seeds}} from raw/<scheme>.context.json: each
     checkpoint's gain from context beyond l (its mean over spans, over l .. T and by bin),
-    the lex fall from l to T and its two parts; and "gain interval", a bootstrap over seeds
-    and spans. A damaged row is left out."""
-    values, spans = {}, {}
+    the lex fall from l to T and its two parts; and "gain interval", the 95% t interval of the
+    gain over seeds (t_interval). A damaged row is left out."""
+    values = {}
     for scheme, row in raw_rows(args, ".context.json"):
         try:
             found = {f: float(row[f]) for f in CONTEXT_FIELDS}
             for b in row["by_bin"]:
                 found[f"gain {b['start']}..{b['end']}"] = float(b["gain"])
-            per_span = [float(v) for v in row["per_span"]["gain"]]
         except (KeyError, TypeError, ValueError):
             continue
         name = row_name(scheme, row)
         for key, value in found.items():
             values.setdefault(name, {}).setdefault(key, []).append(value)
-        spans.setdefault(name, []).append(per_span)
     table = spreads(values)
-    for name, per_seed in spans.items():
-        table[name]["gain interval"] = bootstrap(per_seed)
+    for name, row in values.items():
+        table[name]["gain interval"] = t_interval(row["gain"])
     return table
-
-
-def bootstrap(per_seed, draws=2000, seed=0):
-    """A 95% percentile interval for the mean over seeds of each seed's mean over its units
-    (spans, instances): seeds drawn with replacement, then each drawn seed's units with
-    replacement; seeded, so a redraw gives the same. per_seed: one list of unit values a
-    seed (one seed alone: its units only)."""
-    rng = np.random.default_rng(seed)
-    arrays = [np.asarray(v, dtype=float) for v in per_seed if len(v)]
-    if not arrays:
-        return None
-    means = []
-    for _ in range(draws):
-        drawn = []
-        for k in rng.integers(0, len(arrays), len(arrays)):
-            units = arrays[k]
-            drawn.append(units[rng.integers(0, len(units), len(units))].mean())
-        means.append(np.mean(drawn))
-    return [float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))]
 
 
 def raw_rows(args, suffix):
@@ -397,50 +376,49 @@ def curve_key(row):
     return f"{row['task']} {row['kind']} {row['length']}"
 
 
-def area(curve, rng=None, draws=1):
+def area(curve):
     """The area under accuracy against log2 distance over the grid, divided by its width: the
-    mean accuracy over log distance, every cell counted (curve: sorted [(d, accuracy,
-    instances)]). With a numpy Generator, `draws` areas with each cell's accuracy drawn again
-    as a binomial share of its instances (the bootstrap over instances; taking an instance as
-    all right or all wrong makes the interval wider than the truth, never narrower)."""
-    d, acc, n = (np.array(x, dtype=float) for x in zip(*curve))
-    if rng is None:
-        acc = acc[None]
-    else:
-        acc = rng.binomial(n.astype(int), np.clip(acc, 0, 1), (draws, len(n))) / n
+    mean accuracy over log distance, every cell counted (curve: sorted [(d, accuracy)])."""
+    d, acc = (np.array(x, dtype=float) for x in zip(*curve))
     x = np.log2(d)
-    found = ((acc[:, 1:] + acc[:, :-1]) / 2 * np.diff(x)).sum(1) / (x[-1] - x[0])
-    if rng is None:
-        return float(found[0])
-    return found
+    return float(((acc[1:] + acc[:-1]) / 2 * np.diff(x)).sum() / (x[-1] - x[0]))
 
 
 # Student's t, 97.5%, by the number of values (n - 1 degrees of freedom)
-T_975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306,
-         10: 2.262}
+T_975 = {2: 12.7062, 3: 4.3027, 4: 3.1824, 5: 2.7764, 6: 2.5706, 7: 2.4469, 8: 2.3646,
+         9: 2.3060, 10: 2.2622}
 
 
 def t_interval(values):
-    """The 95% t interval of the mean of a few values (None for one): for paired differences
-    over seeds, whose spread already holds each seed's instance noise. Past 10 values, 9
-    degrees': wider, never narrower."""
+    """The 95% t interval of the mean of a few values, one a seed (None for one): every
+    interval the study publishes, over seeds, n - 1 degrees of freedom. Each value is a seed's
+    own mean over its spans or instances (or a seed's paired difference), so the spread between
+    seeds already holds each seed's noise within; with three seeds t is 4.303, not a normal
+    quantile's 1.96. Past 10 values, 9 degrees': wider, never narrower."""
     if len(values) < 2:
         return None
-    t = T_975.get(len(values), 2.262)
+    t = T_975.get(len(values), T_975[10])
     half = t * float(np.std(values, ddof=1)) / len(values) ** 0.5
     return [float(np.mean(values)) - half, float(np.mean(values)) + half]
 
 
+def seed_of(ckpt):
+    """The training seed of a suite checkpoint, from its run directory (<scheme>_s<seed>), or
+    the path itself where it names none."""
+    run = Path(ckpt).parent.name
+    head, _, seed = run.rpartition("_s")
+    return seed if head and seed.isdigit() else str(ckpt)
+
+
 def area_curves(args):
-    """{(row name, scheme, task): {checkpoint: [(d, accuracy, instances)]}} from the distance
-    grid of raw/<scheme>.tasks.json."""
+    """{(row name, scheme, task): {checkpoint: [(d, accuracy)]}} from the distance grid of
+    raw/<scheme>.tasks.json."""
     curves = {}
     for scheme, row in raw_rows(args, ".tasks.json"):
         try:
             if row["kind"] != "distance":
                 continue
-            units = {"copy": SPAN, "mqar": PAIR_COUNT}.get(row["task"], 1)  # answers each
-            point = (int(row["d"]), float(row["accuracy"]), max(1, int(row["n"]) // units))
+            point = (int(row["d"]), float(row["accuracy"]))
             key = (row_name(scheme, row), scheme, row["task"])
         except (KeyError, TypeError, ValueError):
             continue
@@ -448,12 +426,15 @@ def area_curves(args):
     return curves
 
 
-def gather_area(args, draws=2000):
-    """{row name: {task: spread of area over seeds, "<task> interval": bootstrap over seeds
-    and instances, "<task> paired": spread of the row's area minus its scheme's plain causal
-    row on the same checkpoints, and "<task> paired interval": its t interval over seeds}}."""
+def gather_area(args):
+    """{row name: {task: spread of area over seeds, "<task> interval": its t interval over
+    seeds, "<task> paired": spread of the row's area minus its scheme's plain causal row on the
+    same checkpoints, and "<task> paired interval": its t interval over seeds}}; and for each
+    pair of COMPARED, "<a> − <b>": {task: the difference of the means, "values": the
+    difference seed by seed (a seed gives both schemes the same initial weights and batches),
+    "interval": its t interval}."""
     curves = area_curves(args)
-    table, replicates = {}, {}
+    table, by_seed = {}, {}
     for (name, scheme, task), by_ckpt in curves.items():
         by_ckpt = {c: sorted(v) for c, v in by_ckpt.items() if len(v) > 1}
         if not by_ckpt:
@@ -461,29 +442,24 @@ def gather_area(args, draws=2000):
         plain = curves.get((scheme, scheme, task), {}) if name != scheme else {}
         paired = [area(by_ckpt[c]) - area(sorted(plain[c]))
                   for c in by_ckpt if len(plain.get(c, ())) > 1]
-        rng = np.random.default_rng(0)
-        drawn = np.stack([area(v, rng, draws) for v in by_ckpt.values()])  # (ckpts, draws)
-        picks = rng.integers(0, len(drawn), (len(drawn), draws))  # seeds drawn, per draw
-        total = replicates[name, task] = drawn[picks, np.arange(draws)].mean(0)
+        areas = [area(v) for v in by_ckpt.values()]
+        by_seed[name, task] = {seed_of(c): a for c, a in zip(by_ckpt, areas)}
         row = table.setdefault(name, {})
-        row[task] = spread([area(v) for v in by_ckpt.values()])
-        row[f"{task} interval"] = quantiles(total)
+        row[task] = spread(areas)
+        row[f"{task} interval"] = t_interval(areas)
         if paired:
             row[f"{task} paired"] = spread(paired)
             row[f"{task} paired interval"] = t_interval(paired)
-    # other models: the difference of the means, its interval from independent replicates
+    # other models: the difference of the means, its interval over the seeds both have
     for a, b in COMPARED:
         for task in TASKS:
-            if (a, task) in replicates and (b, task) in replicates:
-                diff = replicates[a, task] - replicates[b, task]
+            if (a, task) in by_seed and (b, task) in by_seed:
+                mine, theirs = by_seed[a, task], by_seed[b, task]
+                diffs = [mine[s] - theirs[s] for s in mine if s in theirs]
                 mean = table[a][task]["mean"] - table[b][task]["mean"]
-                table.setdefault(f"{a} − {b}", {})[task] = {"mean": mean,
-                                                            "interval": quantiles(diff)}
+                table.setdefault(f"{a} − {b}", {})[task] = {
+                    "mean": mean, "values": diffs, "interval": t_interval(diffs)}
     return table
-
-
-def quantiles(draws):
-    return [float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))]
 
 
 def gather_sweep(args):

@@ -159,12 +159,12 @@ def paper_tables(summary):
 
 
 def context_markdown(context):
-    """The context probe's table: the gain from context beyond l with its interval and by
-    bin, and the lex fall split."""
+    """The context probe's table: the gain from context beyond l with its t interval over seeds
+    and by bin, and the lex fall split."""
     bins = {k for row in context.values() for k in row if k.startswith("gain ") and ".." in k}
     bins = sorted(bins, key=bin_start)
     columns = ["gain", "gain interval", *bins, "fall", "used", "early"]
-    titles = {"gain": "gain, l .. T", "gain interval": "95% interval (seeds, spans)",
+    titles = {"gain": "gain, l .. T", "gain interval": "95% t interval over seeds",
               "fall": "lex fall l -> T", "used": "of it: context used",
               "early": "of it: fewer early tokens"}
     title = ("Context beyond l: NLL given the last l tokens minus NLL under the rule (nats "
@@ -319,8 +319,8 @@ def area_markdown(table, names):
     differences = {name: row for name, row in table.items() if " − " in name}
     if differences:
         title = ("Area under accuracy against log2 distance: one scheme minus another "
-                 "(different models, the same data and seeds), with the 95% bootstrap "
-                 "interval over seeds and instances")
+                 "(different models, the same data and seeds), with the 95% t interval over "
+                 "seeds of the difference seed by seed")
         lines = table_head(title, names, "difference")
         for name, row in differences.items():
             cells = []
@@ -331,15 +331,15 @@ def area_markdown(table, names):
                     cells.append("–")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         out.append("\n".join(lines) + "\n")
-    columns = ["area", "95% interval", "paired difference", "95% interval"]
+    columns = ["area", "95% t interval", "paired difference", "95% t interval"]
     for task in names:
         rows = {n: row for n, row in table.items() if row.get(task) and " − " not in n}
         if not rows:
             continue
         title = (f"{task}: area under accuracy against log2 distance (the mean accuracy over "
                  "log distance, every cell of the grid counted), mean ± std over seeds [each "
-                 "seed], 95% bootstrap interval over seeds and instances; paired: minus the "
-                 "plain causal row of the same checkpoints, with its 95% t interval over seeds")
+                 "seed], with its 95% t interval over seeds; paired: minus the plain causal row "
+                 "of the same checkpoints, with its 95% t interval over seeds")
         lines = table_head(title, columns)
         for name, row in rows.items():
             cells = [cell(row[task]), interval(row.get(f"{task} interval"), 2),

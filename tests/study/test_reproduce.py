@@ -1,7 +1,9 @@
 """Tests for reproduce.py: the whole study on a toy budget (two schemes, so that it takes a minute
 or two), its resumability, the spread over seeds by hand, and its errors."""
 
+import functools
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -729,27 +731,74 @@ def test_a_result_whose_checkpoint_is_missing_is_measured_again(tmp_path):
     assert job.done()
 
 
-def test_area_bootstrap_and_t_interval_by_hand():
+@functools.lru_cache
+def t_quantile(df, p=0.975, steps=2000):
+    """Student's t quantile by brute force: the density integrated with Simpson's rule from 0,
+    the bound found by bisection (no table, no scipy)."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(t):
+        h = t / steps
+        ys = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(steps + 1)]
+        return 0.5 + h / 3 * (ys[0] + ys[-1] + 4 * sum(ys[1:-1:2]) + 2 * sum(ys[2:-1:2]))
+
+    low, high = 0.0, 20.0
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
+def test_t_quantiles_against_brute_force_and_the_published_table():
+    # one degree of freedom is Cauchy's: tan(pi (p - 1/2)); the published 12.706, 4.303, 3.182
+    assert t_quantile(1) == pytest.approx(math.tan(math.pi * 0.475), abs=1e-3)
+    assert [round(t_quantile(df), 3) for df in (1, 2, 3)] == [12.706, 4.303, 3.182]
+    for n, t in study_report.T_975.items():  # n values: n - 1 degrees of freedom
+        assert t == pytest.approx(t_quantile(n - 1), abs=6e-4), n
+
+
+def test_area_and_t_interval_by_hand():
     # the trapezoids over log2 distance, divided by the width: x = 1, 2, 4 -> (1 + 1)/2 * 1 +
     # (1 + 0)/2 * 2 = 2 of 3
-    assert study_report.area([(2, 1.0, 8), (4, 1.0, 8), (16, 0.0, 8)]) == pytest.approx(2 / 3)
-    assert study_report.area([(1, 0.25, 8), (4, 0.75, 8)]) == pytest.approx(0.5)
-    # a cell at 0 or 1 stays there in every bootstrap draw; one at 1/2 spreads as a
-    # binomial of its instances
-    rng = np.random.default_rng(0)
-    assert set(study_report.area([(2, 1.0, 8), (4, 0.0, 8)], rng, 50)) == {0.5}
-    drawn = study_report.area([(2, 0.5, 400), (4, 0.5, 400)], rng, 4000)
-    assert (drawn.mean() == pytest.approx(0.5, abs=0.01)
-            and drawn.std() == pytest.approx((0.25 / 400 / 2) ** 0.5, rel=0.1))
-    # seeds and units drawn again: identical values give a point; the interval of two
-    # seeds lies between them
-    assert study_report.bootstrap([[0.3, 0.3], [0.3]]) == pytest.approx([0.3, 0.3])
-    low, high = study_report.bootstrap([[0.1, 0.2, 0.3], [0.5, 0.6, 0.7]])
-    assert 0.1 <= low < 0.4 < high <= 0.7
-    # Student's t at 2 degrees of freedom: 2 ± 4.303 / sqrt(3)
+    assert study_report.area([(2, 1.0), (4, 1.0), (16, 0.0)]) == pytest.approx(2 / 3)
+    assert study_report.area([(1, 0.25), (4, 0.75)]) == pytest.approx(0.5)
+    # Student's t at n - 1 degrees of freedom: 2 ± t(2) / sqrt(3) for three values
     assert (study_report.t_interval([1.0, 2.0, 3.0])
-            == pytest.approx([2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5]))
+            == pytest.approx([2 - t_quantile(2) / 3**0.5, 2 + t_quantile(2) / 3**0.5], abs=1e-4))
+    # two values 0 and 1: std 1/sqrt(2), so 1/2 ± t(1) / 2
+    assert (study_report.t_interval([0.0, 1.0])
+            == pytest.approx([0.5 - t_quantile(1) / 2, 0.5 + t_quantile(1) / 2], abs=1e-4))
     assert study_report.t_interval([1.0]) is None
+
+
+def test_the_committed_intervals_are_t_intervals_over_seeds():
+    """Every interval the committed summaries publish (the context probe's gain, the task
+    suite's areas, paired and between schemes) is the t interval of its seeds' values."""
+    def t_of(values):
+        n = len(values)
+        half = t_quantile(n - 1) * float(np.std(values, ddof=1)) / n ** 0.5
+        return pytest.approx([np.mean(values) - half, np.mean(values) + half], abs=1e-4 * half)
+
+    found = 0
+    char = json.loads((ROOT / "results" / "char" / "summary.json").read_text())
+    for row in char["context"].values():
+        values = row["gain"]["values"]
+        want = t_of(values) if len(values) > 1 else None
+        assert row["gain interval"] == want
+        found += len(values) > 1
+    suite = json.loads((ROOT / "results" / "retrieval" / "summary.json").read_text())
+    for name, row in suite["area"].items():
+        for key, value in row.items():
+            if " − " in name:
+                values, interval = value["values"], value["interval"]
+            elif key.endswith("interval"):
+                values, interval = row[key[:-len(" interval")]]["values"], value
+            else:
+                continue
+            want = t_of(values) if len(values) > 1 else None
+            assert interval == want, (name, key)
+            found += len(values) > 1
+    assert found > 100
 
 
 def test_a_report_writes_over_nothing_it_did_not_write(tmp_path):
