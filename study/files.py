@@ -29,13 +29,16 @@ RAW_DIGITS = 10
 
 
 SUITE_NAMES = {"study": "the study's", "retrieval": "the task suite's",
-               "extension": "the context extension's"}
+               "extension": "the context extension's", "control": "the positive control's"}
 
 
 def suite_of(raw):
     """Which suite's raw results a folder holds, by the files only that suite's jobs write: the
     fine-tunes' perplexity or task probe (extension), the task sweeps or task probes alone
-    (retrieval), the perplexity or repeat probe (study); None when empty."""
+    (retrieval), the perplexity or repeat probe (study), the control's context probe (control);
+    None when empty."""
+    if (raw / "long.context.json").exists():
+        return "control"
     if any((raw / f"{name}.{kind}.json").exists() for name, _, _ in FINE_TUNES
            for kind in ("ppl", "tasks")):
         return "extension"
@@ -60,7 +63,7 @@ def check_outputs(results, suite):
                         f"{option}, or another --results")
     plots = {"study": ["perplexity.png", "effective_context.png"],
              "retrieval": [f"{p}{t}.png" for t in TASKS for p in ("", "sweep_")],
-             "extension": []}
+             "extension": [], "control": []}
     for name in ["summary.json", "tables.md", *plots[suite]]:
         path = results / name
         if not (path.exists() or path.is_symlink()) or ours(path):

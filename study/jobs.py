@@ -78,7 +78,7 @@ BUDGETS = {
 # xPos without rotation: three each would take the suite past 3 hours on 2 cores), then
 # eval_retrieval.py --probe task under every rule and, for the rotary schemes, every
 # interpolation.
-SUITES = ("study", "retrieval", "extension")
+SUITES = ("study", "retrieval", "extension", "control")
 # the context extension's fine-tunes (extension.py)
 FINE_TUNES = (  # (name, source scheme, train.py overrides)
     ("rope_pi", "rope", dict(rope_scaling="pi", rope_factor=4.0)),

@@ -54,6 +54,7 @@ from lexgpt.checkpoint import load_checkpoint
 from lexgpt.cli import ArgumentParser, UserError, die_with_parent, exit_interrupted
 from lexgpt.outputs import OUTPUT_MARK, earlier_output, writable_dir, write_json
 from lexgpt.run_dir import own_run_dir, release_run_dirs, run_dir_owner
+from study.control import CONTROL_BUDGETS, CONTROL_MODELS, control_plan, control_report
 from study.extension import EXTENSION_SOURCES, extension_plan, extension_report
 from study.files import check_outputs, compact_raw
 from study.jobs import (
@@ -84,8 +85,10 @@ from study.report import report, retrieval_report
 from study.tables import clock
 
 HERE = Path(__file__).resolve().parents[1]  # the scripts and config files; the rest under the cwd
-REPORTS = {"study": report, "retrieval": retrieval_report, "extension": extension_report}
-PLANS = {"study": plan, "retrieval": retrieval_plan, "extension": extension_plan}
+REPORTS = {"study": report, "retrieval": retrieval_report, "extension": extension_report,
+           "control": control_report}
+PLANS = {"study": plan, "retrieval": retrieval_plan, "extension": extension_plan,
+         "control": control_plan}
 RUNNING = None  # the name of the job running now, for Ctrl-C's line
 
 
@@ -144,12 +147,19 @@ def set_folders(args):
         if args.suite == "retrieval":
             raise UserError("--suite retrieval has its own data and recipe "
                             "(config/retrieval.py): --variant and --tune do not apply")
+        if args.suite == "control":
+            raise UserError("--suite control has its own corpus (numpy's sources, characters): "
+                            "--variant and --tune do not apply")
         raise UserError("--suite extension fine-tunes the char study's models: --variant "
                         "and --tune do not apply")
     if args.suite == "retrieval":
         args.results = args.results or default_results("retrieval", toy)
         args.runs = args.runs or f"out/retrieval{toy}"
         args.data = args.data or f"data/task_char{toy}"
+    if args.suite == "control":
+        args.results = args.results or default_results("control", toy)
+        args.runs = args.runs or f"out/control{toy}"
+        args.data = args.data or "data/code_char"
     if args.suite == "extension":
         args.results = args.results or default_results("extension", toy)
         args.task_runs = args.task_runs or f"out/retrieval{toy}"
@@ -184,6 +194,8 @@ def budget_for(args):
     budget's overrides."""
     if args.suite == "extension":
         known = list(EXTENSION_SOURCES)
+    elif args.suite == "control":
+        known = [name for name, _ in CONTROL_MODELS]
     else:
         known = [s for s, _, _ in schemes_of(args.suite)]
     schemes = args.schemes.split(",") if args.schemes is not None else known
@@ -197,6 +209,9 @@ def budget_for(args):
     if args.suite == "retrieval":
         budget = dict(RETRIEVAL_BUDGETS[args.budget], schemes=schemes, suite=args.suite)
         config = RETRIEVAL_CONFIG
+    elif args.suite == "control":  # the study's recipe on the code corpus
+        budget = dict(CONTROL_BUDGETS[args.budget], schemes=schemes, suite=args.suite)
+        config = VARIANTS["char"]["config"]
     else:
         budget = dict(BUDGETS[args.budget], schemes=schemes, suite=args.suite)
         config = VARIANTS[args.variant]["config"]
