@@ -43,8 +43,9 @@ class RopeScaling:
                    s^(d/(d-2)); the slowest pair is interpolated by exactly
                    s, the fastest (which carry local order) barely change.
       dynamic_ntk  ntk with s recomputed from the current length at every
-                   pass: a sequence runs unscaled up to l, and a KV cache
-                   follows the length as it grows (GPT.cached_plan).
+                   pass (Hugging Face's "dynamic" at its factor 1): a
+                   sequence runs unscaled up to l, and a KV cache follows
+                   the length as it grows (GPT.cached_plan, KVCache).
       yarn         YaRN (Peng et al. 2023): a ramp between pi and no change,
                    pair by pair, and a sharper softmax; its ramp is the
                    official code's (and Hugging Face's), linear in the pair
@@ -61,9 +62,9 @@ class RopeScaling:
             raise ValueError(f"rope_scaling={self.method!r} is not allowed: "
                              f"must be one of {methods}")
         length = self.original_length
-        if length is not None and not (is_number(length, int) and length > 0):
+        if length is not None and not (is_number(length, int) and length >= 2):
             raise ValueError(f"original_length={length!r} is not allowed: "
-                             "must be a positive integer")
+                             "must be an integer >= 2 (a training length)")
         s = self.factor
         if s is None:
             return
@@ -118,14 +119,16 @@ def check_trained_scaling(config, require) -> None:
     scaled = 1 < s < math.inf if is_number(s) else False
     require(is_number(s) and (scaled or method == "none"), "rope_factor",
             f"must be a finite number > 1 with rope_scaling={method!r}")
-    length = config.rope_original_length
-    require(is_number(length, int) and length >= 0,
-            "rope_original_length", "must be an integer >= 0 (0: block_size)")
+    # the length before the scaling extended the model: at most the length it trains at now
+    length, l = config.rope_original_length, config.block_size
+    require(is_number(length, int) and (length == 0 or 2 <= length <= l), "rope_original_length",
+            f"must be 0 (block_size) or an integer from 2 to block_size={l}, the length the "
+            "model was trained at before its RoPE scaling")
 
 
-def interpolate(theta, scaling, factor, block_size):
-    """(theta'_j, sharpen): the angles interpolated at the factor s, and the number q and k are
-    each multiplied by (YaRN's temperature; 1 for the others)."""
+def interpolate(theta, scaling, factor, block_size, base):
+    """(theta'_j, sharpen): the angles theta_j = base^(-2j/d) interpolated at the factor s, and
+    the number q and k are each multiplied by (YaRN's temperature; 1 for the others)."""
     s = factor
     if scaling is None or scaling.method == "none" or s <= 1:
         return theta, 1.0
@@ -147,17 +150,16 @@ def interpolate(theta, scaling, factor, block_size):
     # of the fastest pairs at a small l.) Its temperature, sqrt(1/t) = 0.1 ln s + 1 on q and
     # k alike, undoes the thinner spread of attention over a longer context.
     sharpen = 0.1 * math.log(s) + 1
-    # one pair is always kept (j = 0 is below any low); no rotation: no angle to scale
-    if d == 2 or not theta.any():
+    if d == 2:  # one pair, always kept (j = 0 is below any low)
         return theta, sharpen
     # a fine-tuned model's ramp counts over the length before it
     l = scaling.original_length or block_size
-    # theta_j is geometric in j: the pair where r_j = r, as a real index, is d ln(l / 2 pi
-    # r) / 2 ln base
-    t0, t1 = float(theta[0]), float(theta[1])
 
+    # The pair where r_j = r, as a real index: d ln(l / 2 pi r) / 2 ln base, in Python's float64
+    # from the config's numbers, as the peers compute it (from float32 theta, the floor or ceil
+    # flips in rare shapes; and no tensor is read back, which would break a compiled graph).
     def pair_at(r):
-        return math.log(l * t0 / (2 * math.pi * r)) / math.log(t0 / t1)
+        return d * math.log(l / (r * 2 * math.pi)) / (2 * math.log(base))
 
     low = max(math.floor(pair_at(YARN_BETA)), 0)
     high = min(math.ceil(pair_at(YARN_ALPHA)), d - 1)

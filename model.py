@@ -53,7 +53,8 @@ class GPTConfig:
     xpos_rotate: bool = True
     # The RoPE interpolation the model was fine-tuned with (Hugging Face's rope_scaling;
     # alternatives.py), used unless a pass asks for another: none | pi | ntk | yarn, its
-    # factor s > 1, and the length YaRN's ramp counts from (0: block_size).
+    # factor s > 1, and the length before it, which YaRN's ramp counts turns over (2 ..
+    # block_size; 0: block_size).
     rope_scaling: str = "none"
     rope_factor: float = 1.0
     rope_original_length: int = 0
@@ -203,9 +204,11 @@ class AttentionPlan:
         self.span = self.frame  # the most queries attend takes at once (xPos: float16's)
         if config.pos in ("rope", "xpos"):
             theta, sharpen = self.theta, 1.0
-            if self.scaling.method != "none":  # alternatives: RoPE interpolation at s
+            # alternatives: RoPE interpolation at s (none without rotation: no angle to scale)
+            if self.scaling.method != "none" and (config.pos == "rope" or config.xpos_rotate):
                 self.rope_factor = self.scaling.factor_at(min(n_tokens, rule.window or n_tokens), l)
-                theta, sharpen = alternatives.interpolate(theta, self.scaling, self.rope_factor, l)
+                theta, sharpen = alternatives.interpolate(theta, self.scaling, self.rope_factor, l,
+                                                          config.rope_base)
             angle = torch.arange(self.frame, device=device)[:, None] * theta  # (frame, d/2)
             self.rotation = sharpen * torch.stack((angle.cos(), angle.sin()), -1)
         if config.pos == "xpos":
@@ -290,7 +293,14 @@ class KVCache:
     stored raw and rotated when read: neither a moving frame nor a growing interpolation
     factor re-positions what is stored. Under a segmented rule it holds at most two segments,
     so a token costs the same at any length (for BCA the paper's "recurrently reuses the
-    overlapped key and value vectors"); under causal attention every key."""
+    overlapped key and value vectors"); under causal attention every key.
+
+    Under dynamic NTK a pass rotates its queries and every key held at the factor of the
+    length it brings the sequence to (as the YaRN paper recommends; Hugging Face's cache keeps
+    each key at the angles it was stored with). What is held stays as it was made: above the
+    first layer a key and value come from the hidden states of the pass that fed their token,
+    at that pass's smaller factor. So from two layers on cached decoding is not a full pass
+    over each prefix, which would recompute every token at the new factor."""
 
     def __init__(self, plan: AttentionPlan, max_tokens: int):
         self.plan = plan  # the plan of a pass over max_tokens
@@ -533,7 +543,10 @@ class GPT(nn.Module):
         the one-piece pass. Under a segmented rule the sequence streams through a KV cache
         of two segments (memory flat at any T); under causal attention only the output layer goes
         chunk by chunk (bounding the logits). Dynamic NTK, where it scales anything, decodes
-        token by token past block_size: each token at the factor of its own length."""
+        token by token past block_size, as generation does: each token is predicted at the
+        factor of its own length, through a KV cache whose earlier tokens were computed at
+        their own, smaller factors (KVCache: from two layers on, not a full pass over each
+        prefix)."""
         B, T = idx.size()
         step = max(1, chunk_tokens // B)
         plan = AttentionPlan(self.config, T, attention, rope_scaling)

@@ -442,7 +442,7 @@ def test_interpolated_frequencies_match_the_papers_formulas(method):
     cfg = GPTConfig(**BIG)
     for s in (1.5, 4.0, 32.0):
         theta, _ = alternatives.interpolate(AttentionPlan(cfg, 1).theta, model.RopeScaling(method),
-                                            s, 1024)
+                                            s, 1024, cfg.rope_base)
         torch.testing.assert_close(theta.double(), paper_theta(method, s), rtol=1e-6, atol=0)
     # the three regimes are all there at these defaults: kept, ramped, interpolated
     if method == "yarn":
@@ -460,11 +460,53 @@ def test_yarn_follows_the_official_ramp_at_the_studys_shapes(l, d):
     for s in (2.0, 16.0):
         cfg = GPTConfig(block_size=l, n_head=1, n_embd=d, pos="rope")
         theta, sharpen = alternatives.interpolate(AttentionPlan(cfg, 1).theta,
-                                                  model.RopeScaling("yarn"), s, l)
+                                                  model.RopeScaling("yarn"), s, l, cfg.rope_base)
         torch.testing.assert_close(theta.double(), paper_theta("yarn", s, d=d, l=l), rtol=1e-6,
                                    atol=0)
         assert sharpen == pytest.approx(0.1 * math.log(s) + 1)
         assert theta[0] == 1.0  # the fastest pair is kept
+
+
+def test_yarn_ramp_ends_use_ln_base_in_float64():
+    """The ramp's ends come from ln(base) in float64, as Hugging Face's find_correction_range (the
+    test's paper_theta) computes them: at base 1e4, d = 134, l = 886 the pair turning once over l is
+    at j = 36.000002, so the ramp ends at 37 (float32 theta_1 would round it to exactly 36 and
+    move 26 pairs' angles by up to 10%)."""
+    l, d, s = 886, 134, 4.0
+    edge = d * math.log(l / (2 * math.pi)) / (2 * math.log(1e4))
+    assert 36 < edge < 36 + 1e-5  # the case: float64 puts it just above 36
+    cfg = GPTConfig(block_size=l, n_head=1, n_embd=d, pos="rope")
+    table = AttentionPlan(cfg, 2, "causal", model.RopeScaling("yarn", s)).rotation  # (2, d/2, 2)
+    theta = torch.atan2(table[1, :, 1].double(), table[1, :, 0].double())  # angle at position 1
+    torch.testing.assert_close(theta, paper_theta("yarn", s, d=d, l=l), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("method", ["none", "pi", "ntk", "yarn"])
+def test_a_scaling_in_the_config_compiles_to_one_graph(method):
+    """YaRN's ramp is plain Python arithmetic on the config's numbers: torch.compile traces a
+    model fine-tuned with it into one graph, as it does the others (no tensor read back)."""
+    scaled = {} if method == "none" else dict(rope_scaling=method, rope_factor=4.0)
+    m = tiny("rope", n_layer=1, **scaled)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(m)(tokens(8), tokens(8))
+    torch._dynamo.reset()
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
+        [b.reason for b in explained.break_reasons]
+
+
+@pytest.mark.parametrize("method", SCALINGS)
+def test_no_scaling_changes_xpos_without_rotation(method):
+    """Interpolation changes nothing where there is no rotation (docs/alternatives.md), YaRN's
+    temperature included: through the Python API xPos without rotation gives the unscaled logits,
+    bitwise, for every method and factor."""
+    m = sharpened(tiny("xpos", xpos_rotate=False))
+    idx = tokens(27)
+    plain = m(idx, idx, attention="causal")[0]
+    for factor in (None, 4.0) if method != "dynamic_ntk" else (None,):
+        scaled = m(idx, idx, attention="causal", rope_scaling=model.RopeScaling(method, factor))[0]
+        assert torch.equal(scaled, plain), (method, factor)
+    assert torch.equal(m.token_nll(idx, idx, attention="causal", rope_scaling=method),
+                       m.token_nll(idx, idx, attention="causal"))
 
 
 @pytest.mark.parametrize("method", SCALINGS)
@@ -493,7 +535,7 @@ def test_every_method_is_the_identity_at_s_at_most_one(method, pos):
     cfg = GPTConfig(**(BIG | dict(pos=pos)))
     plain = AttentionPlan(cfg, 1).theta
     for s in (1.0, 0.5, 1 / 3):
-        got = alternatives.interpolate(plain, model.RopeScaling(method), s, 1024)
+        got = alternatives.interpolate(plain, model.RopeScaling(method), s, 1024, cfg.rope_base)
         assert torch.equal(got[0], plain) and got[1] == 1.0
     m = tiny(pos)
     idx = tokens(8)  # T = block_size: s = 1
@@ -573,9 +615,25 @@ def test_a_scaling_in_the_config_is_checked():
                          "must be a finite number > 1"),
                         (dict(pos="rope", rope_scaling="pi", rope_factor=math.inf),
                          "must be a finite number > 1"),
-                        (dict(pos="rope", rope_original_length=-8), "must be an integer >= 0")):
+                        (dict(pos="rope", rope_original_length=-8),
+                         "rope_original_length=-8 is not allowed: must be 0 .block_size. or an "
+                         "integer from 2 to block_size=8"),
+                        # above block_size: a scaling extends a model past its original length
+                        (dict(pos="rope", rope_scaling="yarn", rope_factor=2.0,
+                              rope_original_length=16),
+                         "rope_original_length=16 is not allowed: must be 0 .block_size. or an "
+                         "integer from 2 to block_size=8"),
+                        (dict(pos="rope", rope_original_length=9), "rope_original_length=9"),
+                        (dict(pos="rope", rope_scaling="yarn", rope_factor=2.0,
+                              rope_original_length=1), "rope_original_length=1 is not allowed")):
         with pytest.raises(ValueError, match=message):
             GPTConfig(**base, **kw)
+    for length in (0, 2, 8):  # 0: block_size
+        GPTConfig(**base, pos="rope", rope_scaling="yarn", rope_factor=2.0,
+                  rope_original_length=length)
+    with pytest.raises(ValueError, match="original_length=1 is not allowed: must be an integer "
+                                         ">= 2"):
+        model.RopeScaling("yarn", 2.0, 1)
     # a checkpoint from before: none
     assert alternatives.scaling_of(GPTConfig(**base)) == model.RopeScaling("none")
     assert (alternatives.scaling_of(GPTConfig(**base, pos="rope", rope_scaling="pi",
@@ -583,34 +641,84 @@ def test_a_scaling_in_the_config_is_checked():
             == model.RopeScaling("pi", 2.0))
 
 
+def decoded_by_the_cache_rule(m, seq, passes, rule):
+    """Last logits of each pass (a, b) over seq[:, a:b] under dynamic NTK, by the rule the KV cache
+    documents, step by step: every layer keeps the raw keys and values each token got in the pass
+    that fed it; a pass that brings the sequence to length L rotates its queries and every held key
+    at ntk's theta'(s), s = max(1, min(L, W) / l). A brute force over the model's own Linears and
+    LayerNorms, attention in float64 through reference_scores."""
+    cfg = m.config
+    l, nh, C = cfg.block_size, cfg.n_head, cfg.n_embd
+    d = C // nh
+    held = [[None, None] for _ in m.transformer.h]
+    rule = model.AttentionRule(rule) if isinstance(rule, str) else rule
+    last = []
+    for a, b in passes:
+        s = max(1.0, min(b, rule.window or b) / l)
+        theta = paper_theta("ntk", s, d=d, base=cfg.rope_base, l=l)
+        visible, distance = rule_table(rule, b, l)
+        x = m.transformer.wte(seq[:, a:b])
+        for layer, block in zip(held, m.transformer.h):
+            B, n, _ = x.shape
+            q, k, v = block.attn.c_attn(block.ln_1(x)).view(B, n, 3, nh, d).permute(2, 0, 3, 1, 4)
+            layer[0] = k if layer[0] is None else torch.cat((layer[0], k), dim=2)
+            layer[1] = v if layer[1] is None else torch.cat((layer[1], v), dim=2)
+            scores = reference_scores(q, layer[0], distance[a:b], cfg, theta=theta)
+            scores = scores.masked_fill(~visible[a:b], float("-inf"))
+            y = (torch.softmax(scores, dim=-1) @ layer[1].double()).float()
+            x = x + block.attn.c_proj(y.transpose(1, 2).reshape(B, n, C))
+            x = x + block.mlp(block.ln_2(x))
+        last.append(m.lm_head(m.transformer.ln_f(x[:, -1])))
+    return last
+
+
 @pytest.mark.parametrize("pos", ["rope", "xpos"])
 # sliding: s grows until 12 / 8
 @pytest.mark.parametrize("rule", ["causal", model.AttentionRule("sliding", 12)])
-def test_dynamic_ntk_decoding_equals_the_full_pass_over_each_prefix(pos, rule):
-    """s follows the current length while decoding; the keys already cached are positioned again
-    each time (left at their old angles, they would be off by about 1e-5 here: hence the
-    tight tolerance)."""
-    m = tiny(pos)
-    seq = tokens(27)
-    cache = m.new_cache(27, rule, "dynamic_ntk")
-    cached, _ = m(seq[:, :3], cache=cache)
-    for t in range(3, 28):
-        full, _ = m(seq[:, :t], attention=rule, rope_scaling="dynamic_ntk")
-        torch.testing.assert_close(cached[:, -1], full[:, -1], rtol=0, atol=1e-6, msg=f"step {t}")
-        if t < 27:
-            cached, _ = m(seq[:, t : t + 1], cache=cache)
-    # and the factor did change: at full length s = 27/8 (causal) or 12/8 (sliding), not 1
-    assert (full - m(seq, attention=rule)[0]).abs().max() > 1e-6
+def test_dynamic_ntk_decoding_follows_the_caches_rule(pos, rule):
+    """s follows the current length while decoding: the cache's raw keys are rotated again at the
+    current s (not left at their old angles, as Hugging Face's cache leaves them), but the keys and
+    values of layers above the first come from hidden states of earlier, smaller s. So cached
+    decoding is the step-by-step rule written out above, equal to a full pass over each prefix at
+    one layer and not at two; at a sharpened initialisation (as after training), where the gap
+    shows."""
+    seq = tokens(27, batch=1)
+    passes = [(0, 3)] + [(t, t + 1) for t in range(3, 27)]
+    gap = {}
+    for n_layer in (1, 2):
+        m = sharpened(tiny(pos, n_layer=n_layer))
+        cache = m.new_cache(27, rule, "dynamic_ntk")
+        gap[n_layer] = 0.0
+        with torch.no_grad():
+            want = decoded_by_the_cache_rule(m, seq, passes, rule)
+            for (a, b), by_rule in zip(passes, want):
+                got = m(seq[:, a:b], cache=cache)[0][:, -1]
+                torch.testing.assert_close(got, by_rule, rtol=0, atol=5e-7, msg=f"step {b}")
+                full = m(seq[:, :b], attention=rule, rope_scaling="dynamic_ntk")[0][:, -1]
+                gap[n_layer] = max(gap[n_layer], (got - full).abs().max().item())
+            # and the factor did change: at full length s = 27/8 (causal) or 12/8 (sliding)
+            assert (full - m(seq, attention=rule)[0][:, -1]).abs().max() > 1e-4
+    assert gap[1] < 5e-7 and gap[2] > 5e-6, gap
 
 
-def test_dynamic_ntk_token_nll_predicts_each_token_at_its_own_length():
-    m = tiny("rope")
-    seq = tokens(20)
+def test_dynamic_ntk_token_nll_scores_each_token_as_cached_decoding_predicts_it():
+    """Past block_size token_nll predicts each token through the cache, token by token, at the
+    factor of its own length: the cache's rule, not a full pass over each prefix."""
+    m = sharpened(tiny("rope", n_layer=4))
+    seq = tokens(27, batch=1)
     got = m.token_nll(seq, seq, attention="causal", rope_scaling="dynamic_ntk")
-    for t in (0, 7, 8, 13, 19):
-        logits, _ = m(seq[:, : t + 1], attention="causal", rope_scaling="dynamic_ntk")
-        want = F.cross_entropy(logits[:, -1], seq[:, t], reduction="none")
-        torch.testing.assert_close(got[:, t], want, rtol=1e-5, atol=1e-5)
+    passes = [(0, 8)] + [(t, t + 1) for t in range(8, 27)]
+    with torch.no_grad():
+        logits = decoded_by_the_cache_rule(m, seq, passes, "causal")
+        first, _ = m(seq[:, :8], seq[:, :8], attention="causal")  # s = 1 up to block_size
+        by_prefix = torch.cat([m(seq[:, : t + 1], attention="causal",
+                                 rope_scaling="dynamic_ntk")[0][:, -1] for t in range(8, 27)])
+    want = torch.cat((F.cross_entropy(first[0], seq[0, :8], reduction="none"),
+                      F.cross_entropy(torch.cat(logits[1:]), seq[0, 8:], reduction="none")))
+    torch.testing.assert_close(got[0], want, rtol=0, atol=5e-7)
+    # a full pass over each prefix would score them otherwise
+    over_prefixes = F.cross_entropy(by_prefix, seq[0, 8:], reduction="none")
+    assert (over_prefixes - got[0, 8:]).abs().max() > 5e-6
 
 
 def test_rope_scaling_errors():
