@@ -232,6 +232,11 @@ def fine_tune_source(cfg: TrainConfig, meta: dict, master: bool, given: frozense
     if cfg.rope_scaling != "none" and not cfg.rope_original_length:
         own["rope_original_length"] = (source_config.rope_original_length
                                        or source_config.block_size)
+        if cfg.block_size < own["rope_original_length"]:  # checked here, in the user's keys
+            raise UserError(f"block_size={cfg.block_size} is below {path}'s original length "
+                            f"{own['rope_original_length']}: rope_scaling={cfg.rope_scaling!r} "
+                            "extends a model past the length it was trained at; fine-tune at a "
+                            "block_size of at least that, or without rope_scaling")
     try:
         config = replace(source_config, **own)
     except ValueError as e:

@@ -1172,6 +1172,19 @@ def test_a_chained_fine_tune_keeps_the_first_original_length(data_dir, tmp_path,
     assert fine_tune(tmp_path / "c" / "ckpt.pt", tmp_path / "d", 64, "pi") == (64, "pi", 32)
 
 
+def test_a_scaled_fine_tune_below_the_original_length_names_the_users_keys(data_dir, tmp_path,
+                                                                           source_run):
+    """A scaling extends a model: fine-tuned shorter than its source's length it is refused in
+    one line naming block_size and rope_scaling (the user's keys), not rope_original_length
+    (which the user never set)."""
+    with pytest.raises(SystemExit) as e:
+        train.main(tiny_args(data_dir, tmp_path / "short", init_from=source_run, block_size=8,
+                             rope_scaling="yarn", rope_factor=2.0, max_iters=1))
+    assert (f"block_size=8 is below {source_run}'s original length 16: rope_scaling='yarn' "
+            "extends a model past the length it was trained at" in str(e.value.code))
+    assert not (tmp_path / "short").exists()
+
+
 def other_characters(root, data_dir):
     """A dataset with as many characters as data_dir's, other ones: its corpus in capitals."""
     (root / "upper").mkdir()
