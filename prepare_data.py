@@ -19,8 +19,10 @@ document.
     python prepare_data.py --dataset task --tasks all --block_size 128
 
 Documents are streamed in and tokenized by --workers processes, in order, so the output is the
-same for any number of workers, in bounded memory: tokens go to a temporary file as they come, and
-only the documents' offsets (16 bytes each) are held. Writes --out_dir (default
+same for any number of workers, in memory that does not grow with the corpus: tokens and each
+document's token count go to temporary files as they come, and the split and the copy read them a
+chunk at a time (held per document: 4 bytes while the held-out ones are drawn; the names of named
+sources). Writes --out_dir (default
 data/<dataset>_<tokenizer>): per split a token file (uint16 when the vocabulary fits), a file of
 the documents' [start, end) offsets (int64 pairs) and, for sources whose documents have names
 (files, urls, plays), their names; and meta.json, which names these files and records their sizes
@@ -38,6 +40,7 @@ cut by tokens instead, its end held out.
 # the crash-safe writing of --out_dir is lexgpt/dataset_writer.py.
 
 import argparse
+import array
 import collections
 import concurrent.futures
 import concurrent.futures.process
@@ -133,26 +136,35 @@ def start_workers(pool):
 def encode_batch(batch):
     """Token ids of each (text, last) piece of batch (its DocumentBytes expanded, empty documents
     dropped), a document's last followed by the separator (eot), as one array; the pieces' token
-    counts; and which pieces end a document. Returns only plain exceptions: a PyO3 panic (tiktoken
-    out of memory) is a BaseException that would escape the parent's handlers and print a Rust
+    counts; and which pieces end a document. Streamed into flat arrays, a piece at a time: nothing
+    but its counts is held per piece. Returns only plain exceptions: a PyO3 panic (tiktoken out of
+    memory) is a BaseException that would escape the parent's handlers and print a Rust
     traceback."""
     tokenizer, codepoints = _worker_tokenizer
     try:
-        texts = [(text, last) for _, text, last in expand(batch)]
+        counts, ends = array.array("q"), bytearray()
         if codepoints is None:
-            ids = [tokenizer.encode(t) for t, _ in texts]
+            tokens = array.array("I")  # 4 bytes an id: any vocabulary
+            for _, text, last in expand(batch):
+                ids = tokenizer.encode(text)
+                tokens.extend(ids)
+                if last and tokenizer.eot is not None:
+                    tokens.append(tokenizer.eot)
+                counts.append(len(ids))
+                ends.append(last)
+            tokens = np.frombuffer(tokens, dtype=np.uint32)
         else:
-            # char: one vectorized lookup (codepoints are sorted, as the vocabulary is), not a
-            # dict per char
-            ids = [np.searchsorted(codepoints, np.frombuffer(t.encode("utf-32-le"), dtype="<u4"))
-                   for t, _ in texts]
-        lengths = np.array([len(i) for i in ids], dtype=np.int64)
-        eot = [] if tokenizer.eot is None else [np.array([tokenizer.eot])]
-        parts = [part for i, (_, last) in zip(ids, texts)
-                 for part in (np.asarray(i, dtype=np.int64), *(eot if last else []))]
-        tokens = np.concatenate(parts or [np.zeros(0, np.int64)])
+            # char: a token per character (no separator), one vectorized lookup for the batch
+            # (codepoints are sorted, as the vocabulary is), not a dict per char
+            texts = []
+            for _, text, last in expand(batch):
+                texts.append(text)
+                counts.append(len(text))
+                ends.append(last)
+            text = "".join(texts).encode("utf-32-le")
+            tokens = np.searchsorted(codepoints, np.frombuffer(text, dtype="<u4"))
         tokens = tokens.astype(token_dtype(tokenizer.vocab_size))
-        return tokens, lengths, bytes(last for _, last in texts)
+        return tokens, np.frombuffer(counts, dtype=np.int64), bytes(ends)
     except (UserError, MemoryError):
         raise
     except Exception as e:
@@ -189,18 +201,29 @@ def batches(docs, names):
         yield batch
 
 
-def tokenize_to(stream_file, docs, tokenizer, workers, names):
+def tokenize_to(stream_file, lengths_file, docs, tokenizer, workers, names):
     """Tokenize docs into stream_file (each document followed by eot) with `workers` processes, in
-    document order; returns the documents' token counts. At most IN_FLIGHT_PER_WORKER tasks per
-    worker are queued or held."""
-    lengths = []  # token counts of the pieces
-    ends = bytearray()  # whether each piece ends its document
+    document order, and each document's token count into lengths_file (int64); returns how many
+    documents. At most IN_FLIGHT_PER_WORKER tasks per worker are queued or held, and nothing is
+    kept per document: memory is bounded whatever their number."""
+    documents = 0
+    carry = 0  # tokens of a document begun in an earlier batch (a long one, in pieces)
 
     def take(result):
+        nonlocal documents, carry
         tokens, counts, last = result
         stream_file.write(tokens.tobytes())
-        lengths.append(counts)
-        ends.extend(last)
+        # a document's count: the sum of its pieces'
+        sums = np.cumsum(counts)
+        ends = np.flatnonzero(np.frombuffer(last, np.uint8))
+        if len(ends):
+            lengths = np.diff(sums[ends], prepend=0)
+            lengths[0] += carry
+            lengths_file.write(lengths.astype("<i8").tobytes())
+            documents += len(ends)
+            carry = int(sums[-1] - sums[ends[-1]])
+        elif len(sums):
+            carry += int(sums[-1])
 
     init = (tokenizer.kind, getattr(tokenizer, "chars", None))
     if workers == 1:  # in this process: no pickling, the plain loop
@@ -222,10 +245,7 @@ def tokenize_to(stream_file, docs, tokenizer, workers, names):
                     take(pending.popleft().result())
             while pending:
                 take(pending.popleft().result())
-    if not lengths:
-        return np.zeros(0, np.int64)
-    pieces = np.cumsum(np.concatenate(lengths))  # the documents' counts: sums of their pieces'
-    return np.diff(pieces[np.flatnonzero(np.frombuffer(ends, np.uint8))], prepend=0)
+    return documents
 
 
 def char_vocabulary(docs, passkey):
@@ -238,7 +258,13 @@ def char_vocabulary(docs, passkey):
 
 
 # -------------------------------------------------------------------------------------------------
-# Split: which [start, end) ranges of the stream go to train and which to val.
+# Split: which documents of the stream go to train and which to val. A split is a function giving
+# its documents in stream order, CHUNK_DOCUMENTS at a time: ([start, end) ranges of the stream,
+# their names or None). Their token counts are read from the lengths file a chunk at a time; what
+# is held per document is a seeded permutation of their indices while it is drawn (4 bytes each)
+# and the held-out ones' indices.
+
+CHUNK_DOCUMENTS = 1 << 18  # documents handled at a time once tokenized: bounded memory
 
 
 def offsets_of(lengths, separator):
@@ -247,26 +273,28 @@ def offsets_of(lengths, separator):
     return np.stack([ends - lengths, ends], axis=1).astype(np.int64)
 
 
-def split_ranges(ranges, names, args):
-    """(train ranges, train names), (val ranges, val names). Whole documents are held out, chosen by
-    a seeded permutation: --val_documents of them, enough for --val_tokens tokens, or about
-    --val_fraction of them; the held-out ones keep their order in the stream. A single document is
-    cut by tokens instead, its end held out."""
-    n = len(ranges)
-    lengths = ranges[:, 1] - ranges[:, 0]
-    if args.val_documents and args.val_documents >= n:
-        raise UserError(f"--val_documents {args.val_documents} would leave no training document: "
-                        f"the corpus has {n}")
-    if n == 1:
-        total = int(lengths[0])
-        if args.val_tokens:
-            kept = total - args.val_tokens
-        else:
-            kept = round(total * (1 - args.val_fraction))
-        cut = int(ranges[0, 0]) + min(max(1, kept), total - 1)
-        name = [] if names is None else [names[0]]
-        return ((np.array([[ranges[0, 0], cut]]), name and [name[0] + "[train]"]),
-                (np.array([[cut, ranges[0, 1]]]), name and [name[0] + "[val]"]))
+def lengths_at(lengths, indices):
+    """lengths[indices] of a TokenReader of the documents' token counts, read in order a window at a
+    time."""
+    sorter = np.argsort(indices, kind="stable")
+    wanted = indices[sorter]
+    out = np.empty(len(indices), np.int64)
+    for at in range(0, len(lengths), CHUNK_DOCUMENTS):
+        low, high = np.searchsorted(wanted, [at, at + CHUNK_DOCUMENTS])
+        if high > low:
+            out[sorter[low:high]] = lengths[at : at + CHUNK_DOCUMENTS][wanted[low:high] - at]
+    return out
+
+
+def total_tokens(lengths):
+    return sum(int(lengths[at : at + CHUNK_DOCUMENTS].sum())
+               for at in range(0, len(lengths), CHUNK_DOCUMENTS))
+
+
+def held_out(lengths, names, args):
+    """The sorted indices of the documents held out, chosen by a seeded permutation: --val_documents
+    of them, enough for --val_tokens tokens, or about --val_fraction of them."""
+    n = len(lengths)
     # named documents: a seeded shuffle of their sorted names, as every earlier version chose them
     # (same seed, same split)
     if names is not None and len(set(names)) == n:
@@ -275,33 +303,87 @@ def split_ranges(ranges, names, args):
         random.Random(args.seed).shuffle(shuffled)
         order = np.array([index[name] for name in shuffled])
     else:
-        order = np.random.default_rng(args.seed).permutation(n)
+        # numpy's permutation(n) is a shuffle of arange(n): the same draws on 4-byte indices
+        order = np.arange(n, dtype=np.uint32 if n < 2**32 else np.int64)
+        np.random.default_rng(args.seed).shuffle(order)
     if args.val_documents:
         count = args.val_documents
     elif args.val_tokens:
-        count = int(np.searchsorted(np.cumsum(lengths[order]), args.val_tokens)) + 1
+        count, before = n + 1, 0  # the first count documents of the order hold val_tokens
+        for at in range(0, n, CHUNK_DOCUMENTS):
+            reached = before + np.cumsum(lengths_at(lengths, order[at : at + CHUNK_DOCUMENTS]))
+            i = int(np.searchsorted(reached, args.val_tokens))
+            if i < len(reached):
+                count = at + i + 1
+                break
+            before = int(reached[-1])
         if count >= n:
             raise UserError(f"--val_tokens {args.val_tokens:,} would hold out every document: the "
-                            f"corpus has {int(lengths.sum()):,} tokens in {n} documents")
+                            f"corpus has {total_tokens(lengths):,} tokens in {n} documents")
     else:
         count = max(1, round(args.val_fraction * n))
-    held_out = np.zeros(n, dtype=bool)
-    held_out[order[:count]] = True
-
-    def pick(mask):
-        return ranges[mask], None if names is None else [m for m, h in zip(names, mask) if h]
-    return pick(~held_out), pick(held_out)
+    return np.sort(order[:count])
 
 
-def passkey_plan(lengths, tokenizer, fraction, n_tokens, digits, seed):
+def split_documents(lengths, separator, names, args):
+    """{"train": documents, "val": documents}, each a function giving that split's chunks (above),
+    of a stream of documents each followed by `separator` tokens, their token counts `lengths` (a
+    TokenReader). Whole documents are held out (held_out); the held-out ones keep their order in
+    the stream. A single document is cut by tokens instead, its end held out."""
+    n = len(lengths)
+    if args.val_documents and args.val_documents >= n:
+        raise UserError(f"--val_documents {args.val_documents} would leave no training document: "
+                        f"the corpus has {n}")
+    if n == 1:
+        total = int(lengths[0:1][0])
+        if args.val_tokens:
+            kept = total - args.val_tokens
+        else:
+            kept = round(total * (1 - args.val_fraction))
+        cut = min(max(1, kept), total - 1)
+
+        def part(start, end, suffix):
+            return lambda: iter([(np.array([[start, end]]),
+                                  None if names is None else [names[0] + suffix])])
+        return {"train": part(0, cut, "[train]"), "val": part(cut, total, "[val]")}
+    held = held_out(lengths, names, args)
+
+    def split(val):
+        def documents():
+            at = 0  # where the chunk's first document starts in the stream
+            for first in range(0, n, CHUNK_DOCUMENTS):
+                ranges = offsets_of(lengths[first : first + CHUNK_DOCUMENTS], separator) + at
+                at = int(ranges[-1, 1]) + separator
+                keep = np.zeros(len(ranges), dtype=bool)
+                low, high = np.searchsorted(held, [first, first + len(ranges)])
+                keep[held[low:high] - first] = True
+                keep = keep if val else ~keep
+                yield ranges[keep], None if names is None else [
+                    name for name, k in zip(names[first : first + len(ranges)], keep) if k]
+        return documents
+    return {"train": split(False), "val": split(True)}
+
+
+def measure(documents):
+    """(documents, tokens, the longest's tokens) of a split."""
+    count = tokens = longest = 0
+    for ranges, _ in documents():
+        spans = ranges[:, 1] - ranges[:, 0]
+        count += len(spans)
+        tokens += int(spans.sum())
+        longest = max(longest, int(spans.max(initial=0)))
+    return count, tokens, longest
+
+
+def passkey_plan(documents, train_tokens, tokenizer, fraction, n_tokens, digits, seed):
     """Passkey documents to mix into train, about `fraction` of its tokens: (before which training
     document, filler start in the concatenated training text, depth, key) each, n_tokens long in
-    all (data.passkey_document). Only the plan is held; each document is built when written."""
+    all (data.passkey_document), for a training split of `documents` documents and
+    `train_tokens` tokens."""
     filler_size = n_tokens - passkey_fixed_tokens(tokenizer, digits)
     if filler_size < 1:
         raise UserError(f"--passkey_tokens {n_tokens} is too short: the key sentence, question and "
                         f"answer alone take {n_tokens - filler_size} tokens")
-    train_tokens = int(lengths.sum())
     count = round(fraction / (1 - fraction) * train_tokens / n_tokens)
     if count < 1 or filler_size >= train_tokens:  # asked for passkeys, none would be written
         held = fraction / (1 - fraction) * train_tokens / n_tokens
@@ -315,32 +397,47 @@ def passkey_plan(lengths, tokenizer, fraction, n_tokens, digits, seed):
         start = int(rng.integers(0, train_tokens - filler_size))
         key = "".join(str(d) for d in rng.integers(0, 10, size=digits))
         depth = rng.random()
-        plan.append((int(rng.integers(0, len(lengths) + 1)), start, depth, key))
+        plan.append((int(rng.integers(0, documents + 1)), start, depth, key))
     return plan, filler_size
 
 
-def gather(stream, ranges, cumulative, start, size):
-    """Tokens [start, start + size) of the concatenation of the ranges (separators left out)."""
-    out = []
-    i = int(np.searchsorted(cumulative, start, side="right")) - 1
-    while size > 0:
-        offset = start - int(cumulative[i])
-        begin = int(ranges[i, 0]) + offset
-        piece = stream[begin : min(int(ranges[i, 1]), begin + size)]
-        out.extend(int(t) for t in piece)
-        start += len(piece)
-        size -= len(piece)
-        i += 1
-    return out
+def gather(stream, documents, starts, size):
+    """For each start, tokens [start, start + size) of the concatenation of a split's documents
+    (separators left out), in one pass over them."""
+    out = [[] for _ in starts]
+    by_start = sorted(range(len(starts)), key=starts.__getitem__)
+    next_start = 0  # in by_start
+    begun = []  # [which, next position, tokens still wanted] of the fillers begun
+    at = 0  # the concatenation's position at the chunk's start
+    for ranges, _ in documents():
+        cumulative = at + np.concatenate([[0], np.cumsum(ranges[:, 1] - ranges[:, 0])])
+        at = int(cumulative[-1])
+        while next_start < len(by_start) and starts[by_start[next_start]] < at:
+            which = by_start[next_start]
+            begun.append([which, starts[which], size])
+            next_start += 1
+        for filler in begun:
+            which, start, left = filler
+            i = int(np.searchsorted(cumulative, start, side="right")) - 1
+            while left > 0 and i < len(ranges):
+                begin = int(ranges[i, 0]) + start - int(cumulative[i])
+                piece = stream[begin : min(int(ranges[i, 1]), begin + left)]
+                out[which].append(piece)
+                start += len(piece)
+                left -= len(piece)
+                i += 1
+            filler[1:] = start, left
+        begun = [filler for filler in begun if filler[2] > 0]
+    return [np.concatenate(pieces).tolist() for pieces in out]
 
 
 # -------------------------------------------------------------------------------------------------
-# Write: each split's ranges of the stream copied into its SplitWriter (dataset_writer.py).
+# Write: each split's documents copied from the stream into its SplitWriter (dataset_writer.py).
 
 
 def copy_ranges(writer, stream, ranges, names, eot):
-    """Copy the ranges of the stream (ascending, as split_ranges makes them) into the writer, each
-    followed by eot (if any). One read a window of about COPY_TOKENS of the stream, its tokens
+    """Copy the ranges of the stream (ascending, as split_documents makes them) into the writer,
+    each followed by eot (if any). One read a window of about COPY_TOKENS of the stream, its tokens
     outside the ranges dropped by a mask: fast for millions of documents, bounded in memory (a
     longer range is copied in pieces)."""
     spans = ranges[:, 1] - ranges[:, 0]
@@ -371,21 +468,27 @@ def copy_ranges(writer, stream, ranges, names, eot):
         first = stop
 
 
-def write_split(writer, stream, ranges, names, eot, passkeys=None):
-    """Copy the ranges of the stream into the writer, each followed by eot, in order, with
-    passkey documents [(before which range, tokens, name)] between them."""
-    before = collections.defaultdict(list)
-    for index, tokens, name in passkeys or []:
-        before[index].append((tokens, name))
+def write_split(writer, stream, documents, eot, passkeys=None):
+    """Copy a split's documents (split_documents) from the stream into the writer, each followed by
+    eot, in order, with passkey documents {before which document: [(tokens, name)]} between
+    them."""
+    passkeys = passkeys or {}
     tail = [] if eot is None else [eot]
-    cuts = sorted(set(before) | {0, len(ranges)})
-    for first, stop in zip(cuts, cuts[1:] + [None]):
-        for tokens, name in before.get(first, []):
+
+    def add_passkeys(index):
+        for tokens, name in passkeys.get(index, []):
             writer.add_documents(np.array([[writer.at, writer.at + len(tokens)]]), [name])
-            writer.add_tokens(np.array(list(tokens) + tail))
-        if stop is not None and first < stop:
-            part_names = None if names is None else names[first:stop]
-            copy_ranges(writer, stream, ranges[first:stop], part_names, eot)
+            writer.add_tokens(np.append(tokens, tail))
+    done = 0  # documents of the split written
+    for ranges, names in documents():
+        cuts = sorted({i - done for i in passkeys if done <= i < done + len(ranges)}
+                      | {0, len(ranges)})
+        for first, stop in zip(cuts, cuts[1:]):
+            add_passkeys(done + first)
+            copy_ranges(writer, stream, ranges[first:stop],
+                        None if names is None else names[first:stop], eot)
+        done += len(ranges)
+    add_passkeys(done)
     return writer.finish()
 
 
@@ -481,68 +584,65 @@ def build(args, out_dir, registry):
         tokenizer = Tokenizer("gpt2")
         chars = None
         source = f"nanoGPT token files: {args.path}"
-        parts = {s: nanogpt_stream(Path(args.path) / f"{s}.bin") for s in ("train", "val")}
-        splits = {s: (stream, ranges, None) for s, (stream, ranges) in parts.items()}
+        splits = {s: nanogpt_stream(Path(args.path) / f"{s}.bin") for s in ("train", "val")}
     else:
         documents, source = source_documents(args)
         chars = char_vocabulary(documents(), args.passkey) if args.tokenizer == "char" else None
         if chars == [] or (chars is not None and not "".join(chars).strip()):
             raise UserError(f"no text in the {args.dataset} input: every document is empty")
         tokenizer = Tokenizer(args.tokenizer, chars)
-        stream_tmp = Temporary(out_dir, registry)
+        stream_tmp, lengths_tmp = Temporary(out_dir, registry), Temporary(out_dir, registry)
         names = [] if named else None
-        lengths = tokenize_to(stream_tmp, documents(), tokenizer, args.workers, names)
+        count = tokenize_to(stream_tmp, lengths_tmp, documents(), tokenizer, args.workers, names)
         stream_tmp.finish()
-        if not len(lengths):
+        lengths_tmp.finish()
+        if not count:
             raise UserError(f"no text in the {args.dataset} input: every document is empty")
         separator = 0 if tokenizer.eot is None else 1
-        dtype = token_dtype(tokenizer.vocab_size)
-        stream = TokenReader(stream_tmp.path, dtype)
-        document_ranges = offsets_of(lengths, separator)
-        (train, train_names), (val, val_names) = split_ranges(document_ranges, names, args)
-        splits = {"train": (stream, train, train_names), "val": (stream, val, val_names)}
+        stream = TokenReader(stream_tmp.path, token_dtype(tokenizer.vocab_size))
+        lengths = TokenReader(lengths_tmp.path, "<i8")
+        splits = {split: (stream, documents)
+                  for split, documents in split_documents(lengths, separator, names, args).items()}
     separator = 0 if tokenizer.eot is None else 1
-    passkeys = []
+    sizes = {split: measure(documents) for split, (_, documents) in splits.items()}
+    passkeys = {}  # before which training document: [(tokens, name)]
     if args.passkey:
-        stream, ranges, names = splits["train"]
-        lengths = ranges[:, 1] - ranges[:, 0]
-        plan, filler = passkey_plan(lengths, tokenizer, args.passkey, args.passkey_tokens,
-                                    args.passkey_digits, args.seed)
-        cumulative = np.concatenate([[0], np.cumsum(lengths)])
-        for i, (index, start, depth, key) in enumerate(plan):
-            filler_tokens = gather(stream, ranges, cumulative, start, filler)
+        stream, documents = splits["train"]
+        plan, filler = passkey_plan(*sizes["train"][:2], tokenizer, args.passkey,
+                                    args.passkey_tokens, args.passkey_digits, args.seed)
+        fillers = gather(stream, documents, [start for _, start, _, _ in plan], filler)
+        for i, ((index, _, depth, key), filler_tokens) in enumerate(zip(plan, fillers)):
             prompt, answer = passkey_document(tokenizer, filler_tokens, depth, key)
-            passkeys.append((index, prompt + answer, f"passkey-{i}"))
-    sizes = {s: int((r[:, 1] - r[:, 0]).sum()) + separator * len(r)
-             for s, (_, r, _) in splits.items()}
-    sizes["train"] += sum(len(tokens) + separator for _, tokens, _ in passkeys)
-    check_split_sizes(sizes, args)
+            tokens = np.array(prompt + answer, token_dtype(tokenizer.vocab_size))
+            passkeys.setdefault(index, []).append((tokens, f"passkey-{i}"))
+    passkey_tokens = sum(len(tokens) + separator for p in passkeys.values() for tokens, _ in p)
+    check_split_sizes({split: tokens + separator * count + passkey_tokens * (split == "train")
+                       for split, (count, tokens, _) in sizes.items()}, args)
     dtype = token_dtype(tokenizer.vocab_size)
     written = {}
-    for split, (stream, ranges, names) in splits.items():
-        writer = SplitWriter(out_dir, split, dtype, names is not None, registry)
-        written.update(write_split(writer, stream, ranges, names, tokenizer.eot,
+    for split, (stream, documents) in splits.items():
+        writer = SplitWriter(out_dir, split, dtype, named, registry)
+        written.update(write_split(writer, stream, documents, tokenizer.eot,
                                    passkeys if split == "train" else None))
     if args.dataset == "nanogpt":  # its files as scanned for their documents, to the end
-        for stream, _, _ in splits.values():
+        for stream, _ in splits.values():
             stream.check()
     meta = dict(dataset=args.dataset, tokenizer=tokenizer.kind, vocab_size=tokenizer.vocab_size,
                 dtype=np.dtype(dtype).name, source=source, seed=args.seed,
                 val_fraction=args.val_fraction, val_tokens=args.val_tokens,
                 val_documents=args.val_documents, eot_token=tokenizer.eot, chars=chars)
+    passkey_count = sum(len(p) for p in passkeys.values())
     if args.passkey:
-        meta["passkey"] = dict(fraction=args.passkey, documents=len(passkeys),
+        meta["passkey"] = dict(fraction=args.passkey, documents=passkey_count,
                                tokens=args.passkey_tokens, digits=args.passkey_digits)
     counts = {s: written[f"{s}_docs"][1]["documents"] for s in ("train", "val")}
-    val_ranges = splits["val"][1]
-    longest = int((val_ranges[:, 1] - val_ranges[:, 0]).max())
     train_tokens = written["train"][1]["tokens"]
     val_tokens = written["val"][1]["tokens"]
     summary = (f"{out_dir}: {counts['train']:,} train documents, {train_tokens:,} tokens; "
-               f"{counts['val']:,} val documents, {val_tokens:,} tokens (longest {longest:,}); "
-               f"vocab {tokenizer.vocab_size} ({tokenizer.kind})")
+               f"{counts['val']:,} val documents, {val_tokens:,} tokens (longest "
+               f"{sizes['val'][2]:,}); vocab {tokenizer.vocab_size} ({tokenizer.kind})")
     if passkeys:
-        summary += (f"; {len(passkeys)} passkey documents of {args.passkey_tokens} tokens mixed "
+        summary += (f"; {passkey_count} passkey documents of {args.passkey_tokens} tokens mixed "
                     "into train")
     return written, meta, summary
 

@@ -36,7 +36,7 @@ GPT2_EOT = 50256
 # a document longer than this is read and tokenized in pieces of about this size (a worker's task)
 PIECE_CHARS = 1 << 20
 READ_BYTES = 1 << 20  # bytes read from a file at a time
-SCAN_TOKENS = 1 << 22  # tokens read at a time when scanning a nanoGPT token file
+SCAN_TOKENS = 1 << 20  # tokens read at a time when scanning a nanoGPT token file
 
 
 # -------------------------------------------------------------------------------------------------
@@ -548,11 +548,13 @@ class TokenReader:
         return self.unchanged.check(self.path, self.fd)
 
 
-def nanogpt_stream(path: Path) -> tuple[TokenReader, np.ndarray]:
-    """(TokenReader, (n, 2) document offsets) of a nanoGPT token file: uint16 GPT-2 ids, documents
-    each ended by <|endoftext|> (50256). Kept as they are, empty documents included, so the stream
-    is copied unchanged (a last document without its 50256 gets one). Scanned in pieces: any
-    size."""
+def nanogpt_stream(path: Path) -> tuple[TokenReader, typing.Callable[[], typing.Iterator]]:
+    """(TokenReader, its documents) of a nanoGPT token file: uint16 GPT-2 ids, documents each ended
+    by <|endoftext|> (50256). Its documents: a function giving their [start, end) offsets in order,
+    as ((n, 2) int64 array, None) a window of the file at a time, so that memory stays bounded
+    whatever their number; a token outside GPT-2's vocabulary is a one-line error. Kept as they
+    are, empty documents included, so the stream is copied unchanged (a last document without its
+    50256 gets one)."""
     try:
         size = path.stat().st_size
     except OSError as e:
@@ -561,15 +563,20 @@ def nanogpt_stream(path: Path) -> tuple[TokenReader, np.ndarray]:
         raise UserError(f"{path} is not a nanoGPT token file: {size} bytes (uint16 tokens, "
                         f"at least {MIN_SPLIT_TOKENS})")
     tokens = TokenReader(path, np.uint16)
-    ends = []
-    for at in range(0, len(tokens), SCAN_TOKENS):
-        piece = np.asarray(tokens[at : at + SCAN_TOKENS])
-        if piece.max() > GPT2_EOT:
-            raise UserError(f"{path} holds token {int(piece.max())}, outside GPT-2's 50257: "
-                            "not GPT-2 tokens")
-        ends.append(np.flatnonzero(piece == GPT2_EOT) + at)
-    ends = np.concatenate(ends)
-    if not len(ends) or ends[-1] != len(tokens) - 1:
-        ends = np.append(ends, len(tokens))  # the last document, unterminated
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    return tokens, np.stack([starts, ends], axis=1).astype(np.int64)
+
+    def documents():
+        last = -1  # where the last document ended
+        for at in range(0, len(tokens), SCAN_TOKENS):
+            piece = np.asarray(tokens[at : at + SCAN_TOKENS])
+            if piece.max() > GPT2_EOT:
+                tokens.check()  # (a file changed since it was opened: say so instead)
+                raise UserError(f"{path} holds token {int(piece.max())}, outside GPT-2's 50257: "
+                                "not GPT-2 tokens")
+            ends = np.flatnonzero(piece == GPT2_EOT) + at
+            if len(ends):
+                starts = np.concatenate([[last + 1], ends[:-1] + 1])
+                yield np.stack([starts, ends], axis=1).astype(np.int64), None
+                last = int(ends[-1])
+        if last != len(tokens) - 1:  # the last document, unterminated
+            yield np.array([[last + 1, len(tokens)]], dtype=np.int64), None
+    return tokens, documents
