@@ -44,6 +44,8 @@ EXTENSION_RULES = {
     "rope_pi": ["--attention", "causal"],
     "rope_yarn": ["--attention", "causal"],
     "xpos_long": ["--attention", "causal,bca"],
+    "rope_more": ["--attention", "causal,bca"],
+    "xpos_more": ["--attention", "causal,bca"],
 }
 # The fine-tuning budget: 50 iterations of 8 sequences of 4l = 512 tokens, 205k tokens, 5% of
 # pre-training's 4.1M. YaRN's paper fine-tuned on about 0.1% of pre-training's tokens, which
@@ -57,6 +59,10 @@ FINE_TUNE_BUDGETS = {
                 lr_decay_iters=2, warmup_iters=1, learning_rate=4e-4, min_lr=4e-5,
                 eval_interval=2, eval_iters=1, log_interval=1),
 }
+# Claim 13's control: a fine-tune at 4l trains on more tokens as well as at a longer length, so
+# each source is also fine-tuned at l itself, unscaled, on the same tokens (4 x the sequences
+# of l): what it gains from the extra training alone
+CONTROL_FINE_TUNES = ("rope_more", "rope"), ("xpos_more", "xpos")
 EXTENSION_MULTIPLES = (1, 4, 8, 16)  # x l: to the fine-tuning length 4l and past it
 EXTENSION_SPANS = {"full": "32", "toy": "1"}
 
@@ -83,7 +89,7 @@ def extension_models(args, budget):
     models = {}
     for scheme in sources:
         models[scheme] = [runs / f"{scheme}_s{seed}" / "ckpt.pt" for seed in SEEDS]
-    for name, source, _ in FINE_TUNES:
+    for name, source in [(n, s) for n, s, _ in FINE_TUNES] + list(CONTROL_FINE_TUNES):
         if source in sources:
             models[name] = [runs / "extension" / f"{name}_s{seed}" / "ckpt.pt" for seed in SEEDS]
     return models
@@ -118,7 +124,25 @@ def fine_tune_jobs(args, budget):
                             device=args.device)
             jobs.append(train_job(f"fine-tune {name}_s{seed}", config, ckpt, settings,
                                   budget["recipe"], inputs=[src], max_iters=tuned["max_iters"]))
+    at_l = at_l_settings(tuned, budget)
+    for name, source in CONTROL_FINE_TUNES:
+        if name not in models:
+            continue
+        for seed, src, ckpt in zip(SEEDS, models[source], models[name]):
+            settings = dict(overrides[source], **budget["train"])
+            settings.update(at_l, seed=seed, init_from=str(src), out_dir=str(ckpt.parent),
+                            data_dir=str(Path(args.data)), device=args.device)
+            jobs.append(train_job(f"fine-tune {name}_s{seed}", config, ckpt, settings,
+                                  budget["recipe"], inputs=[src], max_iters=at_l["max_iters"]))
     return jobs
+
+
+def at_l_settings(tuned, budget):
+    """The control fine-tunes' settings: the fine-tune's, at block_size l with as many more
+    sequences, so the same tokens an iteration."""
+    l = budget["recipe"]["block_size"]
+    multiple = tuned["block_size"] // l
+    return dict(tuned, block_size=l, batch_size=tuned["batch_size"] * multiple)
 
 
 def extension_score_jobs(args, budget):
@@ -275,9 +299,12 @@ def extension_report(args, budget, measured=True):
     check_raw(results)
     l = budget["recipe"]["block_size"]
     values = {}  # row name: column: {seed place: value}
+    control = [name for name, _ in CONTROL_FINE_TUNES]
     for name in extension_models(args, budget):
         tuned = name not in EXTENSION_SOURCES
         prefix = "fine-tuned at 4l: " if tuned else "zero-shot: "
+        if name in control:
+            prefix = "fine-tuned at l (control): "
         for suffix, field in ((".ppl.json", "ppl"), (".context.json", "gain")):
             for seed, row in extension_rows(args, budget, name, suffix):
                 value = row.get(field)

@@ -941,8 +941,12 @@ def test_toy_extension_end_to_end(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "results" / "summary.json").read_text())
     assert {"zero-shot: rope", "zero-shot: rope + BCA", "zero-shot: rope + yarn",
-            "fine-tuned at 4l: rope + pi s=4 from 16",
-            "fine-tuned at 4l: rope + yarn s=4 from 16"} <= set(summary["table"])
+            "fine-tuned at 4l: rope + pi s=4 from 16", "fine-tuned at 4l: rope + yarn s=4 from 16",
+            "fine-tuned at l (control): rope", "fine-tuned at l (control): rope + BCA"
+            } <= set(summary["table"])
+    control = torch.load(tmp_path / "runs" / "extension" / "rope_more_s1337" / "ckpt.pt",
+                         weights_only=False)
+    assert control["model_args"]["block_size"] == 16 and control["config"]["batch_size"] == 8
     # every seed's value, YaRN at inference's context gain too
     for row in summary["table"].values():
         assert row["64"]["n"] == 3 and row["context gain"]["n"] == 3
@@ -963,9 +967,10 @@ def test_toy_extension_end_to_end(tmp_path):
     ckpt = torch.load(tmp_path / "task_runs" / "extension" / "rope_yarn_s1337" / "ckpt.pt",
                       weights_only=False)
     assert (ckpt["model_args"]["block_size"], ckpt["model_args"]["rope_scaling"]) == (384, "yarn")
-    # data, rope's seeds, the fine-tunes, perplexity and context of 3 models; the task data at l and
-    # at 4l, the suite's rope, its task probe, its two fine-tunes and their task probes; the report
-    jobs = 1 + 3 + 6 + 2 * 3 + 2 + 1 + 1 + 2 + 2 + 1
+    # data, rope's seeds, the fine-tunes at 4l and the control at l (issue 46), perplexity and
+    # context of 4 models; the task data at l and at 4l, the suite's rope, its task probe, its two
+    # fine-tunes and their task probes; the report
+    jobs = 1 + 3 + 6 + 3 + 2 * 4 + 2 + 1 + 1 + 2 + 2 + 1
     assert (again.returncode == 0
             and f"{jobs - 1} of {jobs} jobs finished already" in again.stdout), again.stdout[-2000:]
 
