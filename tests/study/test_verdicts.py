@@ -1,0 +1,163 @@
+"""Tests for study/verdicts.py: every verdict sentence of the pages is its computed row's, no
+page states a qualifier outside a verdict, the qualifiers are counted and never rounded up, and
+a predicate follows its numbers. Fast: the committed JSON only."""
+
+import copy
+import json
+import math
+
+import pytest
+
+from study import verdicts as study_verdicts
+from study.report import t_interval
+from study.verdicts import ROOT
+
+PAGES = study_verdicts.PAGES
+
+
+@pytest.fixture(scope="module")
+def table():
+    return study_verdicts.verdicts()
+
+
+@pytest.fixture(scope="module")
+def by_key(table):
+    return {v.key: v.sentence for v in table}
+
+
+def test_every_page_sentence_is_its_computed_verdict(by_key):
+    used = set()
+    for page in PAGES:
+        text = (ROOT / page).read_text()
+        wrong = study_verdicts.mismatches(text, by_key)
+        assert not wrong, (f"{page}: the sentence of verdict {wrong[0][0]!r} is not the computed "
+                           f"one (run python study/verdicts.py):\n  page: {wrong[0][1]}\n  "
+                           f"computed: {wrong[0][2]}")
+        used |= {key for key, _ in study_verdicts.page_spans(text)}
+    # every row of the table is stated somewhere: the pages are drawn from it
+    assert used == set(by_key), f"verdicts no page states: {sorted(set(by_key) - used)}"
+
+
+def test_no_page_states_a_qualifier_outside_a_verdict():
+    for page, heading in study_verdicts.CHECKED:
+        loose = study_verdicts.unmarked_qualifiers((ROOT / page).read_text(), heading)
+        assert not loose, (f"{page}:{loose[0][0]}: \"{loose[0][1]}\" outside a verdict's "
+                           "markers: no predicate stands behind it")
+
+
+def test_the_committed_table_is_current(table):
+    stale = [p for p, _ in study_verdicts.stale() if p.parent.name == "results"]
+    assert not stale, f"{stale[0]} is stale: run python study/verdicts.py"
+    rows = json.loads((ROOT / "results" / "verdicts.json").read_text())
+    assert [r["key"] for r in rows] == [v.key for v in table]
+
+
+@pytest.mark.parametrize("old, new", [
+    ("in 2 of 3 seeds", "in every seed"),  # a count rounded up
+    ("holds 0", "excludes 0"),  # an interval holding 0 stated as a difference
+    ("is not an exception", "is the one exception"),
+])
+def test_a_hand_edited_overstatement_fails(by_key, old, new):
+    """docs/results.md with one verdict's qualifier overstated by hand: the check names it."""
+    text = (ROOT / "docs" / "results.md").read_text()
+    assert not study_verdicts.mismatches(text, by_key)
+    spans = [m for m in study_verdicts.MARK.finditer(text) if old in m.group(2)]
+    assert spans, old
+    m = spans[0]
+    edited = text[:m.start(2)] + m.group(2).replace(old, new, 1) + text[m.end(2):]
+    wrong = study_verdicts.mismatches(edited, by_key)
+    assert [key for key, *_ in wrong] == [m.group(1)] and new in wrong[0][1]
+    # and the same words outside a verdict's markers are caught by the qualifier check
+    outside = text.replace("\n\n## The paper's claims", f"\n\nIt holds {new}.\n\n## The paper's "
+                           "claims", 1)
+    if study_verdicts.QUALIFIERS.search(new):
+        assert study_verdicts.unmarked_qualifiers(outside)
+
+
+def test_qualifiers_are_counted_never_rounded_up():
+    seeds = study_verdicts.seeds_text
+    assert seeds(3, 3) == "in every seed" and seeds(2, 3) == "in 2 of 3 seeds"
+    assert seeds(0, 3) == "in no seed" and seeds(1, 1) == "in its one seed"
+    assert seeds(0, 1) == "not in its one seed"  # one seed never reads as "every seed"
+    excludes = study_verdicts.excludes
+    assert excludes([0.1, 0.2]) == 1 and excludes([-0.2, -0.1]) == -1
+    assert excludes([-0.0001, 0.0024]) == 0 and excludes(None) == 0
+    assert excludes([0.03, 0.05], at=0.019) == 1
+    assert study_verdicts.names_text(["a", "b", "c"]) == "a, b and c"
+
+
+def wilson_by_brute_force(right, n, z=1.959964):
+    """The Wilson interval's bounds: the p whose normal test |p̂ - p| = z sqrt(p(1-p)/n) is met
+    with equality, found by bisection on either side of p̂."""
+    p_hat = right / n
+
+    def gap(p):
+        return abs(p_hat - p) - z * math.sqrt(p * (1 - p) / n)
+
+    def root(low, high):  # gap(low) > 0 >= gap(high) or the reverse
+        for _ in range(100):
+            mid = (low + high) / 2
+            if (gap(mid) > 0) == (gap(low) > 0):
+                low = mid
+            else:
+                high = mid
+        return (low + high) / 2
+
+    return [root(0.0, p_hat) if right else 0.0, root(p_hat, 1.0) if right < n else 1.0]
+
+
+@pytest.mark.parametrize("right, n", [(38, 102), (25, 787), (0, 40), (128, 128), (364, 4380)])
+def test_wilson_interval_against_brute_force(right, n):
+    assert study_verdicts.wilson(right, n) == pytest.approx(wilson_by_brute_force(right, n),
+                                                            abs=1e-6)
+
+
+def test_a_predicate_follows_its_numbers():
+    """The same verdicts on edited results: the sentence changes with the numbers, never with
+    the words."""
+    results = study_verdicts.Results()
+    # xpos_sb512 + BCA's gain made tight: its interval excludes 0, the one BCA row that does
+    edited = copy.deepcopy(results)
+    cell = edited.char["context"]["xpos_sb512 + BCA"]["gain"]
+    cell["values"] = [0.0011, 0.0012, 0.0010]
+    assert t_interval(cell["values"])[0] > 0
+    sentence = study_verdicts.context_bins(edited).sentence
+    assert sentence.startswith("**xpos_sb512 + BCA is the one BCA row whose gain is "
+                               "distinguishable from 0**")
+    assert "not an exception" in study_verdicts.context_bins(results).sentence
+    # xPos above RoPE by the area in every seed on MQAR once seed 1339 is
+    edited = copy.deepcopy(results)
+    diff = edited.suite["area"]["xpos − rope"]["mqar"]
+    diff["values"] = [abs(v) for v in diff["values"]]
+    assert "in every seed on copy, MQAR" in study_verdicts.area_xpos_rope(edited).sentence
+    assert "in 2 of 3 seeds on MQAR" in study_verdicts.area_xpos_rope(results).sentence
+    # no relay answer above chance: "nothing relays"
+    edited = copy.deepcopy(results)
+    empty = edited.raw
+
+    def at_chance(suite, pattern):
+        found = empty(suite, pattern)
+        if pattern == "*.sweep.json":
+            for _, result in found:
+                for row in result["rows"]:
+                    row["zones"]["relay"][0] = 0
+        return found
+
+    edited.raw = at_chance
+    assert study_verdicts.sweep_relay(edited).sentence.startswith("nothing relays")
+    assert "above chance" in study_verdicts.sweep_relay(results).sentence
+
+
+def test_a_positive_control_is_read_when_it_exists():
+    """results/control/summary.json (reproduce.py --suite control): its model trained at 4l
+    decides whether the probe is shown able to see a gain."""
+    results = study_verdicts.Results()
+    assert "has not been shown" in study_verdicts.context_control(results).sentence
+    results.control = {"corpus": "numpy/**/*.py", "table": {
+        "long: rope": {"gain": {"mean": 0.05}, "gain interval": [0.03, 0.07]},
+        "xpos: xpos + BCA": {"gain": {"mean": 0.0004}, "gain interval": [-0.001, 0.002]}}}
+    sentence = study_verdicts.context_control(results).sentence
+    assert sentence.startswith("**The probe sees a gain where one exists**")
+    assert "xpos: xpos + BCA 0.0004 [−0.0010, 0.0020] (holds 0)" in sentence
+    results.control["table"]["long: rope"]["gain interval"] = [-0.01, 0.07]
+    assert "has not been shown" in study_verdicts.context_control(results).sentence
