@@ -532,81 +532,118 @@ def sweep_provenance(results):
 
 
 def relay_cells(results):
-    """{task: [(d, right, scored, chance)]} of BCA's relay zone in the sweep, and the
-    checkpoints they come from; a passkey's zone is its worst digit's, so its chance is that
-    of guessing one digit (at most)."""
-    cells, ckpts = {}, set()
-    for (_, ckpt), rows in sweep_rows(results).items():
+    """{scheme: {checkpoint: {task: [(d, right, scored, chance)]}}} of BCA's relay zone in the
+    sweep; a passkey's zone is its worst digit's, so its chance is that of guessing one digit
+    (at most)."""
+    cells = {}
+    for (scheme, ckpt), rows in sweep_rows(results).items():
         for row in rows:
             right, scored = row["zones"]["relay"]
             if row["attention"] != "bca" or not scored:
                 continue
             chance = 0.1 if row["task"].startswith("passkey") else CHANCE[row["task"]]
-            cells.setdefault(row["task"], []).append((row["d"], right, scored, chance))
-            ckpts.add(ckpt)
-    return cells, ckpts
+            by_task = cells.setdefault(scheme, {}).setdefault(ckpt, {})
+            by_task.setdefault(row["task"], []).append((row["d"], right, scored, chance))
+    return cells
+
+
+def relay_facts(by_ckpt, l):
+    """One scheme's relay: {task: (distances above chance, distances, [(accuracy, sign against
+    chance) over d <= l, over d > l], chance)}. Each distance's answers, pooled over the
+    checkpoints, against chance by a Wilson interval, Bonferroni over the distances tested (so
+    that the farthest distance above chance is not one of many chances); the zones pooled, by a
+    Wilson interval for one checkpoint, a t interval over seeds of each seed's for several."""
+    tasks = {}
+    for by_task in by_ckpt.values():
+        for task, found in by_task.items():
+            tasks.setdefault(task, []).append(found)
+    tested = sum(len({d for found in runs for d, *_ in found}) for runs in tasks.values())
+    z = NormalDist().inv_cdf(1 - 0.025 / max(1, tested))
+    facts = {}
+    for task, runs in tasks.items():
+        chance = runs[0][0][3]
+        by_d = {}
+        for found in runs:
+            for d, right, n, _ in found:
+                by_d[d] = [a + b for a, b in zip(by_d.get(d, [0, 0]), (right, n))]
+        above = sorted(d for d, (right, n) in by_d.items() if wilson(right, n, z)[0] > chance)
+        pooled = []
+        for near in (True, False):
+            per_run = [[(r, n) for d, r, n, _ in found if (d <= l) == near] for found in runs]
+            per_run = [(sum(r for r, _ in x), sum(n for _, n in x)) for x in per_run if x]
+            if not per_run:
+                pooled.append(None)
+                continue
+            right, n = sum(r for r, _ in per_run), sum(n for _, n in per_run)
+            iv = (wilson(right, n) if len(per_run) == 1
+                  else t_interval([r / m for r, m in per_run if m]))
+            pooled.append((right / n, excludes(iv, chance)))
+        facts[task] = (above, len(by_d), pooled, chance)
+    return facts
 
 
 def sweep_relay(results, short=False):
-    """Item 1: does anything relay through the layers under BCA? Each distance's relay answers
-    of one checkpoint against chance by a Wilson interval, Bonferroni over the distances tested
-    (so that the farthest distance above chance is not one of many chances); and pooled over
-    d <= l and d > l."""
-    cells, ckpts = relay_cells(results)
+    """Item 1: does anything relay through the layers under BCA? Per swept scheme: the
+    distances whose relay answers are above chance, and the relay zone pooled over d <= l and
+    d > l (relay_facts)."""
     l = results.suite["recipe"]["block_size"]
-    z = NormalDist().inv_cdf(1 - 0.025 / max(1, sum(map(len, cells.values()))))
-    facts, above_any = {}, []
-    for task, found in cells.items():
-        above = [d for d, r, n, c in found if wilson(r, n, z)[0] > c]
-        pooled = []
-        for zone in ([f for f in found if f[0] <= l], [f for f in found if f[0] > l]):
-            right, n = sum(f[1] for f in zone), sum(f[2] for f in zone)
-            pooled.append((right / n, excludes(wilson(right, n), found[0][3])) if n else None)
-        facts[task] = (above, len(found), pooled, found[0][3])
-        above_any += above
-    who = ("in the sweep's one checkpoint" if len(ckpts) == 1
-           else f"in the sweep's {len(ckpts)} checkpoints")
     key = "sweep-relay" + "-short" * short
-    predicate = "; ".join(f"{t}: above chance at d = {a or 'none'}, pooled d <= l {p[0]}, d > l "
-                          f"{p[1]}" for t, (a, _, p, _) in facts.items())
     measure, comparison = ("sweep accuracy in BCA's relay zone, by distance and pooled",
-                           "relay answers against chance (Wilson, one checkpoint)")
-    if not above_any:
-        return Verdict(key, "claim 9", measure, comparison, predicate,
-                       f"nothing relays through the layers {who}: no relay cell is above chance")
-    farthest = max(above_any)
+                           "relay answers against chance")
+    words = {1: "above chance", 0: "at chance", -1: "below chance"}
+    texts, predicates = [], []
+    cells = relay_cells(results)
+    for scheme, by_ckpt in cells.items():
+        facts = relay_facts(by_ckpt, l)
+        n = len(by_ckpt)
+        who = ("in the sweep's one checkpoint" if n == 1 and len(cells) == 1 else
+               f"in the sweep's one {scheme} checkpoint" if n == 1 else
+               f"in the sweep's {n} {scheme} checkpoints")
+        how = ("a Wilson interval over its answers, Bonferroni over the distances: one "
+               "checkpoint has no interval over seeds" if n == 1 else "a Wilson interval over "
+               "the seeds' answers, Bonferroni over the distances; pooled, a t interval over "
+               "seeds")
+        above_any = [d for above, *_ in facts.values() for d in above]
+        predicates.append(f"{scheme} ({n}): " + "; ".join(
+            f"{t}: above chance at d = {a or 'none'}, pooled d <= l {p[0]}, d > l {p[1]}"
+            for t, (a, _, p, _) in facts.items()))
+        if not above_any:
+            texts.append(f"nothing relays through the layers {who}: no relay cell is above "
+                         "chance")
+            continue
+        farthest = max(above_any)
+        main = [t for t in facts if facts[t][0]]
 
-    def pooled_text(task):
-        (near, _), far, chance = facts[task][2][0], facts[task][2][1], facts[task][3]
-        words = {1: "above chance", 0: "at chance", -1: "below chance"}
-        text = f"{task} {num(near, 3)} over d ≤ {l}"
-        if far:
-            text += f" and {num(far[0], 3)} past it ({words[far[1]]})"
-        return text + f", against a chance of {num(chance, 3)}"
+        def pooled_text(task):
+            (near, _), far, chance = facts[task][2][0], facts[task][2][1], facts[task][3]
+            text = f"{task} {num(near, 3)} over d ≤ {l}"
+            if far:
+                text += f" and {num(far[0], 3)} past it ({words[far[1]]})"
+            return text + f", against a chance of {num(chance, 3)}"
 
-    main = [t for t in facts if facts[t][0]]
-    if short:
-        near = ", ".join(f"{t} {num(facts[t][2][0][0], 3)} against a chance of "
-                         f"{num(facts[t][3], 3)}" for t in main)
-        past = {facts[t][2][1][1] for t in main if facts[t][2][1]}
-        sentence = (f"relay through the second layer is above chance {who} up to d = "
-                    f"{farthest} (pooled over d ≤ {l}: {near}), "
-                    + ("at chance or below past it" if past <= {0, -1} else "above chance "
-                       "past it on some task") + ", not to the reach bound")
-    else:
-        counted = ", ".join(f"{task} at {len(above)} of {n} distances"
-                            for task, (above, n, _, _) in facts.items())
-        caveat = ""
-        if "passkey" in facts and not facts["passkey"][0]:
-            caveat = (" The passkey's relay answers are not above the one in ten of guessing a "
-                      "relayed digit (its zone is its worst digit's).")
-        sentence = (f"Under BCA, relay answers (only a path through both layers reaches their "
-                    f"source) are above chance {who} (a Wilson interval over its answers, "
-                    f"Bonferroni over the distances: one checkpoint has no interval over seeds) "
-                    f"at {counted}, the farthest at d = {farthest}. Pooled: "
-                    f"{'; '.join(pooled_text(t) for t in facts)}.{caveat} So something relays "
-                    f"through the second layer, up to d = {farthest}, not to the reach bound.")
-    return Verdict(key, "claim 9", measure, comparison, predicate, sentence)
+        if short:
+            near = ", ".join(f"{t} {num(facts[t][2][0][0], 3)} against a chance of "
+                             f"{num(facts[t][3], 3)}" for t in main)
+            past = {facts[t][2][1][1] for t in main if facts[t][2][1]}
+            texts.append(f"relay through the second layer is above chance {who} up to d = "
+                         f"{farthest} (pooled over d ≤ {l}: {near}), "
+                         + ("at chance or below past it" if past <= {0, -1} else "above chance "
+                            "past it on some task") + ", not to the reach bound")
+        else:
+            counted = ", ".join(f"{task} at {len(above)} of {m} distances"
+                                for task, (above, m, _, _) in facts.items())
+            caveat = ""
+            if "passkey" in facts and not facts["passkey"][0]:
+                caveat = (" The passkey's relay answers are not above the one in ten of "
+                          "guessing a relayed digit (its zone is its worst digit's).")
+            texts.append(f"Under BCA, relay answers (only a path through both layers reaches "
+                         f"their source) are above chance {who} ({how}) at {counted}, the "
+                         f"farthest at d = {farthest}. Pooled: "
+                         f"{'; '.join(pooled_text(t) for t in facts)}.{caveat} So something "
+                         f"relays through the second layer, up to d = {farthest}, not to the "
+                         "reach bound.")
+    sentence = (" " if not short else "; ").join(texts) or "the sweep has measured nothing yet"
+    return Verdict(key, "claim 9", measure, comparison, " | ".join(predicates), sentence)
 
 
 def area_xpos_rope(results, short=False):
@@ -941,26 +978,35 @@ def extension_gain(results):
 
 
 def extension_at_l(results):
-    """Item 6: the xPos fine-tune at l, where no length is new: extra training or length?"""
+    """Item 6: the xPos fine-tune at l, where no length is new: extra training or length? With
+    the control fine-tuned at l on the same tokens (rows "fine-tuned at l (control): ..."), the
+    fine-tune at 4l against it at 4l, seed by seed."""
     l = results.extension["recipe"]["block_size"]
-    table = results.extension["table"]
     at_l = paired(ext_cell(results, "zero-shot: xpos", str(l)),
                   ext_cell(results, "fine-tuned at 4l: xpos", str(l)))
     at_4l = paired(ext_cell(results, "zero-shot: xpos + BCA", str(4 * l)),
                    ext_cell(results, "fine-tuned at 4l: xpos + BCA", str(4 * l)))
-    controls = [n for n in table if n.startswith(CONTROL_AT_L)]
     k = k_of(at_l)
     sentence = (f"The xPos fine-tune is lower at l too, where no length is new: by "
                 f"{num(sum(at_l) / len(at_l), 3)} ({seeds_text(k, len(at_l))}), against "
                 f"{num(sum(at_4l) / len(at_4l), 3)} at 4l over zero-shot xpos + BCA")
-    if controls:
-        sentence += f"; the control fine-tuned at l with the same tokens: {names_text(controls)}"
+    found = []
+    for label in ("xpos", "xpos + BCA"):
+        control = ext_cell(results, CONTROL_AT_L[0] + label, str(4 * l))
+        d = paired(control, ext_cell(results, f"fine-tuned at 4l: {label}", str(4 * l)))
+        if d:
+            found.append((label, sum(d) / len(d), t_interval(d), k_of(d), len(d)))
+    if found:
+        sentence += ("; against the control fine-tuned at l on the same tokens, the fine-tune at "
+                     "4l is lower at 4l by " + ", ".join(
+                         f"{num(m, 3)} {interval_text(iv, 3)} for {label} ({against_zero(iv)}, "
+                         f"{seeds_text(kk, n)})" for label, m, iv, kk, n in found))
     else:
         sentence += (", so its gain may be the extra training, not the length: no control "
                      "fine-tuned at l with the same tokens has been run")
     return Verdict("extension-at-l", "claim 13", "perplexity at l and at 4l, 3 seeds",
-                   "fine-tuned xPos against zero-shot, seed by seed",
-                   f"lower at l in {k} of {len(at_l)}; control rows {controls or 'none'}",
+                   "fine-tuned xPos against zero-shot and against the control at l, seed by "
+                   "seed", f"lower at l in {k} of {len(at_l)}; against the control {found}",
                    sentence)
 
 

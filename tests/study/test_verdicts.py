@@ -148,6 +148,30 @@ def test_a_predicate_follows_its_numbers():
     assert "above chance" in study_verdicts.sweep_relay(results).sentence
 
 
+def test_the_sweep_on_several_seeds_is_judged_over_seeds():
+    """The new runs' sweep (each scheme's three seeds, raw/<scheme>.sweep.json): the relay
+    verdict counts the checkpoints by scheme and pools each zone with a t interval over seeds;
+    the provenance names the suite's own checkpoints."""
+    results = study_verdicts.Results()
+    found = results.raw("retrieval", "*.sweep.json")
+    name, result = found[0]
+    rows = result["rows"]
+    again = copy.deepcopy(result)
+    again["rows"] = [dict(r, ckpt=r["ckpt"].replace("_s1337", f"_s{seed}"))
+                     for seed in (1337, 1338, 1339) for r in rows]
+    for r in again["rows"]:  # rows of a model the suite measured: not the retrain's digest
+        r["accuracy"] = round(r["accuracy"], 3)
+
+    def raw(suite, pattern):
+        return [(name, again)] if pattern == "*.sweep.json" else original(suite, pattern)
+
+    original, results.raw = results.raw, raw
+    sentence = study_verdicts.sweep_relay(results).sentence
+    assert "in the sweep's 3 xpos checkpoints" in sentence and "t interval over seeds" in sentence
+    provenance = study_verdicts.sweep_provenance(results).sentence
+    assert provenance == "Measured so far: the suite's own xpos, 3 seeds."
+
+
 def test_a_positive_control_is_read_when_it_exists():
     """results/control/summary.json (reproduce.py --suite control): its model trained at 4l
     decides whether the probe is shown able to see a gain."""
@@ -161,3 +185,17 @@ def test_a_positive_control_is_read_when_it_exists():
     assert "xpos: xpos + BCA 0.0004 [−0.0010, 0.0020] (holds 0)" in sentence
     results.control["table"]["long: rope"]["gain interval"] = [-0.01, 0.07]
     assert "has not been shown" in study_verdicts.context_control(results).sentence
+
+
+def test_the_control_at_l_is_read_when_it_exists():
+    """Claim 13's control (rows "fine-tuned at l (control): ..."): the fine-tune at 4l is judged
+    against it, seed by seed, once it is in results/extension."""
+    results = study_verdicts.Results()
+    assert "no control fine-tuned at l" in study_verdicts.extension_at_l(results).sentence
+    table = results.extension["table"]
+    for label in ("xpos", "xpos + BCA"):
+        control = copy.deepcopy(table[f"fine-tuned at 4l: {label}"])
+        control["512"]["values"] = [v + 0.01 for v in control["512"]["values"]]
+        table[f"fine-tuned at l (control): {label}"] = control
+    sentence = study_verdicts.extension_at_l(results).sentence
+    assert "lower at 4l by 0.010 [0.010, 0.010] for xpos (above 0, in every seed)" in sentence
