@@ -10,25 +10,28 @@ from study import reproduce
 
 
 def test_the_control_suite_plans_and_tables_its_probe(tmp_path, capsys):
-    """--suite control (the context probe's positive control, issue 46): RoPE at 4l probed inside
-    its own length under causal attention, xPos and RoPE at l past it under causal and BCA, at
-    every 15th position (every phase of H = 64); the table is each seed's gain and the 95% t
-    interval over seeds, from raw rows written by hand."""
+    """--suite control (the context probe's positive control, issue 46): at l = 64, RoPE at 4l
+    probed inside its own length under causal attention, xPos and RoPE at l past it under causal
+    and BCA, at every 15th position (every phase of H = 32), with as many tokens an iteration as
+    the study; the table is each seed's gain and the 95% t interval over seeds, from raw rows
+    written by hand."""
     results, runs = tmp_path / "r", tmp_path / "o"
     reproduce.main(["--suite", "control", "--plan", "--results", str(results), "--runs",
                     str(runs), "--data", str(tmp_path / "d")])
     plan = capsys.readouterr().out
     assert "0 of 14 jobs finished already" in plan
-    assert ("--pos=rope --block_size=512 --batch_size=8 --gradient_accumulation_steps=1 "
+    assert ("--pos=rope --block_size=256 --batch_size=16 --gradient_accumulation_steps=1 "
             "--seed=1339") in plan
-    assert ("--probe context --attention causal --beyond 128 --lengths 512 --stride 15 "
+    assert ("--pos=xpos --xpos_scale_base=32.0 --block_size=64 --batch_size=64 "
+            "--gradient_accumulation_steps=1 --seed=1337") in plan
+    assert ("--probe context --attention causal --beyond 64 --lengths 256 --stride 15 "
             "--sequences 64") in plan
-    assert ("--probe context --attention causal,bca --beyond 128 --lengths 2048 --stride 15"
+    assert ("--probe context --attention causal,bca --beyond 64 --lengths 1024 --stride 15"
             in plan)
     (results / "raw").mkdir(parents=True)
     gains = [0.031, 0.027, 0.035]
     rows = [dict(ckpt=str(runs / f"long_s{seed}" / "ckpt.pt"), pos="rope", label="rope", gain=g,
-                 by_bin=[dict(start=128, end=256, gain=g + 0.001)])
+                 by_bin=[dict(start=64, end=128, gain=g + 0.001)])
             for seed, g in zip((1337, 1338, 1339), gains)]
     rows.append(dict(ckpt=str(tmp_path / "elsewhere.pt"), pos="rope", label="rope", gain=9.0,
                      by_bin=[]))
