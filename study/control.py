@@ -37,10 +37,11 @@ CONTROL_CORPUS = "numpy/**/*.py"
 # only at l = 64 is there context beyond l for a model to use. The study's recipe otherwise, with
 # as many tokens an iteration (4,096: 64 sequences of 64).
 CONTROL_L = 64
-# (name, train.py overrides): the control, RoPE trained at 4l (16 sequences of 256); RoPE and
-# xPos at l
+# (name, train.py overrides): the control, RoPE trained at 4l (16 sequences of 256), and at 8l
+# (8 of 512); RoPE and xPos at l
 CONTROL_MODELS = (
     ("long", dict(pos="rope")),
+    ("long8", dict(pos="rope")),
     ("rope", dict(pos="rope")),
     ("xpos", XPOS_HALF),
 )
@@ -49,12 +50,13 @@ CONTROL_MODELS = (
 # attention for the control inside its own length (4l), and past l for the models trained at l,
 # causal and under BCA
 CONTROL_STRIDE = 15
-CONTROL_PROBES = {"long": ("causal", 4), "rope": ("causal,bca", 16), "xpos": ("causal,bca", 16)}
+CONTROL_PROBES = {"long": ("causal", 4), "long8": ("causal", 8), "rope": ("causal,bca", 16),
+                  "xpos": ("causal,bca", 16)}
 CONTROL_BUDGETS = {
     "full": dict(train=dict(block_size=CONTROL_L, batch_size=64, gradient_accumulation_steps=1),
                  spans=64),
     "toy": dict(train=dict(max_iters=2, lr_decay_iters=2, warmup_iters=1, n_layer=1, n_head=2,
-                           n_embd=16, batch_size=4, gradient_accumulation_steps=1, eval_iters=1,
+                           n_embd=16, batch_size=8, gradient_accumulation_steps=1, eval_iters=1,
                            eval_interval=2, log_interval=1), spans=1),
 }
 
@@ -82,8 +84,10 @@ def control_plan(args, budget):
             settings = scheme_settings(overrides, recipe)
             settings.update(budget["train"], seed=seed, out_dir=str(ckpt.parent),
                             data_dir=str(data), device=args.device)
-            if name == "long":  # at 4l, as many tokens an iteration
-                settings.update(block_size=4 * l, batch_size=settings["batch_size"] // 4)
+            if name.startswith("long"):  # at 4l (8l), as many tokens an iteration
+                multiple = CONTROL_PROBES[name][1]
+                settings.update(block_size=multiple * l,
+                                batch_size=settings["batch_size"] // multiple)
             jobs.append(train_job(f"train {name}_s{seed}", VARIANTS["char"]["config"], ckpt,
                                   settings, recipe, max_iters=recipe["max_iters"]))
             ckpts.append(ckpt)

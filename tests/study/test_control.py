@@ -19,9 +19,11 @@ def test_the_control_suite_plans_and_tables_its_probe(tmp_path, capsys):
     reproduce.main(["--suite", "control", "--plan", "--results", str(results), "--runs",
                     str(runs), "--data", str(tmp_path / "d")])
     plan = capsys.readouterr().out
-    assert "0 of 14 jobs finished already" in plan
+    assert "0 of 18 jobs finished already" in plan
     assert ("--pos=rope --block_size=256 --batch_size=16 --gradient_accumulation_steps=1 "
             "--seed=1339") in plan
+    assert ("--pos=rope --block_size=512 --batch_size=8 --gradient_accumulation_steps=1 "
+            "--seed=1337 --out_dir=" + str(runs / "long8_s1337")) in plan
     assert ("--pos=xpos --xpos_scale_base=32.0 --block_size=64 --batch_size=64 "
             "--gradient_accumulation_steps=1 --seed=1337") in plan
     assert ("--probe context --attention causal --beyond 64 --lengths 256 --stride 15 "
