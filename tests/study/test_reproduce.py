@@ -997,10 +997,13 @@ def test_ctrl_c_is_one_line_naming_the_job_stopped(tmp_path, monkeypatch, capsys
                    "again to go on")
 
 
-def test_ctrl_c_sent_to_reproduce_alone_stops_its_job(monkeypatch):
+def test_ctrl_c_sent_to_reproduce_alone_stops_its_job():
     """A SIGINT for reproduce.py alone (kill -INT <pid>, not the group) is passed on to the job,
-    which would otherwise run on after reproduce.py has exited."""
-    job = subprocess.Popen([sys.executable, "-c", "import time\ntry:\n time.sleep(60)\n"
+    which would otherwise run on after reproduce.py has exited. (The job takes SIGINT as from a
+    terminal: under a background shell, as CI may run the tests, it would be ignored.)"""
+    job = subprocess.Popen([sys.executable, "-c", "import signal, time\n"
+                            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                            "try:\n time.sleep(60)\n"
                             "except KeyboardInterrupt:\n raise SystemExit(130)"])
     began = time.monotonic()
     reproduce.stop_job(job)
