@@ -45,6 +45,7 @@ import collections
 import concurrent.futures
 import concurrent.futures.process
 import errno
+import gc
 import multiprocessing
 import os
 import random
@@ -97,11 +98,12 @@ BATCH_CHARS = 1 << 20  # characters per task sent to a worker: large enough to a
 IN_FLIGHT_PER_WORKER = 2
 COPY_TOKENS = 1 << 22  # tokens per read when copying from the stream: bounded memory for any split
 
-# each worker's own, set by init_worker: built once per process, not sent per task
+# each worker's (tokenizer, char codepoints or None), set by init_worker: the main process's,
+# inherited through fork, not built again nor sent per task
 _worker_tokenizer = None
 
 
-def init_worker(kind, chars, parent=None):
+def init_worker(tokenizer, parent=None):
     """A worker's tokenizer. A worker process (parent: the main process's pid) also dies with the
     main process: forked, it holds the write end of its own task pipe, so a killed main process
     would otherwise leave it waiting on that pipe forever."""
@@ -110,7 +112,7 @@ def init_worker(kind, chars, parent=None):
         # Ctrl-C is the main process's to report, in one line
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         die_with_parent(parent)
-    tokenizer = Tokenizer(kind, chars)
+    chars = getattr(tokenizer, "chars", None)
     codepoints = None if chars is None else np.array([ord(c) for c in chars], dtype=np.uint32)
     _worker_tokenizer = (tokenizer, codepoints)
 
@@ -225,9 +227,8 @@ def tokenize_to(stream_file, lengths_file, docs, tokenizer, workers, names):
         elif len(sums):
             carry += int(sums[-1])
 
-    init = (tokenizer.kind, getattr(tokenizer, "chars", None))
     if workers == 1:  # in this process: no pickling, the plain loop
-        init_worker(*init)
+        init_worker(tokenizer)
         for batch in batches(docs, names):
             take(encode_batch(batch))
     else:
@@ -235,16 +236,22 @@ def tokenize_to(stream_file, lengths_file, docs, tokenizer, workers, names):
         # for memory) says so (BrokenProcessPool) instead of waiting for it forever as
         # multiprocessing.Pool does.
         context = multiprocessing.get_context("fork")
-        with concurrent.futures.ProcessPoolExecutor(workers, context, init_worker,
-                                                    (*init, os.getpid())) as pool:
-            start_workers(pool)
-            pending = collections.deque()
-            for batch in batches(docs, names):
-                pending.append(pool.submit(encode_batch, batch))
-                if len(pending) >= IN_FLIGHT_PER_WORKER * workers:
+        # the objects made so far (torch's, the tokenizer's) out of the garbage collector's walks:
+        # a worker's would touch every one, copying the pages it shares with this process
+        gc.freeze()
+        try:
+            with concurrent.futures.ProcessPoolExecutor(workers, context, init_worker,
+                                                        (tokenizer, os.getpid())) as pool:
+                start_workers(pool)
+                pending = collections.deque()
+                for batch in batches(docs, names):
+                    pending.append(pool.submit(encode_batch, batch))
+                    if len(pending) >= IN_FLIGHT_PER_WORKER * workers:
+                        take(pending.popleft().result())
+                while pending:
                     take(pending.popleft().result())
-            while pending:
-                take(pending.popleft().result())
+        finally:
+            gc.unfreeze()
     return documents
 
 
@@ -326,10 +333,11 @@ def held_out(lengths, names, args):
 
 
 def split_documents(lengths, separator, names, args):
-    """{"train": documents, "val": documents}, each a function giving that split's chunks (above),
-    of a stream of documents each followed by `separator` tokens, their token counts `lengths` (a
-    TokenReader). Whole documents are held out (held_out); the held-out ones keep their order in
-    the stream. A single document is cut by tokens instead, its end held out."""
+    """{"train": (documents, sizes), "val": (documents, sizes)}: a function giving that split's
+    chunks (above) and its (documents, tokens, the longest's tokens), of a stream of documents each
+    followed by `separator` tokens, their token counts `lengths` (a TokenReader). Whole documents
+    are held out (held_out); the held-out ones keep their order in the stream. A single document is
+    cut by tokens instead, its end held out."""
     n = len(lengths)
     if args.val_documents and args.val_documents >= n:
         raise UserError(f"--val_documents {args.val_documents} would leave no training document: "
@@ -343,10 +351,14 @@ def split_documents(lengths, separator, names, args):
         cut = min(max(1, kept), total - 1)
 
         def part(start, end, suffix):
-            return lambda: iter([(np.array([[start, end]]),
-                                  None if names is None else [names[0] + suffix])])
+            chunk = (np.array([[start, end]]), None if names is None else [names[0] + suffix])
+            return (lambda: iter([chunk])), (1, end - start, end - start)
         return {"train": part(0, cut, "[train]"), "val": part(cut, total, "[val]")}
     held = held_out(lengths, names, args)
+    held_lengths = lengths_at(lengths, held)
+    val_tokens = int(held_lengths.sum())
+    sizes = {"train": (n - len(held), total_tokens(lengths) - val_tokens, None),
+             "val": (len(held), val_tokens, int(held_lengths.max()))}
 
     def split(val):
         def documents():
@@ -361,7 +373,7 @@ def split_documents(lengths, separator, names, args):
                 yield ranges[keep], None if names is None else [
                     name for name, k in zip(names[first : first + len(ranges)], keep) if k]
         return documents
-    return {"train": split(False), "val": split(True)}
+    return {"train": (split(False), sizes["train"]), "val": (split(True), sizes["val"])}
 
 
 def measure(documents):
@@ -585,6 +597,8 @@ def build(args, out_dir, registry):
         chars = None
         source = f"nanoGPT token files: {args.path}"
         splits = {s: nanogpt_stream(Path(args.path) / f"{s}.bin") for s in ("train", "val")}
+        # (and every token checked against GPT-2's vocabulary)
+        sizes = {split: measure(documents) for split, (_, documents) in splits.items()}
     else:
         documents, source = source_documents(args)
         chars = char_vocabulary(documents(), args.passkey) if args.tokenizer == "char" else None
@@ -601,10 +615,10 @@ def build(args, out_dir, registry):
         separator = 0 if tokenizer.eot is None else 1
         stream = TokenReader(stream_tmp.path, token_dtype(tokenizer.vocab_size))
         lengths = TokenReader(lengths_tmp.path, "<i8")
-        splits = {split: (stream, documents)
-                  for split, documents in split_documents(lengths, separator, names, args).items()}
+        parts = split_documents(lengths, separator, names, args)
+        splits = {split: (stream, documents) for split, (documents, _) in parts.items()}
+        sizes = {split: size for split, (_, size) in parts.items()}
     separator = 0 if tokenizer.eot is None else 1
-    sizes = {split: measure(documents) for split, (_, documents) in splits.items()}
     passkeys = {}  # before which training document: [(tokens, name)]
     if args.passkey:
         stream, documents = splits["train"]
