@@ -24,7 +24,8 @@ import torch
 ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
 # those a model may be fine-tuned with: a fixed factor (dynamic NTK recomputes it each pass)
 TRAINED_SCALINGS = tuple(m for m in ROPE_SCALINGS if m != "dynamic_ntk")
-# YaRN's ramp ends, in turns over the training length (its LLaMA defaults)
+# YaRN's ramp ends, in turns over the training length: its LLaMA defaults (the official code's
+# beta_slow and beta_fast), which a model of another head dimension and length may tune
 YARN_ALPHA, YARN_BETA = 1.0, 32.0
 
 
@@ -55,12 +56,25 @@ class RopeScaling:
     factor: float = None
     # the training length YaRN's ramp counts turns over (None: block_size)
     original_length: int = None
+    # YaRN's ramp ends alpha < beta, in turns (None: YARN_ALPHA, YARN_BETA)
+    alpha: float = None
+    beta: float = None
 
     def __post_init__(self):
         if self.method not in ROPE_SCALINGS:
             methods = ", ".join(ROPE_SCALINGS)
             raise ValueError(f"rope_scaling={self.method!r} is not allowed: "
                              f"must be one of {methods}")
+        alpha, beta = self.alpha, self.beta
+        if (alpha, beta) != (None, None):
+            if self.method != "yarn":
+                raise ValueError(f"yarn_alpha={alpha!r}, yarn_beta={beta!r} apply to "
+                                 f"rope_scaling='yarn' only, not {self.method!r}")
+            alpha = YARN_ALPHA if alpha is None else alpha
+            beta = YARN_BETA if beta is None else beta
+            if not yarn_ends_allowed(alpha, beta):
+                raise ValueError(f"yarn_alpha={alpha!r}, yarn_beta={beta!r} are not allowed: "
+                                 + YARN_ENDS_ALLOWED)
         length = self.original_length
         if length is not None and not (is_number(length, int) and length >= 2):
             raise ValueError(f"original_length={length!r} is not allowed: "
@@ -80,10 +94,13 @@ class RopeScaling:
                              "from the current length")
 
     def factor_at(self, n_keys: int, block_size: int) -> float:
-        """s for a pass in which one query sees at most n_keys positions."""
+        """s for a pass in which one query sees at most n_keys positions. Without a factor, s
+        follows the length, as YaRN's dynamic scaling does (Peng et al. 2023, section 3.3; the
+        official code's fine-tuned case): s = max(n_keys, block_size) / l, l the original length
+        (block_size for a model never scaled: s = n_keys / l past l, the identity up to it)."""
         if self.factor is not None:
             return float(self.factor)
-        return n_keys / block_size
+        return max(n_keys, block_size) / (self.original_length or block_size)
 
 
 NO_SCALING = RopeScaling()  # RoPE as trained
@@ -99,7 +116,18 @@ def scaling_of(config, rope_scaling: RopeScaling | str | None = None) -> RopeSca
     if config.rope_scaling == "none":
         return NO_SCALING
     length = config.rope_original_length or None
-    return RopeScaling(config.rope_scaling, config.rope_factor, length)
+    ends = (config.yarn_alpha, config.yarn_beta)
+    if config.rope_scaling != "yarn" or ends == (YARN_ALPHA, YARN_BETA):
+        ends = (None, None)
+    return RopeScaling(config.rope_scaling, config.rope_factor, length, *ends)
+
+
+def yarn_ends_allowed(alpha: object, beta: object) -> bool:
+    """YaRN's ramp ends: finite numbers 0 < alpha < beta (turns over the original length)."""
+    return all(is_number(x) and 0 < x < math.inf for x in (alpha, beta)) and alpha < beta
+
+
+YARN_ENDS_ALLOWED = "must be finite numbers 0 < yarn_alpha < yarn_beta (turns over l)"
 
 
 def check_trained_scaling(config, require) -> None:
@@ -124,6 +152,12 @@ def check_trained_scaling(config, require) -> None:
     require(is_number(length, int) and (length == 0 or 2 <= length <= l), "rope_original_length",
             f"must be 0 (block_size) or an integer from 2 to block_size={l}, the length the "
             "model was trained at before its RoPE scaling")
+    ends = (config.yarn_alpha, config.yarn_beta)
+    require(method == "yarn" or ends == (YARN_ALPHA, YARN_BETA), "yarn_alpha",
+            f"yarn_alpha and yarn_beta apply to rope_scaling='yarn' only (defaults {YARN_ALPHA:g} "
+            f"and {YARN_BETA:g})")
+    require(yarn_ends_allowed(*ends), "yarn_alpha",
+            f"with yarn_beta={config.yarn_beta!r}: {YARN_ENDS_ALLOWED}")
 
 
 def interpolate(theta, scaling, factor, block_size, base):
@@ -161,8 +195,10 @@ def interpolate(theta, scaling, factor, block_size, base):
     def pair_at(r):
         return d * math.log(l / (r * 2 * math.pi)) / (2 * math.log(base))
 
-    low = max(math.floor(pair_at(YARN_BETA)), 0)
-    high = min(math.ceil(pair_at(YARN_ALPHA)), d - 1)
+    alpha = YARN_ALPHA if scaling.alpha is None else scaling.alpha
+    beta = YARN_BETA if scaling.beta is None else scaling.beta
+    low = max(math.floor(pair_at(beta)), 0)
+    high = min(math.ceil(pair_at(alpha)), d - 1)
     width = high - low if high != low else 0.001
     ramp = ((j - low) / width).clamp(0, 1)  # 0: keep theta_j, 1: / s
     return ramp * theta / s + (1 - ramp) * theta, sharpen

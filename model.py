@@ -54,10 +54,12 @@ class GPTConfig:
     # The RoPE interpolation the model was fine-tuned with (Hugging Face's rope_scaling;
     # alternatives.py), used unless a pass asks for another: none | pi | ntk | yarn, its
     # factor s > 1, and the length before it, which YaRN's ramp counts turns over (2 ..
-    # block_size; 0: block_size).
+    # block_size; 0: block_size); YaRN's ramp ends, in turns over that length.
     rope_scaling: str = "none"
     rope_factor: float = 1.0
     rope_original_length: int = 0
+    yarn_alpha: float = 1.0
+    yarn_beta: float = 32.0
 
     def __post_init__(self) -> None:
         def require(ok: bool, name: str, allowed: str) -> None:

@@ -80,6 +80,8 @@ class TrainConfig:
     rope_scaling: str = "none"  # none | pi | ntk | yarn: RoPE interpolation in training
     rope_factor: float = 1.0  # its s > 1
     rope_original_length: int = 0  # its unscaled length; 0: a fine-tune source's, else ours
+    yarn_alpha: float = 1.0  # YaRN's ramp ends alpha < beta, in turns over that length
+    yarn_beta: float = 32.0  # (its LLaMA defaults; pi and ntk have none)
     # AdamW
     learning_rate: float = 1e-3  # the peak learning rate
     max_iters: int = 5000  # the iterations to train

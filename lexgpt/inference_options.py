@@ -7,13 +7,14 @@ fields and labels of their results; and their plots. Extrapolation is judged by 
 §4.2), so every script must mean the same thing by the same flags.
 """
 
+import math
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
 
-from alternatives import TRAINED_SCALINGS, scaling_of
+from alternatives import TRAINED_SCALINGS, YARN_ALPHA, YARN_BETA, scaling_of
 from lexgpt.cli import UserError
 from lexgpt.distributed import (
     DTYPES,
@@ -158,10 +159,17 @@ def add_checkpoint_args(parser, bca=("auto", "on", "off"), bca_default="auto", d
                         f"{' | '.join(ROPE_SCALINGS)} (default: the checkpoint's own, "
                         "none unless it was fine-tuned with one)")
     parser.add_argument("--rope_factor", type=float,
-                        help="s for pi, ntk and yarn, over the checkpoint's original length "
-                        "where it stores one (a fine-tune's); default: the most positions a "
-                        "query sees / block_size, refused on a checkpoint trained with a "
-                        "scaling; every method is the identity at s <= 1")
+                        help="s for pi, ntk and yarn, over the checkpoint's original length l "
+                        "where it stores one (a fine-tune's), else block_size; default: s "
+                        "follows the length, max(most positions a query sees, block_size) / l "
+                        "(YaRN's dynamic scaling); every method is the identity at s <= 1")
+    parser.add_argument("--yarn_alpha", type=float,
+                        help="YaRN's ramp ends alpha < beta, in turns over the training length: "
+                        "pairs below alpha turns are interpolated, above beta kept (default: "
+                        f"the checkpoint's own, else {YARN_ALPHA:g})")
+    parser.add_argument("--yarn_beta", type=float,
+                        help=f"see --yarn_alpha (default: the checkpoint's own, else "
+                        f"{YARN_BETA:g})")
     parser.add_argument("--data_dir",
                         help="the dataset (its meta.json); "
                         "default: the one the checkpoint was trained on")
@@ -209,11 +217,16 @@ def attention_options(args, several=False):
     if args.rope_factor is not None and not takes_factor:
         raise UserError(f"--rope_factor {args.rope_factor} applies to --rope_scaling pi, ntk "
                         "or yarn only")
+    ends = (getattr(args, "yarn_alpha", None), getattr(args, "yarn_beta", None))
+    for flag, value in zip(("--yarn_alpha", "--yarn_beta"), ends):
+        if value is not None and "yarn" not in methods:
+            raise UserError(f"{flag} {value:g} applies to --rope_scaling yarn only")
     try:
         sinks = 4 if args.sinks is None else args.sinks
         rules = [AttentionRule(n, args.window if n in ("sliding", "sinks") else None, sinks)
                  for n in names]
-        scalings = [RopeScaling(m, args.rope_factor if m in takes_factor else None)
+        scalings = [RopeScaling(m, args.rope_factor if m in takes_factor else None,
+                                **(dict(alpha=ends[0], beta=ends[1]) if m == "yarn" else {}))
                     for m in methods]
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -230,15 +243,19 @@ def check_rule(rule, length, block_size, path):
 
 def checkpoint_scaling(config: GPTConfig, scaling: RopeScaling | None) -> RopeScaling:
     """The RopeScaling a checkpoint is run with: its own (scaling_of) where none is asked for. One
-    asked for with a factor (pi, ntk, yarn) counts over the original length the checkpoint stores
-    (GPTConfig.rope_original_length: a fine-tune's source's block_size), as its own does, so that
-    its own method and factor given explicitly are the same model; without a factor, s is the
-    length over block_size, and so is YaRN's ramp (pointless refuses it on a scaled checkpoint)."""
+    asked for (pi, ntk, yarn) counts over the original length the checkpoint stores
+    (GPTConfig.rope_original_length: a fine-tune's source's block_size), as its own does: with a
+    factor, its own method and factor given explicitly are the same model; without one, s follows
+    the length from there (RopeScaling.factor_at). YaRN's ramp ends not asked for are the
+    checkpoint's own when it was fine-tuned with YaRN."""
     scaling = scaling_of(config, scaling)
     length = config.rope_original_length
-    if scaling.method in FIXED_FACTOR and scaling.factor is not None and length \
-            and scaling.original_length is None:
+    if scaling.method in FIXED_FACTOR and length and scaling.original_length is None:
         scaling = replace(scaling, original_length=length)
+    if scaling.method == "yarn" and config.rope_scaling == "yarn":
+        own = scaling_of(config)
+        scaling = replace(scaling, alpha=own.alpha if scaling.alpha is None else scaling.alpha,
+                          beta=own.beta if scaling.beta is None else scaling.beta)
     return scaling
 
 
@@ -254,22 +271,25 @@ def pointless(config, rule, scaling):
         return (f"{scaling.method} at s = {scaling.factor:g} is the identity: "
                 "every method is, at s <= 1")
     fixed = scaling.method in FIXED_FACTOR
-    if fixed and scaling.factor is None and config.rope_scaling != "none":
-        # at every length up to block_size s <= 1: the weights without the angles they were
-        # trained with
-        own = scaling_of(config)
-        return (f"{scaling.method} without --rope_factor takes s from the length over "
-                f"block_size ({config.block_size}), not the {scaling_label(own)} this "
-                f"checkpoint was trained with: give --rope_factor (its own: {own.factor:g}), "
-                "or leave out --rope_scaling for its own")
     stored = config.rope_original_length
-    if fixed and scaling.factor is not None and stored and scaling.original_length is None:
+    if fixed and scaling.factor is None and config.rope_scaling != "none":
+        # dynamic: s = max(L, block_size) / l, the checkpoint's own s up to block_size only
+        # where that is block_size / l, as YaRN's dynamic scaling assumes
+        own, l = scaling_of(config), stored or config.block_size
+        if not math.isclose(own.factor, config.block_size / l):
+            return (f"{scaling.method} without --rope_factor takes s = max(L, block_size) / "
+                    f"{l}, {config.block_size / l:g} up to block_size ({config.block_size}), "
+                    f"not the {scaling_label(own)} this checkpoint was trained with: give "
+                    f"--rope_factor, or leave out --rope_scaling for its own")
+    if fixed and stored and scaling.original_length is None:
         return (f"{scaling_label(scaling)} would count over block_size ({config.block_size}), "
                 f"not the original length ({stored}) this checkpoint stores: "
                 "resolve it with inference_options.checkpoint_scaling")
     window = rule.window or config.block_size
     short = rule.name in ("auto", "bca") or window <= config.block_size
-    if scaling.factor is None and rule.name != "causal" and short:
+    # without a factor, s = max(L, block_size) / l: 1 for a model never scaled (l = block_size)
+    unscaled = scaling.original_length is None
+    if scaling.factor is None and rule.name != "causal" and short and unscaled:
         force = " (--rope_factor forces a factor)" if scaling.method != "dynamic_ntk" else ""
         return (f"{scaling.method} is the identity under {rule.name}: "
                 f"no query sees more than block_size ({config.block_size}) positions, "
@@ -300,14 +320,15 @@ def checked_variants(config: GPTConfig, rules: list[AttentionRule],
 
 # the keys of rule_fields (rows written before rope_original_length lack it)
 RULE_FIELDS = ("attention", "bca", "window", "sinks", "rope_scaling", "rope_factor",
-               "rope_original_length")
+               "rope_original_length", "yarn_alpha", "yarn_beta")
 
 
 def rule_fields(rule, scaling, block_size, length):
     """The attention/scaling fields of a result row: attention, bca, window, sinks, rope_scaling,
-    rope_factor, and rope_original_length, the training length the scaling counts over (a
-    fine-tune's stored original length, else block_size; None unscaled): the same method and
-    factor over another length is another model."""
+    rope_factor (None: it follows the length), rope_original_length, the training length the
+    scaling counts over (a fine-tune's stored original length, else block_size; None unscaled):
+    the same method and factor over another length is another model; and YaRN's ramp ends
+    (None but for yarn)."""
     resolved = rule.resolve(length, block_size)
     scaled = scaling.method != "none"
     return dict(attention=rule.name,
@@ -316,7 +337,16 @@ def rule_fields(rule, scaling, block_size, length):
                 sinks=resolved.sinks if resolved.name == "sinks" else None,
                 rope_scaling=scaling.method,
                 rope_factor=scaling.factor,
-                rope_original_length=(scaling.original_length or block_size) if scaled else None)
+                rope_original_length=(scaling.original_length or block_size) if scaled else None,
+                yarn_alpha=yarn_ends(scaling)[0], yarn_beta=yarn_ends(scaling)[1])
+
+
+def yarn_ends(scaling):
+    """(alpha, beta) of a YaRN scaling, (None, None) for the others."""
+    if scaling.method != "yarn":
+        return None, None
+    return (YARN_ALPHA if scaling.alpha is None else scaling.alpha,
+            YARN_BETA if scaling.beta is None else scaling.beta)
 
 
 def rule_label(pos, rule, scaling, block_size):
@@ -331,12 +361,18 @@ def rule_label(pos, rule, scaling, block_size):
 
 
 def scaling_label(scaling):
-    """A RoPE interpolation's method, its factor and, a fine-tuned model's, its original length."""
+    """A RoPE interpolation's method, its factor (none: dynamic, s from the length) and, a
+    fine-tuned model's, its original length; YaRN's ramp ends where they are not its defaults."""
     label = scaling.method
     if scaling.factor is not None:
         label += f" s={scaling.factor:g}"
+    elif scaling.original_length and scaling.method in FIXED_FACTOR:
+        label += " dynamic"
     if scaling.original_length:
         label += f" from {scaling.original_length}"
+    ends = yarn_ends(scaling)
+    if scaling.method == "yarn" and ends != (YARN_ALPHA, YARN_BETA):
+        label += f" a={ends[0]:g} b={ends[1]:g}"
     return label
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from alternatives import YARN_ALPHA, YARN_BETA
 from lexgpt.checkpoint import checkpoint_path, load_checkpoint, model_config
 from lexgpt.cli import UserError, rank_error
 from lexgpt.data import check_tokenizer, load_meta, same_dir, trained_data_dir
@@ -31,9 +32,11 @@ from model import GPTConfig
 TrainConfig = Any
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name != "vocab_size"]
 # a fine-tune's own model settings; the others are its source's
-FINE_TUNED_KEYS = ("block_size", "dropout", "rope_scaling", "rope_factor", "rope_original_length")
+FINE_TUNED_KEYS = ("block_size", "dropout", "rope_scaling", "rope_factor", "rope_original_length",
+                   "yarn_alpha", "yarn_beta")
 # the RoPE scaling's settings, and their values without one
-SCALING_KEYS = {"rope_factor": 1.0, "rope_original_length": 0}
+SCALING_KEYS = {"rope_factor": 1.0, "rope_original_length": 0, "yarn_alpha": YARN_ALPHA,
+                "yarn_beta": YARN_BETA}
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,33 @@ FINE_TUNE_BUDGETS = {
 # each source is also fine-tuned at l itself, unscaled, on the same tokens (4 x the sequences
 # of l): what it gains from the extra training alone
 CONTROL_FINE_TUNES = ("rope_more", "rope"), ("xpos_more", "xpos")
+# YaRN's ramp ends (alpha, beta: turns over l), tuned here: alternatives.py's defaults are
+# LLaMA's (l = 2048, d = 128), while at the study's l = 128 and head dimension 32 the fastest
+# pair turns 20.4 times, fewer than beta = 32, so every pair but the first is interpolated in
+# part. The grid is scored zero-shot at 4l with s = 4 on the rope sources, 3 seeds, on validation
+# spans of length 4l (raw/yarn_tuning); YARN_TUNED is the pair of least mean perplexity there,
+# which the report checks against the sweep.
+YARN_GRID = [(a, b) for a in (0.25, 0.5, 1.0, 2.0) for b in (4.0, 8.0, 16.0, 32.0)]
+YARN_TUNED = None  # (alpha, beta) once the sweep has run; until then no job uses it
+# The RoPE fine-tune at 4l with the tuned ends, and the YaRN fine-tunes again past 4l with s
+# that grows with the length from l (YaRN's dynamic scaling, RopeScaling.factor_at), beside
+# their fixed s = 4: rows scored from another model's checkpoints under other flags (perplexity
+# only), as (name, the model whose checkpoints, rules).
+if YARN_TUNED:
+    TUNED_FLAGS = ["--yarn_alpha", f"{YARN_TUNED[0]:g}", "--yarn_beta", f"{YARN_TUNED[1]:g}"]
+    TUNED_FINE_TUNES = (("rope_yarn_tuned", "rope",
+                         dict(rope_scaling="yarn", rope_factor=4.0, yarn_alpha=YARN_TUNED[0],
+                              yarn_beta=YARN_TUNED[1])),)
+    TUNED_RESCORED = (
+        ("rope_yarn_tuned_zero_shot", "rope", ["--attention", "causal", "--rope_scaling",
+                                               "yarn", *TUNED_FLAGS]),
+        ("rope_yarn_tuned_dynamic", "rope_yarn_tuned", ["--attention", "causal",
+                                                        "--rope_scaling", "yarn"]))
+else:
+    TUNED_FINE_TUNES, TUNED_RESCORED = (), ()
+RESCORED = (("rope_yarn_dynamic", "rope_yarn", ["--attention", "causal", "--rope_scaling",
+                                                "yarn"]),) + TUNED_RESCORED
+EXTENSION_RULES["rope_yarn_tuned"] = ["--attention", "causal"]
 EXTENSION_MULTIPLES = (1, 4, 8, 16)  # x l: to the fine-tuning length 4l and past it
 EXTENSION_SPANS = {"full": "32", "toy": "1"}
 
@@ -89,10 +116,64 @@ def extension_models(args, budget):
     models = {}
     for scheme in sources:
         models[scheme] = [runs / f"{scheme}_s{seed}" / "ckpt.pt" for seed in SEEDS]
-    for name, source in [(n, s) for n, s, _ in FINE_TUNES] + list(CONTROL_FINE_TUNES):
+    tuned = [(n, s) for n, s, _ in FINE_TUNES + TUNED_FINE_TUNES] + list(CONTROL_FINE_TUNES)
+    for name, source in tuned:
         if source in sources:
             models[name] = [runs / "extension" / f"{name}_s{seed}" / "ckpt.pt" for seed in SEEDS]
     return models
+
+
+def rescored_models(args, budget):
+    """{name: (checkpoints, rules)} of RESCORED whose model is among extension_models."""
+    models = extension_models(args, budget)
+    return {name: (models[model], rules) for name, model, rules in RESCORED if model in models}
+
+
+def yarn_tuning_jobs(args, budget):
+    """YARN_GRID's pairs, each scored zero-shot at 4l with s = 4 on the rope sources: the
+    perplexity from which YARN_TUNED was chosen."""
+    models = extension_models(args, budget)
+    if "rope" not in models:
+        return []
+    length = str(4 * budget["recipe"]["block_size"])
+    jobs = []
+    for alpha, beta in YARN_GRID:
+        out = Path(args.results) / "raw" / "yarn_tuning" / f"a{alpha:g}_b{beta:g}.ppl.json"
+        jobs.append(Job(f"tune yarn a={alpha:g} b={beta:g}", "extrapolate", out,
+                        [PY, "eval_extrapolate.py", *ckpt_flags(models["rope"]), "--data_dir",
+                         str(Path(args.data)), "--device", args.device, "--attention", "causal",
+                         "--rope_scaling", "yarn", "--rope_factor", "4", "--yarn_alpha",
+                         f"{alpha:g}", "--yarn_beta", f"{beta:g}", "--lengths", length,
+                         "--max_len", length, "--spans", EXTENSION_SPANS[args.budget],
+                         "--json", str(out)], inputs=models["rope"]))
+    return jobs
+
+
+def yarn_tuning(args, budget):
+    """{"alpha", "beta", "chosen", "grid"} from raw/yarn_tuning: each pair's mean perplexity at
+    4l over the rope sources' seeds, and whether YARN_TUNED is the least (None before the
+    sweep has run)."""
+    models = extension_models(args, budget)
+    own = {os.path.normpath(c) for c in models.get("rope", [])}
+    grid = {}
+    for alpha, beta in YARN_GRID:
+        path = Path(args.results) / "raw" / "yarn_tuning" / f"a{alpha:g}_b{beta:g}.ppl.json"
+        rows = (read_result(path) or {}).get("rows", []) if path.exists() else []
+        ppl = [r["ppl"] for r in rows if os.path.normpath(str(r["ckpt"])) in own]
+        if len(ppl) == len(own) and own:
+            grid[f"{alpha:g},{beta:g}"] = spread(ppl)
+    if len(grid) < len(YARN_GRID):
+        return None
+    best = min(grid, key=lambda k: grid[k]["mean"])
+    tuned = f"{YARN_TUNED[0]:g},{YARN_TUNED[1]:g}" if YARN_TUNED else None
+    chosen = (f"chosen here: least mean perplexity at 4l over {len(own)} seeds of the "
+              f"{len(YARN_GRID)} pairs of alpha in {{0.25, 0.5, 1, 2}} and beta in "
+              "{4, 8, 16, 32}")
+    if best != tuned:
+        raise UserError(f"YaRN's sweep found alpha,beta = {best} best, and study/extension.py's "
+                        f"YARN_TUNED is {YARN_TUNED}: set it to the sweep's best, then run "
+                        "again")
+    return {"alpha": YARN_TUNED[0], "beta": YARN_TUNED[1], "chosen": chosen, "grid": grid}
 
 
 def extension_plan(args, budget):
@@ -103,6 +184,7 @@ def extension_plan(args, budget):
     for job in plan(args, budget):  # the study's own training jobs, not the passkey mix's
         if job.kind == "train" and not job.name.endswith("_passkey"):
             jobs.append(job)
+    jobs += yarn_tuning_jobs(args, budget)
     jobs += fine_tune_jobs(args, budget) + extension_score_jobs(args, budget)
     return jobs + suite_jobs(args, budget)
 
@@ -113,7 +195,7 @@ def fine_tune_jobs(args, budget):
     tuned = fine_tune_settings(args, budget)
     config = VARIANTS[args.variant]["config"]
     jobs = []
-    for name, source, scaling in FINE_TUNES:
+    for name, source, scaling in FINE_TUNES + TUNED_FINE_TUNES:
         if name not in models:  # its source is not among --schemes
             continue
         for seed, src, ckpt in zip(SEEDS, models[source], models[name]):
@@ -151,19 +233,24 @@ def extension_score_jobs(args, budget):
     raw = Path(args.results) / "raw"
     lengths = ",".join(str(m * l) for m in EXTENSION_MULTIPLES)
     spans = EXTENSION_SPANS[args.budget]
-    jobs = []
-    for name, ckpts in extension_models(args, budget).items():
+    scored = {name: (ckpts, EXTENSION_RULES[name])
+              for name, ckpts in extension_models(args, budget).items()}
+    scored.update(rescored_models(args, budget))
+    jobs, contexts = [], []  # every perplexity first: the context probes take longer
+    for name, (ckpts, rules) in scored.items():
         common = [*ckpt_flags(ckpts), "--data_dir", str(Path(args.data)),
-                  "--device", args.device, *EXTENSION_RULES[name]]
+                  "--device", args.device, *rules]
         ppl, context = raw / f"{name}.ppl.json", raw / f"{name}.context.json"
         jobs.append(Job(f"perplexity {name}", "extrapolate", ppl,
                         [PY, "eval_extrapolate.py", *common, "--lengths", lengths,
                          "--spans", spans, "--json", str(ppl)], inputs=ckpts))
-        jobs.append(Job(f"context {name}", "context", context,
-                        [PY, "study/eval_retrieval.py", *common, "--probe", "context",
-                         "--beyond", str(l), "--lengths", str(EXTENSION_MULTIPLES[-1] * l),
-                         "--sequences", spans, "--json", str(context)], inputs=ckpts))
-    return jobs
+        if name in EXTENSION_RULES:
+            contexts.append(Job(f"context {name}", "context", context,
+                                [PY, "study/eval_retrieval.py", *common, "--probe", "context",
+                                 "--beyond", str(l), "--lengths",
+                                 str(EXTENSION_MULTIPLES[-1] * l), "--sequences", spans,
+                                 "--json", str(context)], inputs=ckpts))
+    return jobs + contexts
 
 
 # The suite part: the task suite's rope and xpos, one seed, fine-tuned the same way (at 4l,
@@ -277,7 +364,8 @@ def extension_rows(args, budget, name, suffix):
     (extension_models), each with its seed's place; the others are noted and left out."""
     path = Path(args.results) / "raw" / f"{name}{suffix}"
     result = read_result(path) if path.exists() else None
-    ckpts = extension_models(args, budget)[name]
+    models = extension_models(args, budget)
+    ckpts = models[name] if name in models else rescored_models(args, budget)[name][0]
     own = {os.path.normpath(c): i for i, c in enumerate(ckpts)}
     rows = []
     for row in (result or {}).get("rows", []):
@@ -300,8 +388,11 @@ def extension_report(args, budget, measured=True):
     l = budget["recipe"]["block_size"]
     values = {}  # row name: column: {seed place: value}
     control = [name for name, _ in CONTROL_FINE_TUNES]
-    for name in extension_models(args, budget):
-        tuned = name not in EXTENSION_SOURCES
+    model_of = {name: name for name in extension_models(args, budget)}
+    model_of.update({name: model for name, model, _ in RESCORED
+                     if name in rescored_models(args, budget)})
+    for name, model in model_of.items():
+        tuned = model not in EXTENSION_SOURCES
         prefix = "fine-tuned at 4l: " if tuned else "zero-shot: "
         if name in control:
             prefix = "fine-tuned at l (control): "
@@ -344,6 +435,9 @@ def extension_report(args, budget, measured=True):
                "lengths": [m * l for m in EXTENSION_MULTIPLES],
                "wall_time": wall_time(args, budget, fine_tunes_and_scores),
                "machine": machine_of(args, measured), "table": table, "task_suite": task_suite}
+    yarn = yarn_tuning(args, budget)
+    if yarn:
+        summary["yarn"] = yarn
     summary = write_summary(results / "summary.json", summary)
     (results / "tables.md").write_text(extension_markdown(summary))
     print(f"wrote {results / 'tables.md'}")

@@ -152,8 +152,8 @@ def test_bca_both_json_and_plot(tiny_data, tmp_path):
                                                        (True, 4), (True, 8),
                                                       (True, 32)]
     assert set(rows[0]) == {"ckpt", "pos", "bca", "attention", "window", "sinks", "rope_scaling",
-                            "rope_factor", "rope_original_length", "length", "ppl", "nll",
-                            "tokens", "label"}
+                            "rope_factor", "rope_original_length", "yarn_alpha", "yarn_beta",
+                            "length", "ppl", "nll", "tokens", "label"}
     assert [(r["attention"], r["window"], r["label"])
             for r in rows[2:4]] == [("causal", None, "xpos"),
                                     ("bca", 8, "xpos + BCA")]
@@ -385,33 +385,57 @@ def test_an_explicit_scaling_on_a_fine_tune_counts_from_its_original_length(tiny
     assert base[0]["rope_original_length"] == 64
 
 
-@pytest.mark.parametrize("argv", [("--rope_scaling", "yarn"),
-                                  ("--rope_scaling", "pi,yarn", "--bca", "off")])
-def test_a_factor_from_the_length_on_a_scaled_checkpoint_is_refused(tiny_data, tmp_path,
-                                                                    monkeypatch, argv):
-    """Without --rope_factor, s is the length over block_size, which on a checkpoint trained with
-    a scaling drops the factor it was trained with: one line before any work, naming what is
-    allowed, never an empty table with status 0."""
+def test_yarn_without_a_factor_on_a_fine_tune_is_dynamic(tiny_data, tmp_path, capsys):
+    """Without --rope_factor, s follows the length from the original length, YaRN's dynamic rule
+    (RopeScaling.factor_at): on a fine-tune at 4 x its original 4 that is its own s = 4 up to its
+    block_size and L / 4 past it. Each row is the explicit factor's at its length, recorded with
+    rope_factor None."""
+    make_checkpoint(tmp_path / "s.pt", tiny_data, pos="rope", block_size=16, rope_scaling="yarn",
+                    rope_factor=4.0, rope_original_length=4)
+    common = ("--ckpt", tmp_path / "s.pt", "--max_len", 32, "--bca", "off")
+    rows = run(*common, "--lengths", "8,32", "--rope_scaling", "yarn")
+    assert [(r["length"], r["rope_factor"], r["rope_original_length"], r["label"])
+            for r in rows] == [(n, None, 4, "rope + yarn dynamic from 4") for n in (8, 32)]
+    own = run(*common, "--lengths", 8)
+    at_8 = run(*common, "--lengths", 32, "--rope_scaling", "yarn", "--rope_factor", 8)
+    assert [r["nll"] for r in rows] == [own[0]["nll"], at_8[0]["nll"]]
+
+
+def test_yarn_without_a_factor_is_refused_where_it_is_not_its_own(tiny_data, tmp_path,
+                                                                   monkeypatch):
+    """A fine-tune whose s is not block_size / l (s = 2 from 8 at 64): the dynamic rule would not
+    give it its own angles at its own length; one line before any work, never an empty table."""
     yarn_fine_tune(tmp_path, tiny_data)
     monkeypatch.setattr(eval_extrapolate, "score", None)  # refused before any scoring
     with pytest.raises(SystemExit) as e:
-        run("--ckpt", tmp_path / "s.pt", "--lengths", 16, "--max_len", 16, *argv)
+        run("--ckpt", tmp_path / "s.pt", "--lengths", 16, "--max_len", 16, "--bca", "off",
+            "--rope_scaling", "yarn")
     message = str(e.value.code)
     assert len(message.splitlines()) == 1 and "nothing to score" in message
-    assert ("without --rope_factor takes s from the length over block_size (64), not the yarn "
-            "s=2 from 8 this checkpoint was trained with: give --rope_factor (its own: 2), or "
-            "leave out --rope_scaling for its own") in message
+    assert ("yarn without --rope_factor takes s = max(L, block_size) / 8, 8 up to block_size "
+            "(64), not the yarn s=2 from 8 this checkpoint was trained with") in message
 
 
-def test_a_factor_from_the_length_is_skipped_for_a_scaled_checkpoint_alone(tiny_data, tmp_path,
-                                                                          capsys):
-    """Beside a model never scaled, the scaled checkpoint's combination is skipped and listed; the
-    other is scored."""
-    yarn_fine_tune(tmp_path, tiny_data)
-    rows = run("--ckpt", tmp_path / "plain.pt", "--ckpt", tmp_path / "s.pt", "--lengths", 16,
-               "--max_len", 16, "--bca", "off", "--rope_scaling", "yarn")
-    assert [(Path(r["ckpt"]).stem, r["rope_scaling"]) for r in rows] == [("plain", "yarn")]
-    assert "s.pt: skipped rope + yarn: yarn without --rope_factor" in capsys.readouterr().out
+def test_yarn_ramp_ends_are_flags_and_row_fields(tiny_data, tmp_path):
+    """--yarn_alpha and --yarn_beta move YaRN's ramp (the official beta_slow, beta_fast); rows
+    record them, and the label names them where they are not the defaults. A fine-tune keeps its
+    own unless asked."""
+    make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope", block_size=16)
+    common = ("--ckpt", tmp_path / "m.pt", "--lengths", 32, "--max_len", 32, "--bca", "off",
+              "--rope_scaling", "yarn", "--rope_factor", 2)
+    default = run(*common)[0]
+    tuned = run(*common, "--yarn_alpha", 0.25, "--yarn_beta", 2)[0]
+    assert (default["yarn_alpha"], default["yarn_beta"], default["label"]) == (1.0, 32.0,
+                                                                             "rope + yarn s=2")
+    assert (tuned["yarn_alpha"], tuned["yarn_beta"]) == (0.25, 2.0)
+    assert tuned["label"] == "rope + yarn s=2 a=0.25 b=2" and tuned["nll"] != default["nll"]
+    with pytest.raises(SystemExit) as e:
+        run("--ckpt", tmp_path / "m.pt", "--lengths", 8, "--yarn_alpha", 2)
+    assert str(e.value.code).endswith("--yarn_alpha 2 applies to --rope_scaling yarn only")
+    with pytest.raises(SystemExit) as e:
+        run(*common, "--yarn_alpha", 4, "--yarn_beta", 2)
+    assert "yarn_alpha=4.0, yarn_beta=2.0 are not allowed: must be finite numbers" in str(
+        e.value.code)
 
 
 def test_nothing_to_score_is_an_error(tiny_data, tmp_path, monkeypatch):

@@ -406,7 +406,7 @@ def test_attention_rule_errors():
 # Each method's theta'_j written out here from its paper's formula, independently of model.py.
 
 
-def paper_theta(method, s, d=64, base=10000.0, l=1024):
+def paper_theta(method, s, d=64, base=10000.0, l=1024, alpha=1.0, beta=32.0):
     j = torch.arange(d // 2, dtype=torch.float64)
     theta = base ** (-2 * j / d)
     if method == "pi":  # Chen et al.: position m -> m / s
@@ -415,10 +415,10 @@ def paper_theta(method, s, d=64, base=10000.0, l=1024):
         return (base * s ** (d / (d - 2))) ** (-2 * j / d)
     # YaRN as the official jquesnelle/yarn and Hugging Face compute it (find_correction_range,
     # linear_ramp_mask): a ramp linear in the pair index between the pairs where the turns over l
-    # are beta = 32 and alpha = 1, rounded out
+    # are beta (beta_fast, 32) and alpha (beta_slow, 1), rounded out
     def dim(rotations):
         return d * math.log(l / (rotations * 2 * math.pi)) / (2 * math.log(base))
-    low, high = max(math.floor(dim(32)), 0), min(math.ceil(dim(1)), d - 1)
+    low, high = max(math.floor(dim(beta)), 0), min(math.ceil(dim(alpha)), d - 1)
     high = high + 0.001 if low == high else high
     extrapolate = 1 - ((j - low) / (high - low)).clamp(0, 1)
     return theta / s * (1 - extrapolate) + theta * extrapolate
@@ -479,6 +479,58 @@ def test_yarn_ramp_ends_use_ln_base_in_float64():
     table = AttentionPlan(cfg, 2, "causal", model.RopeScaling("yarn", s)).rotation  # (2, d/2, 2)
     theta = torch.atan2(table[1, :, 1].double(), table[1, :, 0].double())  # angle at position 1
     torch.testing.assert_close(theta, paper_theta("yarn", s, d=d, l=l), rtol=1e-6, atol=0)
+
+
+def angles_at_one(plan):
+    """A plan's rotation at position 1: each pair's angle theta'_j and its magnitude."""
+    table = plan.rotation[1].double()  # (d/2, 2)
+    return torch.atan2(table[:, 1], table[:, 0]), table.norm(dim=-1)
+
+
+@pytest.mark.parametrize("alpha, beta", [(0.25, 4.0), (0.5, 8.0), (2.0, 16.0), (1.0, 32.0)])
+def test_yarn_ramp_ends_are_the_official_beta_slow_and_beta_fast(alpha, beta):
+    """YaRN's ends, tuned for the study's head dimension 32 at l = 128: given to RopeScaling, or
+    stored by a fine-tune in its config, they move the ramp as the official code's beta_slow
+    (alpha) and beta_fast (beta) do."""
+    l, d, s = 128, 32, 4.0
+    want = paper_theta("yarn", s, d=d, l=l, alpha=alpha, beta=beta)
+    cfg = GPTConfig(block_size=l, n_head=1, n_embd=d, pos="rope")
+    asked = model.RopeScaling("yarn", s, alpha=alpha, beta=beta)
+    theta, norm = angles_at_one(AttentionPlan(cfg, 2, "causal", asked))
+    torch.testing.assert_close(theta, want, rtol=1e-6, atol=0)
+    tuned = GPTConfig(block_size=4 * l, n_head=1, n_embd=d, pos="rope", rope_scaling="yarn",
+                      rope_factor=s, rope_original_length=l, yarn_alpha=alpha, yarn_beta=beta)
+    theta, norm = angles_at_one(AttentionPlan(tuned, 2, "causal"))
+    torch.testing.assert_close(theta, want, rtol=1e-6, atol=0)
+    torch.testing.assert_close(norm, torch.full_like(norm, 0.1 * math.log(s) + 1))
+
+
+def test_yarn_ramp_end_errors():
+    with pytest.raises(ValueError, match="apply to rope_scaling='yarn' only, not 'pi'"):
+        model.RopeScaling("pi", 2.0, alpha=2.0)
+    with pytest.raises(ValueError, match="yarn_alpha=4.0, yarn_beta=2.0 are not allowed"):
+        model.RopeScaling("yarn", 2.0, alpha=4.0, beta=2.0)
+    with pytest.raises(ValueError, match="GPTConfig.yarn_alpha=2.0 is not allowed: yarn_alpha "
+                                         "and yarn_beta apply to rope_scaling='yarn' only"):
+        GPTConfig(pos="rope", rope_scaling="pi", rope_factor=2.0, yarn_alpha=2.0)
+    with pytest.raises(ValueError, match="GPTConfig.yarn_alpha=0.0 is not allowed"):
+        GPTConfig(pos="rope", rope_scaling="yarn", rope_factor=2.0, yarn_alpha=0.0)
+
+
+@pytest.mark.parametrize("n", [16, 64, 128, 512])
+def test_yarn_without_a_factor_is_the_official_dynamic_rule_on_a_fine_tune(n):
+    """YaRN's dynamic scaling (Peng et al. 2023, section 3.3), as the official
+    LlamaDynamicYaRNScaledRotaryEmbedding does it for a fine-tuned model: s = L' / L up to the
+    fine-tuned length L' (max_position_embeddings), seq_len / L past it, the ramp counted over the
+    original length L: here L = 16, L' = block_size = 64, so s = 4 up to 64 and n / 16 beyond."""
+    l, d = 16, 16
+    tuned = GPTConfig(block_size=4 * l, n_head=1, n_embd=d, pos="rope", rope_scaling="yarn",
+                      rope_factor=4.0, rope_original_length=l)
+    s = max(n, 4 * l) / l
+    dynamic = model.RopeScaling("yarn", original_length=l)
+    theta, norm = angles_at_one(AttentionPlan(tuned, n, "causal", dynamic))
+    torch.testing.assert_close(theta, paper_theta("yarn", s, d=d, l=l), rtol=1e-6, atol=0)
+    torch.testing.assert_close(norm, torch.full_like(norm, 0.1 * math.log(s) + 1))
 
 
 @pytest.mark.parametrize("method", ["none", "pi", "ntk", "yarn"])

@@ -123,17 +123,17 @@ def test_an_explicit_scaling_on_a_fine_tune_is_its_own(tiny_data, tmp_path, caps
 
 
 @pytest.mark.parametrize("argv", [[], ["--bca", "off"]])
-def test_a_factor_from_the_length_on_a_scaled_checkpoint_is_refused(tiny_data, tmp_path, argv):
-    """--rope_scaling yarn without --rope_factor on that fine-tune: s would be the length over
-    block_size, the weights without the factor they were trained with; one line naming what is
-    allowed, under every rule."""
+def test_a_factor_from_the_length_that_is_not_its_own_is_refused(tiny_data, tmp_path, argv):
+    """--rope_scaling yarn without --rope_factor on a fine-tune whose s is not block_size / l:
+    the dynamic rule would not give it its own angles; one line naming what is allowed, under
+    every rule."""
     make_checkpoint(tmp_path / "s.pt", tiny_data, pos="rope", block_size=16, rope_scaling="yarn",
                     rope_factor=2.0, rope_original_length=4)
     with pytest.raises(SystemExit) as e:
         sample.main(["--ckpt", str(tmp_path / "s.pt"), "--max_new_tokens", "5",
                      "--rope_scaling", "yarn", *argv])
-    assert ("yarn without --rope_factor takes s from the length over block_size (16), not the "
-            "yarn s=2 from 4 this checkpoint was trained with: give --rope_factor (its own: 2), "
+    assert ("yarn without --rope_factor takes s = max(L, block_size) / 4, 4 up to block_size "
+            "(16), not the yarn s=2 from 4 this checkpoint was trained with: give --rope_factor, "
             "or leave out --rope_scaling for its own") in str(e.value.code)
 
 

@@ -339,9 +339,23 @@ def test_a_scaling_asked_for_counts_over_the_checkpoints_original_length():
         assert rule_fields(causal, scaling, 64, 128)["rope_original_length"] == length
     assert ("yarn s=3 would count over block_size (64), not the original length (8) this "
             "checkpoint stores" in pointless(tuned, causal, RopeScaling("yarn", 3.0)))
-    assert ("yarn without --rope_factor takes s from the length over block_size (64), not the "
-            "yarn s=2 from 8 this checkpoint was trained with"
+    # without a factor, s follows the length from its original length (YaRN's dynamic rule),
+    # which is its own s up to block_size only where that is block_size / l
+    assert ("yarn without --rope_factor takes s = max(L, block_size) / 8, 8 up to block_size "
+            "(64), not the yarn s=2 from 8 this checkpoint was trained with"
             in pointless(tuned, causal, checkpoint_scaling(tuned, RopeScaling("yarn"))))
+    whole = GPTConfig(block_size=64, vocab_size=11, n_layer=1, n_head=2, n_embd=16, pos="rope",
+                      rope_scaling="yarn", rope_factor=8.0, rope_original_length=8, yarn_alpha=0.5,
+                      yarn_beta=8.0)
+    dynamic = checkpoint_scaling(whole, RopeScaling("yarn"))
+    assert dynamic == RopeScaling("yarn", None, 8, 0.5, 8.0)  # its own ends, unless asked
+    assert pointless(whole, causal, dynamic) is None
+    assert [dynamic.factor_at(n, 64) for n in (32, 64, 128)] == [8.0, 8.0, 16.0]
+    fields = rule_fields(causal, dynamic, 64, 128)
+    assert (fields["rope_factor"], fields["rope_original_length"]) == (None, 8)
+    assert (fields["yarn_alpha"], fields["yarn_beta"]) == (0.5, 8.0)
+    asked = checkpoint_scaling(whole, RopeScaling("yarn", 8.0, alpha=2.0))
+    assert (asked.alpha, asked.beta) == (2.0, 8.0)
 
 
 def test_a_run_directory_has_one_owner(tmp_path):

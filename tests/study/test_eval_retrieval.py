@@ -103,8 +103,8 @@ def test_repeat_probe_json_table_and_plot(tiny_data, tmp_path, capsys):
         ("bca", 7, 5)]
     assert set(result["rows"][0]) == {"ckpt", "pos", "attention", "bca", "window", "sinks",
                                       "rope_scaling", "rope_factor", "rope_original_length",
-                                      "probe", "d", "gain", "gain_stderr", "n", "loss",
-                                      "control_loss",
+                                      "yarn_alpha", "yarn_beta", "probe", "d", "gain",
+                                      "gain_stderr", "n", "loss", "control_loss",
                                       "effective_context", "reach_bound", "label"}
     assert (result["rows"][3]["reach_bound"] == 2 * 8 // 2
             and result["rows"][0]["reach_bound"] is None)
@@ -209,7 +209,8 @@ def test_passkey_probe_json_table_and_heatmap(tmp_path, capsys):
         (a, n, d, 3) for a in ("causal", "sliding") for n in (100, 200) for d in (0.0, 1.0)]
     assert set(result["rows"][0]) == {"ckpt", "pos", "attention", "bca", "window", "sinks",
                                       "rope_scaling", "rope_factor", "rope_original_length",
-                                      "probe", "length", "depth", "accuracy", "n", "label"}
+                                      "yarn_alpha", "yarn_beta", "probe", "length", "depth",
+                                      "accuracy", "n", "label"}
     assert all(0 <= r["accuracy"] <= 1 for r in result["rows"]) and result["depths"] == [0.0, 1.0]
     assert ("| xpos + sliding W=64: depth \\ length | 100 | 200 |" in printed
             and png.stat().st_size > 1000)
@@ -494,10 +495,11 @@ def test_errors_name_the_flags_of_this_script(tiny_data, tmp_path):
 
 
 def test_nothing_to_score_is_an_error(tiny_data, tmp_path):
-    """Issue 45 item 1: with every combination skipped (--rope_scaling yarn without a factor on a
-    YaRN fine-tune) the probe printed an empty table, status 0."""
+    """Issue 45 item 1: with every combination skipped (here --rope_scaling yarn without a factor
+    on a YaRN fine-tune whose s is not block_size / l) the probe printed an empty table, status
+    0."""
     make_checkpoint(tmp_path / "m.pt", tiny_data, pos="rope", block_size=16, rope_scaling="yarn",
-                    rope_factor=2.0, rope_original_length=8)
+                    rope_factor=3.0, rope_original_length=8)
     with pytest.raises(SystemExit) as e:
         run("--ckpt", tmp_path / "m.pt", "--probe", "repeat", "--sequences", "2", "--span", "4",
             "--distances", "0,8", "--rope_scaling", "yarn", "--json", tmp_path / "r.json")
