@@ -29,9 +29,9 @@ force it; both reports every checkpoint and length with and without it (Table 5)
 interpolation, and the combinations that make no sense (interpolation on ALiBi or learned
 positions, or where no query sees past block_size) are skipped and listed; a run with nothing left
 to score is an error. --rope_factor on a fine-tuned checkpoint counts over the original length it
-stores, as its own scaling does (each row's rope_original_length); without it, pi, ntk and yarn
-are skipped on a checkpoint trained with a scaling (s would come from the length over block_size,
-dropping the factor it was trained with). Runs under torchrun too: pieces are shared out among the
+stores, as its own scaling does (each row's rope_original_length); without it, s follows the
+length from there (YaRN's dynamic rule, docs/alternatives.md). --yarn_alpha and --yarn_beta move
+YaRN's ramp. Runs under torchrun too: pieces are shared out among the
 ranks and the sums all-reduced. Every checkpoint, dataset, rule and length is checked before the
 first one is scored; a non-finite NLL stops with an error instead of a NaN in the table.
 """

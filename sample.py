@@ -10,8 +10,8 @@ but learned.
 block_size; --attention sliding|sinks (with --window, --sinks) and --rope_scaling
 pi|ntk|dynamic_ntk|yarn (with --rope_factor) decode with those instead (model.py's AttentionRule
 and RopeScaling). As in eval_extrapolate.py, --rope_factor on a fine-tuned checkpoint counts over
-the original length it stores, as its own scaling does, and pi, ntk and yarn need it on a
-checkpoint trained with a scaling.
+the original length it stores, as its own scaling does; without it s follows the length (the
+cache's) from there.
 
 One process: under torchrun (RANK set) every rank would print every sample, so sample.py refuses it
 with a one-line error (printed once).
