@@ -132,6 +132,13 @@ def control_report(args, budget, measured=True):
             gains = [by_seed[s]["gain"] if s in by_seed else None for s in range(len(SEEDS))]
             row = {"gain": spread(gains), "gain interval": t_interval([g for g in gains
                                                                         if g is not None])}
+            # against the reference matched to the rule (under BCA: relay alone)
+            matched = [by_seed[s].get("matched_gain") if s in by_seed else None
+                       for s in range(len(SEEDS))]
+            if any(m is not None for m in matched):
+                row["matched reference"] = next(r["matched_reference"] for r in by_seed.values())
+                row["matched gain"] = spread(matched)
+                row["matched gain interval"] = t_interval([m for m in matched if m is not None])
             bins = {}
             for place, r in by_seed.items():
                 for b in r.get("by_bin", []):
@@ -167,10 +174,19 @@ def control_markdown(summary):
              f"Python sources of numpy (characters), nats per token, mean ± std over seeds "
              f"[each seed], 95% t interval over seeds; every {summary['stride']}th position; "
              f"{summary['budget']} budget, on {summary['machine']}.", "",
-             "| model: rule | gain | 95% t interval (seeds) |", "|---|---|---|"]
+             "| model: rule | reference | gain | 95% t interval (seeds) |", "|---|---|---|---|"]
     for name, row in summary["table"].items():
-        g = row["gain"] or {}
-        seeds = " / ".join("n/a" if v is None else f"{v:.4f}" for v in g.get("values", []))
-        mean = "n/a" if g.get("mean") is None else f"{g['mean']:.4f} ± {g['std'] or 0:.4f}"
-        lines.append(f"| {name} | {mean} [{seeds}] | {interval_text(row['gain interval'])} |")
+        lines.append(f"| {name} | the last {l} tokens | {gain_text(row['gain'])} | "
+                     f"{interval_text(row['gain interval'])} |")
+        if row.get("matched reference", f"the last {l} tokens") != f"the last {l} tokens":
+            lines.append(f"| {name} | {row['matched reference']} | "
+                         f"{gain_text(row['matched gain'])} | "
+                         f"{interval_text(row['matched gain interval'])} |")
     return "\n".join(lines) + "\n"
+
+
+def gain_text(g):
+    g = g or {}
+    seeds = " / ".join("n/a" if v is None else f"{v:.4f}" for v in g.get("values", []))
+    mean = "n/a" if g.get("mean") is None else f"{g['mean']:.4f} ± {g['std'] or 0:.4f}"
+    return f"{mean} [{seeds}]"

@@ -62,12 +62,17 @@ length l? For --sequences spans of T validation tokens (default 16 x block_size;
 evenly spread, as eval_extrapolate.py --spans K), the gain at position p >= l is the NLL of its
 token given only the l tokens before it (that window alone, causal) minus its NLL given everything
 the rule shows (the span in one pass): positive means context beyond l is used. Every --stride-th
-position from l on is scored (default l/8), and the gain is reported in bins [l, 2l), [2l, 4l), ...
-with one standard error over spans. It also splits the lex protocol's fall from length l to T
-(chunks of l against the whole span, on the same spans) exactly into the context used,
-(T - l)/T x gain, and the rest, which only fewer tokens with little context explain (Press et al.
-2021, the early-token curse; LongPPL, Fang et al. 2024, scores the tokens that need long context in
-the same spirit).
+position from l on is scored (default l/8; an odd stride scores every phase of BCA's segments), and
+the gain is reported in bins [l, 2l), [2l, 4l), ... with one standard error over spans. Each row
+also has matched_gain, against a reference matched to the rule: under BCA the window of the
+query's own and the previous segment (what one layer attends to, in BCA's alignment), so that the
+gain is only what relays through the layers from further back; under an interpolation whose s
+follows the length, the last l tokens at the s of the rule's pass, so that the interpolation's
+cost inside the window is not counted as context unused. It also splits the lex protocol's fall
+from length l to T (chunks of l against the whole span, on the same spans) exactly into the
+context used, (T - l)/T x gain, and the rest, which only fewer tokens with little context explain
+(Press et al. 2021, the early-token curse; LongPPL, Fang et al. 2024, scores the tokens that need
+long context in the same spirit).
 """
 
 import argparse
@@ -83,6 +88,7 @@ import torch
 if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from alternatives import scaling_of
 from lexgpt import retrieval_tasks
 from lexgpt.checkpoint import load_checkpoint, load_model, model_config
 from lexgpt.cli import ArgumentParser, UserError, check_seed, error_exit, exit_interrupted
@@ -111,9 +117,10 @@ from lexgpt.inference_options import (
     rule_fields,
     rule_label,
     save_figure,
+    scaling_label,
 )
 from lexgpt.outputs import distinct_outputs, output_path, pyplot, write_json
-from model import GPT, GPTConfig, RopeScaling
+from model import GPT, AttentionPlan, GPTConfig, RopeScaling
 
 PROBES = ("repeat", "passkey", "task", "context")
 DIGITS = 5  # the passkey's digits, as prepare_data.py --passkey writes them by default
@@ -1238,6 +1245,59 @@ def last_l_nll(model: GPT, xy: torch.Tensor, positions: torch.Tensor, l: int,
     return torch.cat(out).view(len(x), len(positions))
 
 
+def window_nll(model: GPT, xy: torch.Tensor, positions: torch.Tensor, starts: torch.Tensor,
+               scaling: RopeScaling, batch_tokens: int, runtime: Runtime) -> torch.Tensor:
+    """(B, len(positions)): the NLL of y[:, p] given only x[:, start .. p] for each position p and
+    its start, each window a sequence of its own under causal attention and `scaling`; windows
+    of one length are batched together."""
+    x, y = xy[:, :-1], xy[:, 1:]
+    out = torch.empty(len(x), len(positions), dtype=torch.float64)
+    sizes = positions - starts + 1
+    for n in sorted(set(sizes.tolist())):
+        at = (sizes == n).nonzero().flatten()
+        windows = x.unfold(1, n, 1)[:, positions[at] - n + 1].flatten(0, 1)  # (B * len(at), n)
+        targets = torch.full_like(windows, -1)
+        targets[:, -1] = y[:, positions[at]].flatten()
+        per_batch, nll = max(1, batch_tokens // n), []
+        for i in range(0, len(windows), per_batch):
+            with torch.no_grad(), runtime.ctx:
+                piece = model.token_nll(windows[i : i + per_batch].to(runtime.device),
+                                        targets[i : i + per_batch].to(runtime.device),
+                                        attention="causal", rope_scaling=scaling,
+                                        chunk_tokens=batch_tokens)
+            nll.append(piece[:, -1].double().cpu())
+        out[:, at] = torch.cat(nll).view(len(x), len(at))
+    return out
+
+
+def matched_reference(config: GPTConfig, variant: Variant, length: int,
+                      positions: torch.Tensor, l: int):
+    """(starts, scaling, what) of the reference matched to a rule, so that the gain is what the
+    rule's pass adds beyond what one query sees directly: under BCA the window of its own and the
+    previous segment (start = (p // w - 1) w, w = block_size / 2: the keys one layer attends to,
+    in BCA's alignment), else the last l tokens; and an interpolation whose s follows the length
+    fixed at the s of the rule's pass (dynamic NTK, whose s changes token by token, has none)."""
+    plan = AttentionPlan(config, length, variant.rule, variant.scaling, torch.device("cpu"))
+    scaling, what = variant.scaling, []
+    if plan.rule.name == "bca":
+        w = config.block_size // 2
+        starts = ((positions // w - 1) * w).clamp(min=0)
+        what.append("BCA's direct window, from the previous segment's start")
+    else:
+        starts = positions - l + 1
+        what.append(f"the last {l} tokens")
+    dynamic = scaling.method in ("pi", "ntk", "yarn") and scaling.factor is None
+    if dynamic and plan.rope_factor > 1:
+        scaling = RopeScaling(scaling.method, plan.rope_factor, scaling.original_length,
+                              scaling.alpha, scaling.beta)
+    if scaling.method == "dynamic_ntk":
+        scaling = RopeScaling()
+        what.append("unscaled (dynamic NTK's s changes token by token)")
+    elif scaling != scaling_of(config):
+        what.append(f"under {scaling_label(scaling)}")
+    return starts, scaling, ", ".join(what)
+
+
 def rule_nll(model: GPT, xy: torch.Tensor, length: int, variant: Variant,
              runtime: Runtime) -> torch.Tensor:
     """(B, T): the NLL at every position of the inputs xy[:, :-1] (targets xy[:, 1:]) cut into
@@ -1322,6 +1382,24 @@ def context_rows(args: argparse.Namespace, pf: Preflight, model: GPT, stream: np
             row["by_bin"].append(dict(start=start, end=end, gain=gain, gain_stderr=stderr))
         row["per_span"] = {k: split[k].tolist() for k in ("gain", "fall", "used", "early")}
         row["per_span"]["by_bin"] = split["by_bin"].tolist()
+        # the gain against the reference matched to the rule (matched_reference)
+        starts, scaling, what = matched_reference(config, variant, length, positions, l)
+        matched = ref  # the last l tokens under the model's own scaling
+        if what != f"the last {l} tokens":
+            matched = window_nll(model, xy, positions, starts, scaling, tokens, runtime)
+        if not torch.isfinite(matched).all():
+            raise UserError(f"non-finite loss for {path} at length {length} ({label}): evaluate "
+                            "in float32 (--dtype float32)")
+        own = context_gain(matched, full, short, positions, l)
+        row["matched_reference"] = what
+        row["matched_gain"], row["matched_gain_stderr"] = mean_and_stderr(own["gain"])
+        row["matched_by_bin"] = []
+        for i, (start, end) in enumerate(own["bins"]):
+            gain, stderr = mean_and_stderr(own["by_bin"][:, i])
+            row["matched_by_bin"].append(dict(start=start, end=end, gain=gain,
+                                              gain_stderr=stderr))
+        row["per_span"]["matched_gain"] = own["gain"].tolist()
+        row["per_span"]["matched_by_bin"] = own["by_bin"].tolist()
         rows.append(row)
         if args.verbose:
             print(f"{label:>32}: gain {row['gain']:.4f} ± {row['gain_stderr']:.4f}",
@@ -1396,7 +1474,8 @@ def context_probe(args: argparse.Namespace, preflights: list[Preflight], runtime
           f"error over spans; {runtime.dtype})\n")
     print(context_table(rows))
     fields = ("length", "beyond", "stride", "spans", "gain", "gain_stderr", "by_bin", "fall",
-              "fall_stderr", "used", "used_stderr", "early", "early_stderr", "per_span")
+              "fall_stderr", "used", "used_stderr", "early", "early_stderr", "matched_reference",
+              "matched_gain", "matched_gain_stderr", "matched_by_bin", "per_span")
     finish(args, json_path, rows, notes, fields)
     if plot_path:
         plot_context(rows, plot_path)

@@ -79,7 +79,8 @@ def ours(path):
         return earlier_output(path, plot=path.name.endswith(".png"))
     if path.is_symlink() or not path.is_file():
         return False
-    headings = (b"Study: ", b"Long-range task suite: ", b"Context extension: ")
+    headings = (b"Study: ", b"Long-range task suite: ", b"Context extension: ",
+                b"Context probe, positive control: ")
     return path.read_bytes()[:40].startswith(headings)
 
 

@@ -47,3 +47,20 @@ def test_the_control_suite_plans_and_tables_its_probe(tmp_path, capsys):
     assert row["gain interval"] == pytest.approx([mean - 4.303 * sd / 3**0.5,
                                                   mean + 4.303 * sd / 3**0.5], rel=1e-3)
     assert "(excludes 0)" in (results / "tables.md").read_text()
+    # a BCA row's gain against the reference matched to BCA (relay alone), with its interval
+    relay = [0.004, -0.002, 0.001]
+    rows = [dict(ckpt=str(runs / f"xpos_s{seed}" / "ckpt.pt"), pos="xpos", label="xpos + BCA",
+                 gain=0.01, by_bin=[], matched_gain=m,
+                 matched_reference="BCA's direct window, from the previous segment's start")
+            for seed, m in zip((1337, 1338, 1339), relay)]
+    (results / "raw" / "xpos.context.json").write_text(json.dumps({"rows": rows}))
+    reproduce.main(["--suite", "control", "--report", "--results", str(results), "--runs",
+                    str(runs)])
+    row = json.loads((results / "summary.json").read_text())["table"]["xpos: xpos + BCA"]
+    mean, sd = np.mean(relay), np.std(relay, ddof=1)
+    assert row["matched gain"]["values"] == relay
+    assert row["matched gain interval"] == pytest.approx([mean - 4.303 * sd / 3**0.5,
+                                                          mean + 4.303 * sd / 3**0.5], rel=1e-3)
+    assert ("| xpos: xpos + BCA | BCA's direct window, from the previous segment's start | "
+            "0.0010 ± 0.0030 [0.0040 / -0.0020 / 0.0010] | [" in
+            (results / "tables.md").read_text())

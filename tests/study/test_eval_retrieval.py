@@ -14,6 +14,7 @@ from conftest import make_checkpoint
 from lexgpt import checkpoint, data
 from lexgpt.data import PASSKEY_CHARS, Tokenizer
 from lexgpt.inference_options import Runtime, Variant, default_batch_tokens
+from model import RopeScaling
 from study import eval_retrieval
 
 
@@ -343,6 +344,52 @@ def test_context_gain_against_each_window_scored_alone(tiny_data, tmp_path, atte
     # the plain model sees everything: the same pass as eval_extrapolate.py's lex protocol
     if attention == "causal":
         assert np.mean(full) == pytest.approx(model(x, y, attention="causal")[1].item(), abs=1e-5)
+    # against the reference matched to the rule: under BCA the window of the query's own and the
+    # previous segment of w = 4 (what one layer attends to), so the gain is relay alone
+    w = 4
+    starts = {p: (p // w - 1) * w if attention == "bca" else p - L + 1 for p in range(L, 32)}
+    matched = {p: nll(model(x[:, starts[p] : p + 1], y[:, starts[p] : p + 1],
+                            attention="causal")[0][:, -1:], y[:, p : p + 1])
+               for p in range(L, 32)}
+    relay = [matched[p] - full[p] for p in range(L, 32)]
+    assert row["per_span"]["matched_gain"][0] == pytest.approx(np.mean(relay), abs=1e-5)
+    assert row["matched_by_bin"][-1]["gain"] == pytest.approx(np.mean(relay[16 - L:]), abs=1e-5)
+    assert row["matched_reference"] == ("BCA's direct window, from the previous segment's start"
+                                        if attention == "bca" else f"the last {L} tokens")
+
+
+def test_an_interpolations_reference_is_under_the_same_scaling(tiny_data, tmp_path):
+    """YaRN whose s follows the length is s = 32 / 8 = 4 over a 32-token span: its matched
+    reference scores the last l tokens at that s too, so that YaRN's cost inside the window is not
+    counted as context unused. Brute force, each window a pass of its own."""
+    ckpt = tmp_path / "m.pt"
+    make_checkpoint(ckpt, tiny_data, pos="rope", block_size=8, seed=3)
+    out = tmp_path / "c.json"
+    eval_retrieval.main([str(a) for a in ("--ckpt", ckpt, "--probe", "context", "--lengths", 32,
+                                          "--sequences", 1, "--stride", 3, "--attention",
+                                          "causal", "--rope_scaling", "yarn", "--json", out)])
+    row = json.loads(out.read_text())["rows"][0]
+    model, _ = checkpoint.load_model(ckpt, "cpu")
+    stream = data.read_tokens(tiny_data, "val", data.load_meta(tiny_data)).tokens
+    span = torch.from_numpy(np.asarray(stream[:33]).astype(np.int64))[None]
+    x, y = span[:, :-1], span[:, 1:]
+    def nll(logits, target):
+        return torch.nn.functional.cross_entropy(logits[0].double(), target[0]).item()
+    yarn4 = RopeScaling("yarn", 4.0)
+    full = model(x, y, attention="causal", rope_scaling=yarn4)[0]
+    positions = range(8, 32, 3)
+    gain, matched = [], []
+    for p in positions:
+        at = nll(full[:, p : p + 1], y[:, p : p + 1])
+        window = x[:, p - 7 : p + 1], y[:, p - 7 : p + 1]
+        gain.append(nll(model(*window, attention="causal")[0][:, -1:], y[:, p : p + 1]) - at)
+        matched.append(nll(model(*window, attention="causal", rope_scaling=yarn4)[0][:, -1:],
+                           y[:, p : p + 1]) - at)
+    # (this untrained model barely minds the scaling: the two differ by 4e-6 here)
+    assert row["per_span"]["gain"][0] == pytest.approx(np.mean(gain), abs=5e-7)
+    assert row["per_span"]["matched_gain"][0] == pytest.approx(np.mean(matched), abs=5e-7)
+    assert abs(np.mean(gain) - np.mean(matched)) > 2e-6
+    assert row["matched_reference"] == "the last 8 tokens, under yarn s=4"
 
 
 def test_context_probe_flags_are_one_line_errors(tiny_data, tmp_path):
