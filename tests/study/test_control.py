@@ -27,7 +27,7 @@ def test_the_control_suite_plans_and_tables_its_probe(tmp_path, capsys):
     assert ("--pos=xpos --xpos_scale_base=32.0 --block_size=64 --batch_size=64 "
             "--gradient_accumulation_steps=1 --seed=1337") in plan
     assert ("--probe context --attention causal --beyond 64 --lengths 256 --stride 15 "
-            "--sequences 64") in plan
+            "--sequences 512") in plan
     assert ("--probe context --attention causal,bca --beyond 64 --lengths 1024 --stride 15"
             in plan)
     (results / "raw").mkdir(parents=True)
