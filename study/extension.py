@@ -190,32 +190,27 @@ def extension_plan(args, budget):
 
 
 def fine_tune_jobs(args, budget):
+    """Every fine-tune, the controls at l first: claim 13's comparison rests on them."""
     models = extension_models(args, budget)
     overrides = {scheme: runs[0][3] for scheme, runs in study_runs(budget).items()}
     tuned = fine_tune_settings(args, budget)
+    at_l = at_l_settings(tuned, budget)
     config = VARIANTS[args.variant]["config"]
     jobs = []
-    for name, source, scaling in FINE_TUNES + TUNED_FINE_TUNES:
+    fine_tunes = [(name, source, at_l, {}) for name, source in CONTROL_FINE_TUNES]
+    fine_tunes += [(name, source, tuned, scaling)
+                   for name, source, scaling in FINE_TUNES + TUNED_FINE_TUNES]
+    for name, source, own, scaling in fine_tunes:
         if name not in models:  # its source is not among --schemes
             continue
         for seed, src, ckpt in zip(SEEDS, models[source], models[name]):
             # the source's model, then the fine-tune's own settings
             settings = dict(overrides[source], **budget["train"])
-            settings.update(tuned, **scaling, seed=seed, init_from=str(src),
+            settings.update(own, **scaling, seed=seed, init_from=str(src),
                             out_dir=str(ckpt.parent), data_dir=str(Path(args.data)),
                             device=args.device)
             jobs.append(train_job(f"fine-tune {name}_s{seed}", config, ckpt, settings,
-                                  budget["recipe"], inputs=[src], max_iters=tuned["max_iters"]))
-    at_l = at_l_settings(tuned, budget)
-    for name, source in CONTROL_FINE_TUNES:
-        if name not in models:
-            continue
-        for seed, src, ckpt in zip(SEEDS, models[source], models[name]):
-            settings = dict(overrides[source], **budget["train"])
-            settings.update(at_l, seed=seed, init_from=str(src), out_dir=str(ckpt.parent),
-                            data_dir=str(Path(args.data)), device=args.device)
-            jobs.append(train_job(f"fine-tune {name}_s{seed}", config, ckpt, settings,
-                                  budget["recipe"], inputs=[src], max_iters=at_l["max_iters"]))
+                                  budget["recipe"], inputs=[src], max_iters=own["max_iters"]))
     return jobs
 
 

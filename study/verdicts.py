@@ -327,26 +327,34 @@ def context_control(results):
     (a model trained at 4l under causal attention, its "long: ..." rows); until then the only
     candidates are the fine-tunes at 4l, inside their own training length."""
     control = (results.control or {}).get("table", {})
-    long_rows = {n: r for n, r in control.items() if n.startswith("long: ")}
+    long_rows = {n: r for n, r in control.items() if n.split(": ")[0].startswith("long")}
     if long_rows:
-        name, row = next(iter(long_rows.items()))
-        m, iv = row["gain"]["mean"], row["gain interval"]
-        seen = excludes(iv) > 0
+        ivs = {n: r["gain interval"] for n, r in long_rows.items()}
+        seen = [n for n, iv in ivs.items() if excludes(iv) > 0]
+        trained = " and ".join(f"{n} (trained at {'8' if n.startswith('long8') else '4'}l) "
+                               f"{num(r['gain']['mean'], 4)} {interval_text(ivs[n], 4)}"
+                               for n, r in long_rows.items())
         bca = {n: r for n, r in control.items() if n.endswith(" + BCA")}
-        against = "; ".join(f"{n} {num(r['gain']['mean'], 4)} "
-                            f"{interval_text(r['gain interval'], 4)} "
-                            f"({against_zero(r['gain interval'])})" for n, r in bca.items())
+        against = "; ".join(
+            f"{n} {num(r['gain']['mean'], 4)} {interval_text(r['gain interval'], 4)} "
+            f"({against_zero(r['gain interval'])})"
+            + (f", relay alone (against BCA's direct window) {num(r['matched gain']['mean'], 4)} "
+               f"{interval_text(r['matched gain interval'], 4)} "
+               f"({against_zero(r['matched gain interval'])})" if r.get("matched gain") else "")
+            for n, r in bca.items())
         corpus = results.control.get("corpus", "the control corpus")
+        l = (results.control.get("recipe") or {}).get("block_size", "l")
         if seen:
-            sentence = (f"**The probe sees a gain where one exists**: on {corpus}, {name} "
-                        f"(trained at 4l, causal) gains {num(m, 4)} {interval_text(iv, 4)} "
-                        f"nats from context beyond l. Against it, trained at l, past l: "
+            sentence = (f"**The probe sees a gain where one exists**: on {corpus} at l = {l}, "
+                        f"the models trained longer, under causal attention, gain from context "
+                        f"beyond l (nats, t intervals over seeds): {trained}, above 0 for "
+                        f"{names_text(seen)}. Against it, trained at l, past l: "
                         f"{against or 'no BCA row yet'}.")
         else:
             sentence = (f"**The probe has not been shown able to see a gain at this scale**: on "
-                        f"{corpus} the model trained at 4l gains {num(m, 4)} "
-                        f"{interval_text(iv, 4)} from context beyond l, an interval holding 0.")
-        predicate = f"control {name}: t interval {iv} above 0: {seen}"
+                        f"{corpus} at l = {l} the models trained longer gain {trained} nats from "
+                        "context beyond l, each interval holding 0.")
+        predicate = f"controls above 0: {seen or 'none'} of {list(ivs)}"
     else:
         found = []
         l = results.extension["recipe"]["block_size"] if results.extension else 128
@@ -1059,21 +1067,89 @@ def extension_retrieval(results):
 
 
 def extension_yarn(results):
-    """Item 7: YaRN's α and β, recorded or the code's at the time."""
+    """Item 7: YaRN's alpha and beta: tuned here (summary["yarn"], from the sweep at 4l), or
+    LLaMA's at the time."""
     record = results.extension.get("yarn")
-    if record:
+    l = results.extension["recipe"]["block_size"]
+    if record and record.get("grid"):
+        grid = record["grid"]
+        key = f"{record['alpha']:g},{record['beta']:g}"
+        default = grid.get("1,32")
+        sentence = (f"YaRN's ramp ends were tuned here for l = {l} and head dimension 32: α = "
+                    f"{record['alpha']:g}, β = {record['beta']:g}, {record['chosen']} (zero-shot "
+                    f"at 4l with s = 4: perplexity {num(grid[key]['mean'], 3)}, against "
+                    f"{num(default['mean'], 3)} at LLaMA's α = 1, β = 32)")
+        predicate = f"chosen {key} of {len(grid)} pairs"
+    elif record:
         sentence = (f"YaRN's ramp uses α = {record['alpha']:g}, β = {record['beta']:g}, "
                     f"{record.get('chosen', 'as recorded')}")
+        predicate = "recorded"
     else:
-        l = results.extension["recipe"]["block_size"]
         turns = l / (2 * math.pi)  # the fastest pair turns once a 2 pi tokens (theta_0 = 1)
         sentence = (f"YaRN's ramp uses α = {YARN_AT_THE_TIME['alpha']}, β = "
                     f"{YARN_AT_THE_TIME['beta']}, LLaMA's values, not tuned for this length: "
                     f"at l = {l} the fastest pair turns {turns:.1f} times, fewer than β, so "
                     "every pair but the kept first is interpolated in part or whole, close to "
                     "PI")
+        predicate = "not recorded: the defaults then"
     return Verdict("extension-yarn", "claim 13", "YaRN's settings", "recorded against tuned",
-                   "recorded" if record else "not recorded: the defaults then", sentence)
+                   predicate, sentence)
+
+
+def extension_dynamic(results):
+    """Claim 13: the YaRN fine-tunes past 4l with s that grows with the length (YaRN's dynamic
+    rule, s = L / l) against their fixed s = 4, seed by seed (positive: dynamic is lower)."""
+    l = results.extension["recipe"]["block_size"]
+    table = results.extension["table"]
+    found = []
+    for row in [n for n in table if n.startswith("fine-tuned at 4l: rope + yarn dynamic")]:
+        fixed = row.replace("dynamic", "s=4")
+        for m in (8, 16):
+            d = paired(ext_cell(results, fixed, str(m * l)), ext_cell(results, row, str(m * l)))
+            if d:
+                found.append((row.split(": ")[1], m, sum(d) / len(d), t_interval(d), k_of(d),
+                              len(d)))
+    if not found:
+        sentence = ("No YaRN fine-tune has been scored past 4l with s that grows with the "
+                    "length: only its fixed s = 4")
+    else:
+        sentence = ("Past 4l, s that grows with the length (YaRN's dynamic rule, s = L / l) "
+                    "against the fine-tune's fixed s = 4, perplexity fixed minus dynamic: "
+                    + "; ".join(f"{label} at {m}l {num(g, 3)} {interval_text(iv, 3)} "
+                                f"({against_zero(iv)}, lower {seeds_text(k, n)})"
+                                for label, m, g, iv, k, n in found))
+    return Verdict("extension-dynamic", "claim 13", "perplexity at 8l and 16l, 3 seeds",
+                   "dynamic against fixed s = 4, seed by seed",
+                   f"{[(f[0], f[1], f[4]) for f in found]}", sentence)
+
+
+def extension_tuned(results):
+    """Claim 13: YaRN with the tuned ends against LLaMA's, zero-shot and fine-tuned, at 4l."""
+    record = results.extension.get("yarn") or {}
+    l = results.extension["recipe"]["block_size"]
+    table = results.extension["table"]
+    ends = f" a={record['alpha']:g} b={record['beta']:g}" if record.get("grid") else None
+    pairs = []
+    if ends:
+        pairs = [("zero-shot", "zero-shot: rope + yarn", f"zero-shot: rope + yarn{ends}"),
+                 ("fine-tuned", "fine-tuned at 4l: rope + yarn s=4 from 128",
+                  f"fine-tuned at 4l: rope + yarn s=4 from 128{ends}")]
+    found = []
+    for what, default, tuned in pairs:
+        if tuned in table and default in table:
+            d = paired(ext_cell(results, default, str(4 * l)), ext_cell(results, tuned,
+                                                                         str(4 * l)))
+            if d:
+                found.append((what, sum(d) / len(d), t_interval(d), k_of(d), len(d)))
+    if not found:
+        sentence = "YaRN with tuned ends has not been scored against LLaMA's"
+    else:
+        sentence = ("At 4l, YaRN's tuned ends against LLaMA's, perplexity LLaMA's minus tuned: "
+                    + "; ".join(f"{what} {num(g, 3)} {interval_text(iv, 3)} ({against_zero(iv)}, "
+                                f"lower {seeds_text(k, n)})" for what, g, iv, k, n in found))
+    return Verdict("extension-tuned-yarn", "claim 13", "perplexity at 4l, 3 seeds",
+                   "tuned ends against LLaMA's, seed by seed",
+                   f"{[(f[0], f[3]) for f in found]}", sentence)
 
 
 VERDICTS = (seed_counts, context_bca, context_bins, context_windows, context_alibi,
@@ -1083,7 +1159,8 @@ VERDICTS = (seed_counts, context_bca, context_bins, context_windows, context_ali
             alibi_rope, interpolation_retrieval,
             lambda r: interpolation_retrieval(r, short=True), windows_past_bound, flipflop_sinks,
             yarn_passkey_long, bca_grid, bar_1x, bca_long, extension_vs_bca, extension_gain,
-            extension_at_l, extension_context, extension_retrieval, extension_yarn)
+            extension_at_l, extension_context, extension_retrieval, extension_yarn,
+            extension_dynamic, extension_tuned)
 
 
 def verdicts(root=ROOT):

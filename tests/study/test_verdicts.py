@@ -199,3 +199,29 @@ def test_the_control_at_l_is_read_when_it_exists():
         table[f"fine-tuned at l (control): {label}"] = control
     sentence = study_verdicts.extension_at_l(results).sentence
     assert "lower at 4l by 0.010 [0.010, 0.010] for xpos (above 0, in every seed)" in sentence
+
+
+def test_the_dynamic_and_tuned_yarn_rows_are_read_when_they_exist():
+    """Claim 13's new rows: the YaRN fine-tune past 4l with s growing with the length against its
+    fixed s = 4, and YaRN's tuned ends against LLaMA's, each seed by seed with a t interval."""
+    results = study_verdicts.Results()
+    assert study_verdicts.extension_dynamic(results).sentence.startswith("No YaRN fine-tune")
+    assert "has not been scored" in study_verdicts.extension_tuned(results).sentence
+    table = results.extension["table"]
+    fixed = "fine-tuned at 4l: rope + yarn s=4 from 128"
+    dynamic = copy.deepcopy(table[fixed])
+    for column, step in (("1024", 0.2), ("2048", -0.1)):
+        dynamic[column]["values"] = [v - step for v in dynamic[column]["values"]]
+    table["fine-tuned at 4l: rope + yarn dynamic from 128"] = dynamic
+    sentence = study_verdicts.extension_dynamic(results).sentence
+    assert ("rope + yarn dynamic from 128 at 8l 0.200 [0.200, 0.200] (above 0, lower in every "
+            "seed)") in sentence
+    assert "at 16l −0.100 [−0.100, −0.100] (below 0, lower in no seed)" in sentence
+    grid = {f"{a:g},{b:g}": {"mean": 20.0} for a, b in ((1, 32), (0.5, 8))}
+    results.extension["yarn"] = {"alpha": 0.5, "beta": 8.0, "chosen": "chosen here", "grid": grid}
+    tuned = copy.deepcopy(table[fixed])
+    tuned["512"]["values"] = [v + 0.01 * i for i, v in enumerate(tuned["512"]["values"])]
+    table[fixed + " a=0.5 b=8"] = tuned
+    sentence = study_verdicts.extension_tuned(results).sentence
+    assert "fine-tuned −0.010 [" in sentence and "lower in no seed" in sentence
+    assert "α = 0.5, β = 8" in study_verdicts.extension_yarn(results).sentence
