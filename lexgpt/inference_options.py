@@ -254,8 +254,12 @@ def checkpoint_scaling(config: GPTConfig, scaling: RopeScaling | None) -> RopeSc
         scaling = replace(scaling, original_length=length)
     if scaling.method == "yarn" and config.rope_scaling == "yarn":
         own = scaling_of(config)
-        scaling = replace(scaling, alpha=own.alpha if scaling.alpha is None else scaling.alpha,
-                          beta=own.beta if scaling.beta is None else scaling.beta)
+        try:
+            scaling = replace(scaling, alpha=own.alpha if scaling.alpha is None else scaling.alpha,
+                              beta=own.beta if scaling.beta is None else scaling.beta)
+        except ValueError as e:  # one end asked for, the other the checkpoint's
+            raise UserError(f"{e}; the checkpoint's own are yarn_alpha={config.yarn_alpha:g}, "
+                            f"yarn_beta={config.yarn_beta:g}") from None
     return scaling
 
 

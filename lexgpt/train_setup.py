@@ -125,8 +125,9 @@ def check_run(cfg: TrainConfig, ddp: bool, rank: int, world: int, device: str,
     if cfg.init_from != "resume" and cfg.rope_scaling == "none":  # (resume: the checkpoint's)
         for key, unscaled in SCALING_KEYS.items():
             if getattr(cfg, key) != unscaled:
-                raise UserError(f"{key}={getattr(cfg, key)!r} applies to rope_scaling pi, ntk or "
-                                "yarn only: give --rope_scaling too")
+                methods = "yarn" if key.startswith("yarn") else "pi, ntk or yarn"
+                raise UserError(f"{key}={getattr(cfg, key)!r} applies to rope_scaling {methods} "
+                                "only: give --rope_scaling too")
     meta = run_dataset(cfg, ckpt_path)
     gpt_config, weights, init = None, None, None
     if cfg.init_from == "scratch":  # a bad configuration: one line before out_dir is made

@@ -7,6 +7,7 @@ methods, and the report that tables them.
 import os
 from pathlib import Path
 
+from alternatives import YARN_ALPHA, YARN_BETA
 from lexgpt.cli import UserError
 from study.files import check_outputs, check_raw, write_summary
 from study.jobs import (
@@ -66,29 +67,11 @@ CONTROL_FINE_TUNES = ("rope_more", "rope"), ("xpos_more", "xpos")
 # YaRN's ramp ends (alpha, beta: turns over l), tuned here: alternatives.py's defaults are
 # LLaMA's (l = 2048, d = 128), while at the study's l = 128 and head dimension 32 the fastest
 # pair turns 20.4 times, fewer than beta = 32, so every pair but the first is interpolated in
-# part. The grid is scored zero-shot at 4l with s = 4 on the rope sources, 3 seeds, on validation
-# spans of length 4l (raw/yarn_tuning); YARN_TUNED is the pair of least mean perplexity there,
-# which the report checks against the sweep.
-YARN_GRID = [(a, b) for a in (0.25, 0.5, 1.0, 2.0) for b in (4.0, 8.0, 16.0, 32.0)]
-YARN_TUNED = None  # (alpha, beta) once the sweep has run; until then no job uses it
-# The RoPE fine-tune at 4l with the tuned ends, and the YaRN fine-tunes again past 4l with s
-# that grows with the length from l (YaRN's dynamic scaling, RopeScaling.factor_at), beside
-# their fixed s = 4: rows scored from another model's checkpoints under other flags (perplexity
-# only), as (name, the model whose checkpoints, rules).
-if YARN_TUNED:
-    TUNED_FLAGS = ["--yarn_alpha", f"{YARN_TUNED[0]:g}", "--yarn_beta", f"{YARN_TUNED[1]:g}"]
-    TUNED_FINE_TUNES = (("rope_yarn_tuned", "rope",
-                         dict(rope_scaling="yarn", rope_factor=4.0, yarn_alpha=YARN_TUNED[0],
-                              yarn_beta=YARN_TUNED[1])),)
-    TUNED_RESCORED = (
-        ("rope_yarn_tuned_zero_shot", "rope", ["--attention", "causal", "--rope_scaling",
-                                               "yarn", *TUNED_FLAGS]),
-        ("rope_yarn_tuned_dynamic", "rope_yarn_tuned", ["--attention", "causal",
-                                                        "--rope_scaling", "yarn"]))
-else:
-    TUNED_FINE_TUNES, TUNED_RESCORED = (), ()
-RESCORED = (("rope_yarn_dynamic", "rope_yarn", ["--attention", "causal", "--rope_scaling",
-                                                "yarn"]),) + TUNED_RESCORED
+# part. Each pair of the grid is scored zero-shot at 4l with s = 4 on the rope sources, 3 seeds,
+# on validation spans of length 4l (raw/yarn_tuning); the pair of least mean perplexity there is
+# the one the tuned rows use (tuned_ends), planned once the sweep has run. At l = 128, d = 32
+# these 12 pairs are 12 different ramps (beta = 16 would be beta = 32's: both end at pair 0).
+YARN_GRID = [(a, b) for a in (0.25, 0.5, 1.0, 2.0) for b in (4.0, 8.0, 32.0)]
 EXTENSION_RULES["rope_yarn_tuned"] = ["--attention", "causal"]
 EXTENSION_MULTIPLES = (1, 4, 8, 16)  # x l: to the fine-tuning length 4l and past it
 EXTENSION_SPANS = {"full": "32", "toy": "1"}
@@ -110,70 +93,113 @@ def extra_tokens(settings):
 
 def extension_models(args, budget):
     """{model name: its checkpoints, in seed order}: the sources' study runs, the fine-tunes
-    under runs/extension."""
+    under runs/extension (the one with YaRN's tuned ends once they are chosen)."""
     runs = Path(args.runs)
     sources = [s for s in EXTENSION_SOURCES if s in budget["schemes"]]
     models = {}
     for scheme in sources:
         models[scheme] = [runs / f"{scheme}_s{seed}" / "ckpt.pt" for seed in SEEDS]
-    tuned = [(n, s) for n, s, _ in FINE_TUNES + TUNED_FINE_TUNES] + list(CONTROL_FINE_TUNES)
-    for name, source in tuned:
+    tuned = [(n, s) for n, s, _ in FINE_TUNES + tuned_fine_tunes(args, budget)]
+    for name, source in tuned + list(CONTROL_FINE_TUNES):
         if source in sources:
             models[name] = [runs / "extension" / f"{name}_s{seed}" / "ckpt.pt" for seed in SEEDS]
     return models
 
 
+def tuned_fine_tunes(args, budget):
+    """(name, source, train.py overrides) of the RoPE fine-tune at 4l with YaRN's tuned ends;
+    none before the sweep has chosen them."""
+    ends = tuned_ends(args, budget)
+    if ends is None or ends == (YARN_ALPHA, YARN_BETA):  # LLaMA's ends: rope_yarn itself
+        return ()
+    return (("rope_yarn_tuned", "rope", dict(rope_scaling="yarn", rope_factor=4.0,
+                                             yarn_alpha=ends[0], yarn_beta=ends[1])),)
+
+
+def rescored(args, budget):
+    """(name, the model whose checkpoints, rules) of the rows scored from another model's
+    checkpoints under other flags (perplexity only): the YaRN fine-tunes past 4l with s that grows
+    with the length from l (YaRN's dynamic scaling, RopeScaling.factor_at), beside their fixed
+    s = 4; and, once chosen, zero-shot RoPE under YaRN's tuned ends."""
+    dynamic = ["--attention", "causal", "--rope_scaling", "yarn"]
+    rows = [("rope_yarn_dynamic", "rope_yarn", dynamic)]
+    ends = tuned_ends(args, budget)
+    if ends is not None and ends != (YARN_ALPHA, YARN_BETA):
+        flags = ["--yarn_alpha", f"{ends[0]:g}", "--yarn_beta", f"{ends[1]:g}"]
+        rows += [("rope_yarn_tuned_zero_shot", "rope", dynamic + flags),
+                 ("rope_yarn_tuned_dynamic", "rope_yarn_tuned", dynamic)]
+    return rows
+
+
 def rescored_models(args, budget):
-    """{name: (checkpoints, rules)} of RESCORED whose model is among extension_models."""
+    """{name: (checkpoints, rules)} of the rescored rows whose model is among extension_models."""
     models = extension_models(args, budget)
-    return {name: (models[model], rules) for name, model, rules in RESCORED if model in models}
+    return {name: (models[model], rules) for name, model, rules in rescored(args, budget)
+            if model in models}
 
 
 def yarn_tuning_jobs(args, budget):
     """YARN_GRID's pairs, each scored zero-shot at 4l with s = 4 on the rope sources: the
-    perplexity from which YARN_TUNED was chosen."""
-    models = extension_models(args, budget)
-    if "rope" not in models:
+    perplexity from which the tuned ends are chosen."""
+    if "rope" not in budget["schemes"]:
         return []
+    ckpts = [Path(args.runs) / f"rope_s{seed}" / "ckpt.pt" for seed in SEEDS]
     length = str(4 * budget["recipe"]["block_size"])
     jobs = []
     for alpha, beta in YARN_GRID:
-        out = Path(args.results) / "raw" / "yarn_tuning" / f"a{alpha:g}_b{beta:g}.ppl.json"
+        out = tuning_path(args, alpha, beta)
         jobs.append(Job(f"tune yarn a={alpha:g} b={beta:g}", "extrapolate", out,
-                        [PY, "eval_extrapolate.py", *ckpt_flags(models["rope"]), "--data_dir",
+                        [PY, "eval_extrapolate.py", *ckpt_flags(ckpts), "--data_dir",
                          str(Path(args.data)), "--device", args.device, "--attention", "causal",
                          "--rope_scaling", "yarn", "--rope_factor", "4", "--yarn_alpha",
                          f"{alpha:g}", "--yarn_beta", f"{beta:g}", "--lengths", length,
                          "--max_len", length, "--spans", EXTENSION_SPANS[args.budget],
-                         "--json", str(out)], inputs=models["rope"]))
+                         "--json", str(out)], inputs=ckpts))
     return jobs
 
 
-def yarn_tuning(args, budget):
-    """{"alpha", "beta", "chosen", "grid"} from raw/yarn_tuning: each pair's mean perplexity at
-    4l over the rope sources' seeds, and whether YARN_TUNED is the least (None before the
-    sweep has run)."""
-    models = extension_models(args, budget)
-    own = {os.path.normpath(c) for c in models.get("rope", [])}
+def tuning_path(args, alpha, beta):
+    return Path(args.results) / "raw" / "yarn_tuning" / f"a{alpha:g}_b{beta:g}.ppl.json"
+
+
+def yarn_grid(args, budget):
+    """{"alpha,beta": spread of perplexity at 4l over the rope sources' seeds} of every pair of
+    YARN_GRID, from raw/yarn_tuning; None until every pair is measured on this run's sources."""
+    if "rope" not in budget["schemes"]:
+        return None
+    own = {os.path.normpath(Path(args.runs) / f"rope_s{seed}" / "ckpt.pt") for seed in SEEDS}
     grid = {}
     for alpha, beta in YARN_GRID:
-        path = Path(args.results) / "raw" / "yarn_tuning" / f"a{alpha:g}_b{beta:g}.ppl.json"
+        path = tuning_path(args, alpha, beta)
         rows = (read_result(path) or {}).get("rows", []) if path.exists() else []
         ppl = [r["ppl"] for r in rows if os.path.normpath(str(r["ckpt"])) in own]
-        if len(ppl) == len(own) and own:
-            grid[f"{alpha:g},{beta:g}"] = spread(ppl)
-    if len(grid) < len(YARN_GRID):
+        if len(ppl) != len(own):
+            return None
+        grid[f"{alpha:g},{beta:g}"] = spread(ppl)
+    return grid
+
+
+def tuned_ends(args, budget):
+    """(alpha, beta) of least mean perplexity in the sweep (the first such pair of YARN_GRID),
+    or None before the sweep has run."""
+    grid = yarn_grid(args, budget)
+    if grid is None:
         return None
     best = min(grid, key=lambda k: grid[k]["mean"])
-    tuned = f"{YARN_TUNED[0]:g},{YARN_TUNED[1]:g}" if YARN_TUNED else None
-    chosen = (f"chosen here: least mean perplexity at 4l over {len(own)} seeds of the "
-              f"{len(YARN_GRID)} pairs of alpha in {{0.25, 0.5, 1, 2}} and beta in "
-              "{4, 8, 16, 32}")
-    if best != tuned:
-        raise UserError(f"YaRN's sweep found alpha,beta = {best} best, and study/extension.py's "
-                        f"YARN_TUNED is {YARN_TUNED}: set it to the sweep's best, then run "
-                        "again")
-    return {"alpha": YARN_TUNED[0], "beta": YARN_TUNED[1], "chosen": chosen, "grid": grid}
+    return tuple(float(x) for x in best.split(","))
+
+
+def yarn_tuning(args, budget):
+    """{"alpha", "beta", "chosen", "grid"}: the tuned ends and how they were chosen (None before
+    the sweep has run)."""
+    grid = yarn_grid(args, budget)
+    if grid is None:
+        return None
+    alpha, beta = tuned_ends(args, budget)
+    chosen = (f"the least mean perplexity at 4l (zero-shot, s = 4) over {len(SEEDS)} seeds of "
+              f"{len(YARN_GRID)} pairs, alpha in {{0.25, 0.5, 1, 2}} and beta in {{4, 8, 32}}, "
+              "on the validation text the table is scored on")
+    return {"alpha": alpha, "beta": beta, "chosen": chosen, "grid": grid}
 
 
 def extension_plan(args, budget):
@@ -199,7 +225,7 @@ def fine_tune_jobs(args, budget):
     jobs = []
     fine_tunes = [(name, source, at_l, {}) for name, source in CONTROL_FINE_TUNES]
     fine_tunes += [(name, source, tuned, scaling)
-                   for name, source, scaling in FINE_TUNES + TUNED_FINE_TUNES]
+                   for name, source, scaling in FINE_TUNES + tuned_fine_tunes(args, budget)]
     for name, source, own, scaling in fine_tunes:
         if name not in models:  # its source is not among --schemes
             continue
@@ -384,7 +410,7 @@ def extension_report(args, budget, measured=True):
     values = {}  # row name: column: {seed place: value}
     control = [name for name, _ in CONTROL_FINE_TUNES]
     model_of = {name: name for name in extension_models(args, budget)}
-    model_of.update({name: model for name, model, _ in RESCORED
+    model_of.update({name: model for name, model, _ in rescored(args, budget)
                      if name in rescored_models(args, budget)})
     for name, model in model_of.items():
         tuned = model not in EXTENSION_SOURCES

@@ -492,7 +492,13 @@ def main(argv=None):
             own_run_dir(args.results, "--results", "or give another --results")
         if not args.tune and not args.plan:  # another suite's results: refused before any job
             check_outputs(Path(args.results), args.suite)
-        run_jobs(args, budget, jobs_for(args, budget))
+        jobs = jobs_for(args, budget)
+        run_jobs(args, budget, jobs)
+        # a plan that grows as its jobs finish (the extension's rows under YaRN's tuned ends,
+        # once its sweep has chosen them) is run again
+        while not args.plan and [j.name for j in jobs_for(args, budget)] != [j.name for j in jobs]:
+            jobs = jobs_for(args, budget)
+            run_jobs(args, budget, jobs)
     except UserError as e:
         sys.exit(f"reproduce.py: error: {e}")
     except KeyboardInterrupt:

@@ -462,14 +462,23 @@ def extension_markdown(summary):
     columns = [str(n) for n in summary["lengths"]]
     title = ("Perplexity against length (lex protocol) and the gain from context beyond l "
              "(the context probe at 16l, nats per token), mean ± std over seeds [each seed]")
-    lines = table_head(title, ["extra tokens", *columns, "context gain beyond l"])
+    lines = table_head(title, ["seeds", "extra tokens", *columns, "context gain beyond l"])
     for name, row in summary["table"].items():
         tokens = row.get("extra tokens")
         tokens = f"{int(tokens['mean']):,}" if tokens else "–"
-        cells = [tokens, *(cell(row.get(c), 3) for c in columns),
+        seeds = max((row[c]["n"] for c in columns if row.get(c)), default=0)
+        cells = [str(seeds), tokens, *(cell(row.get(c), 3) for c in columns),
                  cell(row.get("context gain"), 4)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     text = head + "\n" + "\n".join(lines) + "\n"
+    if summary.get("yarn", {}).get("grid"):
+        yarn = summary["yarn"]
+        text += ("\n" + "\n".join(table_head(
+            f"YaRN's ramp ends (alpha, beta) at 4l = {4 * l}, zero-shot RoPE with s = 4: "
+            f"perplexity, mean ± std over seeds [each seed]; chosen: alpha = {yarn['alpha']:g}, "
+            f"beta = {yarn['beta']:g}, {yarn['chosen']}", ["perplexity"], header="alpha,beta"))
+            + "\n" + "\n".join(f"| {ends} | {cell(g, 3)} |" for ends, g in yarn["grid"].items())
+            + "\n")
     if summary.get("task_suite"):
         text += "\n" + suite_markdown(summary["task_suite"])
     return text

@@ -351,9 +351,10 @@ def context_control(results):
                         f"{names_text(seen)}. Against it, trained at l, past l: "
                         f"{against or 'no BCA row yet'}.")
         else:
+            signs = names_text([f"{n} {against_zero(iv)}" for n, iv in ivs.items()])
             sentence = (f"**The probe has not been shown able to see a gain at this scale**: on "
                         f"{corpus} at l = {l} the models trained longer gain {trained} nats from "
-                        "context beyond l, each interval holding 0.")
+                        f"context beyond l (t intervals over seeds: {signs}).")
         predicate = f"controls above 0: {seen or 'none'} of {list(ivs)}"
     else:
         found = []
@@ -1075,7 +1076,9 @@ def extension_yarn(results):
         grid = record["grid"]
         key = f"{record['alpha']:g},{record['beta']:g}"
         default = grid.get("1,32")
-        sentence = (f"YaRN's ramp ends were tuned here for l = {l} and head dimension 32: α = "
+        recipe = results.extension["recipe"]
+        d = recipe.get("n_embd", 0) // max(recipe.get("n_head", 1), 1)
+        sentence = (f"YaRN's ramp ends were tuned here for l = {l} and head dimension {d}: α = "
                     f"{record['alpha']:g}, β = {record['beta']:g}, {record['chosen']} (zero-shot "
                     f"at 4l with s = 4: perplexity {num(grid[key]['mean'], 3)}, against "
                     f"{num(default['mean'], 3)} at LLaMA's α = 1, β = 32)")
@@ -1132,8 +1135,8 @@ def extension_tuned(results):
     pairs = []
     if ends:
         pairs = [("zero-shot", "zero-shot: rope + yarn", f"zero-shot: rope + yarn{ends}"),
-                 ("fine-tuned", "fine-tuned at 4l: rope + yarn s=4 from 128",
-                  f"fine-tuned at 4l: rope + yarn s=4 from 128{ends}")]
+                 ("fine-tuned", f"fine-tuned at 4l: rope + yarn s=4 from {l}",
+                  f"fine-tuned at 4l: rope + yarn s=4 from {l}{ends}")]
     found = []
     for what, default, tuned in pairs:
         if tuned in table and default in table:
@@ -1146,7 +1149,9 @@ def extension_tuned(results):
     else:
         sentence = ("At 4l, YaRN's tuned ends against LLaMA's, perplexity LLaMA's minus tuned: "
                     + "; ".join(f"{what} {num(g, 3)} {interval_text(iv, 3)} ({against_zero(iv)}, "
-                                f"lower {seeds_text(k, n)})" for what, g, iv, k, n in found))
+                                f"lower {seeds_text(k, n)})" for what, g, iv, k, n in found)
+                    + " (the ends were chosen on these seeds and much of this text, which favours "
+                    "them)")
     return Verdict("extension-tuned-yarn", "claim 13", "perplexity at 4l, 3 seeds",
                    "tuned ends against LLaMA's, seed by seed",
                    f"{[(f[0], f[3]) for f in found]}", sentence)

@@ -356,6 +356,10 @@ def test_a_scaling_asked_for_counts_over_the_checkpoints_original_length():
     assert (fields["yarn_alpha"], fields["yarn_beta"]) == (0.5, 8.0)
     asked = checkpoint_scaling(whole, RopeScaling("yarn", 8.0, alpha=2.0))
     assert (asked.alpha, asked.beta) == (2.0, 8.0)
+    # one end asked for beyond the checkpoint's other: one line, not a traceback
+    with pytest.raises(cli.UserError, match=r"^yarn_alpha=16.0, yarn_beta=8.0 are not allowed: .*; "
+                       "the checkpoint's own are yarn_alpha=0.5, yarn_beta=8$"):
+        checkpoint_scaling(whole, RopeScaling("yarn", 8.0, alpha=16.0))
 
 
 def test_a_run_directory_has_one_owner(tmp_path):

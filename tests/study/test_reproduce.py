@@ -950,9 +950,23 @@ def test_toy_extension_end_to_end(tmp_path):
     control = torch.load(tmp_path / "runs" / "extension" / "rope_more_s1337" / "ckpt.pt",
                          weights_only=False)
     assert control["model_args"]["block_size"] == 16 and control["config"]["batch_size"] == 8
-    # every seed's value, YaRN at inference's context gain too
-    for row in summary["table"].values():
-        assert row["64"]["n"] == 3 and row["context gain"]["n"] == 3
+    # every seed's value, YaRN at inference's context gain too (the rows scored again under
+    # other flags have perplexity only)
+    for name, row in summary["table"].items():
+        assert row["64"]["n"] == 3
+        assert " dynamic " in name or " a=" in name or row["context gain"]["n"] == 3
+    # YaRN's ends: the sweep's least mean perplexity at 4l, and the YaRN fine-tune past 4l with s
+    # growing with the length
+    grid = summary["yarn"]["grid"]
+    assert len(grid) == 12 and all(g["n"] == 3 for g in grid.values())
+    best = min(grid, key=lambda k: grid[k]["mean"])
+    assert f"{summary['yarn']['alpha']:g},{summary['yarn']['beta']:g}" == best
+    assert "fine-tuned at 4l: rope + yarn dynamic from 16" in summary["table"]
+    tuned = best != "1,32"  # LLaMA's ends chosen: the tuned fine-tune is rope_yarn itself
+    if tuned:
+        ends = f" a={summary['yarn']['alpha']:g} b={summary['yarn']['beta']:g}"
+        assert {f"fine-tuned at 4l: rope + yarn s=4 from 16{ends}",
+                f"zero-shot: rope + yarn{ends}"} <= set(summary["table"])
     for name, method in (("rope_pi", "pi"), ("rope_yarn", "yarn")):
         ckpt = torch.load(tmp_path / "runs" / "extension" / f"{name}_s1338" / "ckpt.pt",
                           weights_only=False)
@@ -973,7 +987,9 @@ def test_toy_extension_end_to_end(tmp_path):
     # data, rope's seeds, the fine-tunes at 4l and the control at l (issue 46), perplexity and
     # context of 4 models; the task data at l and at 4l, the suite's rope, its task probe, its two
     # fine-tunes and their task probes; the report
-    jobs = 1 + 3 + 6 + 3 + 2 * 4 + 2 + 1 + 1 + 2 + 2 + 1
+    # and the ends' 12-pair sweep, the fine-tune with the tuned ends (its perplexity and context)
+    # and the rows scored again: the dynamic YaRN fine-tune(s), zero-shot under the tuned ends
+    jobs = 1 + 3 + 6 + 3 + 2 * 4 + 2 + 1 + 1 + 2 + 2 + 1 + 12 + 1 + (3 + 2 + 2 if tuned else 0)
     assert (again.returncode == 0
             and f"{jobs - 1} of {jobs} jobs finished already" in again.stdout), again.stdout[-2000:]
 
