@@ -216,7 +216,8 @@ def extension_plan(args, budget):
 
 
 def fine_tune_jobs(args, budget):
-    """Every fine-tune, the controls at l first: claim 13's comparison rests on them."""
+    """Every fine-tune, the controls at l first: claim 13's comparison rests on them (PI, whose
+    rows the comparison needs least, last)."""
     models = extension_models(args, budget)
     overrides = {scheme: runs[0][3] for scheme, runs in study_runs(budget).items()}
     tuned = fine_tune_settings(args, budget)
@@ -226,6 +227,7 @@ def fine_tune_jobs(args, budget):
     fine_tunes = [(name, source, at_l, {}) for name, source in CONTROL_FINE_TUNES]
     fine_tunes += [(name, source, tuned, scaling)
                    for name, source, scaling in FINE_TUNES + tuned_fine_tunes(args, budget)]
+    fine_tunes.sort(key=lambda f: f[0] == "rope_pi")
     for name, source, own, scaling in fine_tunes:
         if name not in models:  # its source is not among --schemes
             continue
@@ -257,6 +259,7 @@ def extension_score_jobs(args, budget):
     scored = {name: (ckpts, EXTENSION_RULES[name])
               for name, ckpts in extension_models(args, budget).items()}
     scored.update(rescored_models(args, budget))
+    scored = dict(sorted(scored.items(), key=lambda item: item[0] == "rope_pi"))
     jobs, contexts = [], []  # every perplexity first: the context probes take longer
     for name, (ckpts, rules) in scored.items():
         common = [*ckpt_flags(ckpts), "--data_dir", str(Path(args.data)),
