@@ -22,6 +22,7 @@ from study import report as study_report
 from study import reproduce
 from study import tables as study_tables
 from study import verdicts as study_verdicts
+from study.control import control_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -397,6 +398,7 @@ def readme_results_section():
 
 # docs/results.md: the study above it, the task suite from it on
 SUITE_HEADING = "\n## The long-range task suite"
+CONTROL_HEADING = "\n## The context probe's positive control"
 # and from here on, the context extension
 EXTENSION_HEADING = "\n## Context extension by fine-tuning"
 
@@ -412,10 +414,14 @@ def test_results_pages_match_the_committed_summary():
     page = (ROOT / "docs" / "results.md").read_text()
     study, suite = page.split(SUITE_HEADING)
     suite, extension = suite.split(EXTENSION_HEADING)
+    study, control = study.split(CONTROL_HEADING)
+    control, rest = control.split("\n## ", 1)
+    study += rest
     sources = {"char": study_tables.tables_markdown, "retrieval": study_tables.retrieval_markdown,
-               "extension": study_tables.extension_markdown}
+               "extension": study_tables.extension_markdown, "control": control_markdown}
     checks = [("char", "docs/results.md (the study)", study, 20),
               ("char", "README.md", readme_results_section(), 5),
+              ("control", "docs/results.md (the positive control)", control, 4),
               ("retrieval", "docs/results.md (the task suite)", suite, 4),
               ("extension", "docs/results.md (the context extension)", extension, 10)]
     for results, page, section, least in checks:
@@ -958,7 +964,7 @@ def test_toy_extension_end_to_end(tmp_path):
     # YaRN's ends: the sweep's least mean perplexity at 4l, and the YaRN fine-tune past 4l with s
     # growing with the length
     grid = summary["yarn"]["grid"]
-    assert len(grid) == 12 and all(g["n"] == 3 for g in grid.values())
+    assert len(grid) == 15 and all(g["n"] == 3 for g in grid.values())
     best = min(grid, key=lambda k: grid[k]["mean"])
     assert f"{summary['yarn']['alpha']:g},{summary['yarn']['beta']:g}" == best
     assert "fine-tuned at 4l: rope + yarn dynamic from 16" in summary["table"]
@@ -987,9 +993,9 @@ def test_toy_extension_end_to_end(tmp_path):
     # data, rope's seeds, the fine-tunes at 4l and the control at l (issue 46), perplexity and
     # context of 4 models; the task data at l and at 4l, the suite's rope, its task probe, its two
     # fine-tunes and their task probes; the report
-    # and the ends' 12-pair sweep, the fine-tune with the tuned ends (its perplexity and context)
+    # and the ends' 15-pair sweep, the fine-tune with the tuned ends (its perplexity and context)
     # and the rows scored again: the dynamic YaRN fine-tune(s), zero-shot under the tuned ends
-    jobs = 1 + 3 + 6 + 3 + 2 * 4 + 2 + 1 + 1 + 2 + 2 + 1 + 12 + 1 + (3 + 2 + 2 if tuned else 0)
+    jobs = 1 + 3 + 6 + 3 + 2 * 4 + 2 + 1 + 1 + 2 + 2 + 1 + 15 + 1 + (3 + 2 + 2 if tuned else 0)
     assert (again.returncode == 0
             and f"{jobs - 1} of {jobs} jobs finished already" in again.stdout), again.stdout[-2000:]
 
