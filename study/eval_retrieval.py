@@ -62,8 +62,9 @@ length l? For --sequences spans of T validation tokens (default 16 x block_size;
 evenly spread, as eval_extrapolate.py --spans K), the gain at position p >= l is the NLL of its
 token given only the l tokens before it (that window alone, causal) minus its NLL given everything
 the rule shows (the span in one pass): positive means context beyond l is used. Every --stride-th
-position from l on is scored (default l/8; an odd stride scores every phase of BCA's segments), and
-the gain is reported in bins [l, 2l), [2l, 4l), ... with one standard error over spans. Each row
+position from l on is scored (default: the first from l/8 up that shares no factor with BCA's
+segment length, so that every phase of the segments is scored equally often), and the gain is
+reported in bins [l, 2l), [2l, 4l), ... with one standard error over spans. Each row
 also has matched_gain, against a reference matched to the rule: under BCA the window of the
 query's own and the previous segment (what one layer attends to, in BCA's alignment), so that the
 gain is only what relays through the layers from further back; under an interpolation whose s
@@ -1351,13 +1352,22 @@ def mean_and_stderr(values):
     return float(values.mean()), stderr
 
 
+def default_stride(l: int, block_size: int) -> int:
+    """The context probe's default stride: the first from l/8 up that shares no factor with BCA's
+    segment length block_size/2, so that every phase of the segments is scored equally often."""
+    stride = max(1, l // 8)
+    while math.gcd(stride, max(1, block_size // 2)) != 1:
+        stride += 1
+    return stride
+
+
 def context_rows(args: argparse.Namespace, pf: Preflight, model: GPT, stream: np.ndarray,
                  runtime: Runtime, notes: list[str]) -> list[dict]:
     """The context probe's rows for one checkpoint: per variant, the gain from context beyond l
     per span, by bin, and the lex fall's split, from every --stride-th position from l on."""
     path, config, (length, spans) = pf.path, pf.config, pf.sizes
     l = config.block_size if args.beyond is None else args.beyond
-    stride = args.stride or max(1, l // 8)
+    stride = args.stride or default_stride(l, config.block_size)
     positions = torch.arange(l, length, stride)
     xy = as_batch([stream[s["start"] : s["end"]] for s in spans])
     # every variant is batched as the reference is (the plain scaling's default)
@@ -1585,7 +1595,9 @@ def parse_args(argv=None):
                    "per cell (passkey)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stride", type=int, help="context: score every S-th position from L "
-                   "(--beyond) on against the last L tokens alone (default: L/8)")
+                   "(--beyond) on against the last L tokens alone (default: the first from L/8 "
+                   "up that shares no factor with block_size/2, so every phase of BCA's "
+                   "segments is scored: 17 at L = 128)")
     p.add_argument("--beyond", type=int, help="context: the gain from context beyond L tokens "
                    "(default: block_size; a model fine-tuned longer against its original "
                    "length, say)")

@@ -415,7 +415,22 @@ def context_readme(results):
     if bins:
         text += f", though {len(bins)} of their bins are above 0 with an interval excluding it"
     if seen:
-        text += "; a positive control shows the probe can see such a gain"
+        table = results.control["table"]
+        best = max((n for n in table if n.split(": ")[0].startswith("long")),
+                   key=lambda n: table[n]["gain"]["mean"])
+        bca = [n for n in table if n.endswith(" + BCA")]
+        text += (f"; a positive control shows the probe can see such a gain: on "
+                 f"{results.control.get('corpus', 'the control corpus')} a model trained "
+                 f"longer ({best}) gains {num(table[best]['gain']['mean'], 4)} "
+                 f"{interval_text(table[best]['gain interval'], 4)} nats from context beyond l")
+        if bca:
+            text += ", where trained at l and past l under BCA " + ", ".join(
+                f"{n.split(': ')[1]} gains {num(table[n]['gain']['mean'], 4)} "
+                f"{interval_text(table[n]['gain interval'], 4)}"
+                + (f" (relay alone, over BCA's direct window, "
+                   f"{num(table[n]['matched gain']['mean'], 4)} "
+                   f"{interval_text(table[n]['matched gain interval'], 4)})"
+                   if table[n].get("matched gain") else "") for n in bca)
     else:
         text += ("; and no positive control has shown that the probe could see such a gain at "
                  "this scale, so whether context beyond l is used stays open")

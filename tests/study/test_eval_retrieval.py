@@ -552,3 +552,16 @@ def test_nothing_to_score_is_an_error(tiny_data, tmp_path):
             "--distances", "0,8", "--rope_scaling", "yarn", "--json", tmp_path / "r.json")
     assert "nothing to score: every combination is skipped: " in str(e.value.code)
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("l, block_size, want", [(128, 128, 17), (64, 64, 9), (96, 96, 13),
+                                                  (128, 512, 17), (8, 8, 1)])
+def test_the_default_stride_scores_every_phase_of_bcas_segments(l, block_size, want):
+    """Issue 46 item 5: stride 16 against segments of 64 scored 4 of their 64 phases. The default
+    is the first stride from l/8 up that shares no factor with block_size/2: every phase, each
+    equally often over a whole number of segments (brute force)."""
+    stride = eval_retrieval.default_stride(l, block_size)
+    assert stride == want
+    w = block_size // 2
+    phases = [p % w for p in range(l, l + stride * w, stride)]
+    assert sorted(phases) == list(range(w))
