@@ -961,13 +961,14 @@ def extension_vs_bca(results):
     at = str(4 * l)
     bca = "zero-shot: xpos + BCA"
     parts, predicate = [], {}
-    for row in ("fine-tuned at 4l: rope + yarn s=4 from 128", "fine-tuned at 4l: rope + pi s=4 "
-                "from 128"):
+    rows = [n for n in results.extension["table"]
+            if n.startswith("fine-tuned at 4l: rope + ") and f" s=4 from {l}" in n]
+    for row in rows:
         d = paired(ext_cell(results, bca, at), ext_cell(results, row, at))
         if d:
             k = k_of(d, sign=-1)  # zero-shot below the fine-tune
             predicate[row] = k
-            label = row.split(": ")[1].split(" s=")[0]
+            label = row.split(": ")[1].replace(f" s=4 from {l}", "")
             parts.append(f"the {label} fine-tune {seeds_text(k, len(d))}")
     sentence = ("At 4l zero-shot xpos + BCA is below " + " and ".join(parts))
     return Verdict("extension-vs-bca", "claim 13", "perplexity at 4l, 3 seeds",
