@@ -1022,10 +1022,12 @@ def extension_at_l(results):
         if d:
             found.append((label, sum(d) / len(d), t_interval(d), k_of(d), len(d)))
     if found:
-        sentence += ("; against the control fine-tuned at l on the same tokens, the fine-tune at "
-                     "4l is lower at 4l by " + ", ".join(
-                         f"{num(m, 3)} {interval_text(iv, 3)} for {label} ({against_zero(iv)}, "
-                         f"{seeds_text(kk, n)})" for label, m, iv, kk, n in found))
+        sentence += ("; against the control fine-tuned at l on the same tokens, perplexity at 4l "
+                     "of the control minus the fine-tune at 4l (positive: the length helped "
+                     "beyond the extra training): " + ", ".join(
+                         f"{num(m, 3, sign=True)} {interval_text(iv, 3)} for {label} "
+                         f"({against_zero(iv)}; the fine-tune lower {seeds_text(kk, n)})"
+                         for label, m, iv, kk, n in found))
     else:
         sentence += (", so its gain may be the extra training, not the length: no control "
                      "fine-tuned at l with the same tokens has been run")
@@ -1033,6 +1035,36 @@ def extension_at_l(results):
                    "fine-tuned xPos against zero-shot and against the control at l, seed by "
                    "seed", f"lower at l in {k} of {len(at_l)}; against the control {found}",
                    sentence)
+
+
+def extension_equal_tokens(results):
+    """Claim 13 at equal extra tokens: each control fine-tuned at l, under BCA, against each
+    RoPE fine-tune at 4l with a fixed factor, at 4l, seed by seed."""
+    l = results.extension["recipe"]["block_size"]
+    table = results.extension["table"]
+    controls = [n for n in table if n.startswith(CONTROL_AT_L[0]) and n.endswith(" + BCA")]
+    tuned = [n for n in table if n.startswith("fine-tuned at 4l: rope + ")
+             and f" s=4 from {l}" in n]
+    parts, predicate = [], {}
+    for c in controls:
+        for t in tuned:
+            d = paired(ext_cell(results, t, str(4 * l)), ext_cell(results, c, str(4 * l)))
+            if d:
+                k = k_of(d)
+                predicate[(c, t)] = k
+                iv = interval_text(t_interval(d), 3)
+                parts.append(f"{c.split(': ')[1]} against {t.split(': ')[1]} "
+                             f"{num(sum(d) / len(d), 3, sign=True)} {iv} "
+                             f"(lower {seeds_text(k, len(d))})")
+    if not parts:
+        sentence = ("No control fine-tuned at l has been compared with the RoPE fine-tunes at 4l "
+                    "on the same extra tokens")
+    else:
+        sentence = ("With the same extra tokens spent at l instead, BCA at 4l against the RoPE "
+                    "fine-tunes at 4l, perplexity fine-tune minus control: " + "; ".join(parts))
+    return Verdict("extension-equal-tokens", "claim 13", "perplexity at 4l, 3 seeds",
+                   "each control at l under BCA against each RoPE fine-tune at 4l, seed by seed",
+                   f"{predicate}", sentence)
 
 
 def extension_context(results):
@@ -1181,7 +1213,7 @@ VERDICTS = (seed_counts, context_bca, context_bins, context_windows, context_ali
             lambda r: interpolation_retrieval(r, short=True), windows_past_bound, flipflop_sinks,
             yarn_passkey_long, bca_grid, bar_1x, bca_long, extension_vs_bca, extension_gain,
             extension_at_l, extension_context, extension_retrieval, extension_yarn,
-            extension_dynamic, extension_tuned)
+            extension_dynamic, extension_tuned, extension_equal_tokens)
 
 
 def verdicts(root=ROOT):

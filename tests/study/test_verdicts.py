@@ -198,7 +198,8 @@ def test_the_control_at_l_is_read_when_it_exists():
         control["512"]["values"] = [v + 0.01 for v in control["512"]["values"]]
         table[f"fine-tuned at l (control): {label}"] = control
     sentence = study_verdicts.extension_at_l(results).sentence
-    assert "lower at 4l by 0.010 [0.010, 0.010] for xpos (above 0, in every seed)" in sentence
+    assert ("+0.010 [0.010, 0.010] for xpos (above 0; the fine-tune lower in every seed)"
+            in sentence)
 
 
 def test_the_dynamic_and_tuned_yarn_rows_are_read_when_they_exist():
