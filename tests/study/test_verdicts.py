@@ -176,6 +176,10 @@ def test_a_positive_control_is_read_when_it_exists():
     """results/control/summary.json (reproduce.py --suite control): its model trained at 4l
     decides whether the probe is shown able to see a gain."""
     results = study_verdicts.Results()
+    committed = study_verdicts.context_control(results).sentence
+    assert committed.startswith("**The probe sees a gain where one exists**")
+    assert "long8: rope (trained at 8l) 0.0127 [0.0077, 0.0178]" in committed
+    results.control = None  # before the control ran: only the fine-tunes inside 4l
     assert "has not been shown" in study_verdicts.context_control(results).sentence
     results.control = {"corpus": "numpy/**/*.py", "table": {
         "long: rope": {"gain": {"mean": 0.05}, "gain interval": [0.03, 0.07]},
