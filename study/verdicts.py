@@ -1055,7 +1055,7 @@ def extension_equal_tokens(results):
                 iv = interval_text(t_interval(d), 3)
                 parts.append(f"{c.split(': ')[1]} against {t.split(': ')[1]} "
                              f"{num(sum(d) / len(d), 3, sign=True)} {iv} "
-                             f"(lower {seeds_text(k, len(d))})")
+                             f"(the control lower {seeds_text(k, len(d))})")
     if not parts:
         sentence = ("No control fine-tuned at l has been compared with the RoPE fine-tunes at 4l "
                     "on the same extra tokens")
@@ -1167,7 +1167,7 @@ def extension_dynamic(results):
         sentence = ("Past 4l, s that grows with the length (YaRN's dynamic rule, s = L / l) "
                     "against the fine-tune's fixed s = 4, perplexity fixed minus dynamic: "
                     + "; ".join(f"{label} at {m}l {num(g, 3)} {interval_text(iv, 3)} "
-                                f"({against_zero(iv)}, lower {seeds_text(k, n)})"
+                                f"({against_zero(iv)}, dynamic lower {seeds_text(k, n)})"
                                 for label, m, g, iv, k, n in found))
     return Verdict("extension-dynamic", "claim 13", "perplexity at 8l and 16l, 3 seeds",
                    "dynamic against fixed s = 4, seed by seed",
@@ -1197,7 +1197,7 @@ def extension_tuned(results):
     else:
         sentence = ("At 4l, YaRN's tuned ends against LLaMA's, perplexity LLaMA's minus tuned: "
                     + "; ".join(f"{what} {num(g, 3)} {interval_text(iv, 3)} ({against_zero(iv)}, "
-                                f"lower {seeds_text(k, n)})" for what, g, iv, k, n in found)
+                                f"tuned lower {seeds_text(k, n)})" for what, g, iv, k, n in found)
                     + " (the ends were chosen on these seeds and much of this text, which favours "
                     "them)")
     return Verdict("extension-tuned-yarn", "claim 13", "perplexity at 4l, 3 seeds",
