@@ -44,6 +44,7 @@ EXTENSION_RULES = {
     "alibi": ["--attention", "causal"],
     "rope_pi": ["--attention", "causal"],
     "rope_yarn": ["--attention", "causal"],
+    "rope_yarn_tuned": ["--attention", "causal"],
     "xpos_long": ["--attention", "causal,bca"],
     "rope_more": ["--attention", "causal,bca"],
     "xpos_more": ["--attention", "causal,bca"],
@@ -73,7 +74,6 @@ CONTROL_FINE_TUNES = ("rope_more", "rope"), ("xpos_more", "xpos")
 # these 15 pairs (alpha < beta) are 15 different ramps (beta = 16 would be beta = 32's: both
 # end at pair 0).
 YARN_GRID = [(a, b) for a in (0.25, 0.5, 1.0, 2.0) for b in (2.0, 4.0, 8.0, 32.0) if a < b]
-EXTENSION_RULES["rope_yarn_tuned"] = ["--attention", "causal"]
 EXTENSION_MULTIPLES = (1, 4, 8, 16)  # x l: to the fine-tuning length 4l and past it
 EXTENSION_SPANS = {"full": "32", "toy": "1"}
 

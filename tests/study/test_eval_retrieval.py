@@ -299,6 +299,19 @@ def test_the_natural_text_tables_in_the_docs_match_their_json():
         assert row[1:] == [f"{sum(v) / len(v):.2f}" for _, v in sorted(by_length.items())]
 
 
+def first_span(ckpt, data_dir):
+    """The checkpoint's model and the inputs and targets of the first validation document's only
+    33-token span, for brute-force scoring."""
+    model, _ = checkpoint.load_model(ckpt, "cpu")
+    stream = data.read_tokens(data_dir, "val", data.load_meta(data_dir)).tokens
+    span = torch.from_numpy(np.asarray(stream[:33]).astype(np.int64))[None]
+    return model, span[:, :-1], span[:, 1:]
+
+
+def nll(logits, target):
+    return torch.nn.functional.cross_entropy(logits[0].double(), target[0]).item()
+
+
 @pytest.mark.parametrize("attention, beyond", [("bca", None), ("causal", None), ("bca", 4)])
 def test_context_gain_against_each_window_scored_alone(tiny_data, tmp_path, attention, beyond):
     """The context probe by brute force: every position's NLL given only its L tokens (a forward
@@ -314,13 +327,7 @@ def test_context_gain_against_each_window_scored_alone(tiny_data, tmp_path, atte
                         + (["--beyond", str(beyond)] if beyond else []))
     row = json.loads(out.read_text())["rows"][0]
     assert row["beyond"] == L
-    model, _ = checkpoint.load_model(ckpt, "cpu")
-    stream = data.read_tokens(tiny_data, "val", data.load_meta(tiny_data)).tokens
-    # the first document's only 33-token span
-    span = torch.from_numpy(np.asarray(stream[:33]).astype(np.int64))[None]
-    x, y = span[:, :-1], span[:, 1:]
-    def nll(logits, target):
-        return torch.nn.functional.cross_entropy(logits[0].double(), target[0]).item()
+    model, x, y = first_span(ckpt, tiny_data)
     full = [nll(model(x, y, attention=attention)[0][:, p : p + 1], y[:, p : p + 1])
             for p in range(32)]
     ref = {p: nll(model(x[:, p - L + 1 : p + 1], y[:, p - L + 1 : p + 1],
@@ -369,12 +376,7 @@ def test_an_interpolations_reference_is_under_the_same_scaling(tiny_data, tmp_pa
                                           "--sequences", 1, "--stride", 3, "--attention",
                                           "causal", "--rope_scaling", "yarn", "--json", out)])
     row = json.loads(out.read_text())["rows"][0]
-    model, _ = checkpoint.load_model(ckpt, "cpu")
-    stream = data.read_tokens(tiny_data, "val", data.load_meta(tiny_data)).tokens
-    span = torch.from_numpy(np.asarray(stream[:33]).astype(np.int64))[None]
-    x, y = span[:, :-1], span[:, 1:]
-    def nll(logits, target):
-        return torch.nn.functional.cross_entropy(logits[0].double(), target[0]).item()
+    model, x, y = first_span(ckpt, tiny_data)
     yarn4 = RopeScaling("yarn", 4.0)
     full = model(x, y, attention="causal", rope_scaling=yarn4)[0]
     positions = range(8, 32, 3)
