@@ -448,11 +448,11 @@ def extension_report(args, budget, measured=True):
                         f"{args.task_runs}; the notes above name theirs): give the --runs and "
                         "--task_runs of the run that measured them; nothing was written")
     task_budget = budget["task_budget"]
+    fine_tune = fine_tune_settings(args, task_budget, SUITE_FINE_TUNE_BUDGETS)
     task_suite = {"recipe": task_budget["recipe"], "seeds": list(SUITE_SEEDS),
-             "fine_tune": fine_tune_settings(args, task_budget, SUITE_FINE_TUNE_BUDGETS),
-             "extra_tokens": extra_tokens(fine_tune_settings(args, task_budget,
-                                                             SUITE_FINE_TUNE_BUDGETS)),
-             "table": suite}
+                  "runs": str(args.task_runs),  # a report's default --task_runs
+                  "fine_tune": fine_tune, "extra_tokens": extra_tokens(fine_tune),
+                  "table": suite}
     summary = {"suite": "extension", "budget": args.budget, "recipe": budget["recipe"],
                "fine_tune": fine_tune_settings(args, budget),
                "extra_tokens": extra_tokens(fine_tune_settings(args, budget)),

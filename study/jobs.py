@@ -106,7 +106,7 @@ NOT_RECIPE = ("out_dir", "data_dir", "device", "compile", "max_iters", "eval_int
 # Seconds a job of each kind takes, until one has run here (the progress lines' estimate)
 GUESS_SECONDS = dict(prepare=10, train=300, extrapolate=240, scalings=240, resolution=20,
                      theory=5, repeat=120, repeat_scaled=120, passkey=300, tasks=300,
-                     context=200, sweep=900, report=10)
+                     context=200, sweep=300, report=10)
 
 
 def schemes_of(suite):
@@ -450,9 +450,10 @@ def passkey_job(args, budget, scheme, ckpt):
 
 
 def retrieval_plan(args, budget):
-    """--suite retrieval: the task records, then per scheme its training runs, one
-    eval_retrieval.py job over its seeds (every rule; for the rotary schemes every
-    interpolation too) and the sweep where the windows act."""
+    """--suite retrieval: the task records, then per scheme its training runs, each followed by
+    the sweep where the windows act on that checkpoint (so that a sweep runs as soon as its
+    model is trained), then one eval_retrieval.py job over its seeds (every rule; for the
+    rotary schemes every interpolation too)."""
     recipe = budget["recipe"]
     data, raw = Path(args.data), Path(args.results) / "raw"
     jobs = [Job("prepare task data", "prepare", data / "meta.json",
@@ -462,27 +463,28 @@ def retrieval_plan(args, budget):
     for scheme, runs in study_runs(budget).items():
         runs = [r for r in runs if not r[2]]  # no passkey mix here: the suite has its own
         ckpts = [Path(args.runs) / run / "ckpt.pt" for run, _, _, _ in runs]
+        common = ["--data_dir", str(data), "--device", args.device, "--probe", "task"]
         for (run, seed, _, overrides), ckpt in zip(runs, ckpts):
             settings = dict(overrides, **budget["train"], seed=seed, out_dir=str(ckpt.parent),
                             data_dir=str(data), device=args.device)
             jobs.append(train_job(f"train {run}", RETRIEVAL_CONFIG, ckpt, settings, recipe))
-        common = [PY, "study/eval_retrieval.py", *ckpt_flags(ckpts), "--data_dir", str(data),
-                  "--device", args.device, "--probe", "task"]
+            if scheme in BOUNDED:  # learned stops at l
+                continue
+            # BCA, the windows and sinks where they act, every phase
+            out = raw / f"{run}.sweep.json"
+            jobs.append(Job(f"sweep {run}", "sweep", out,
+                            [PY, "study/eval_retrieval.py", "--ckpt", str(ckpt), *common,
+                             "--sweep", "--task", SWEEP_TASKS,
+                             "--sequences", str(budget["sweep_sequences"]),
+                             "--attention", SWEEP_RULES, "--json", str(out)],
+                            inputs=[ckpt]))
         scalings = []
         if scheme in INTERPOLATED:
             scalings = ["--rope_scaling", SCALINGS]
         out = raw / f"{scheme}.tasks.json"
         jobs.append(Job(f"tasks {scheme}", "tasks", out,
-                        [*common, "--sequences", str(budget["sequences"]),
+                        [PY, "study/eval_retrieval.py", *ckpt_flags(ckpts), *common,
+                         "--sequences", str(budget["sequences"]),
                          "--attention", WINDOW_RULES, *scalings, "--json", str(out)],
-                        inputs=ckpts))
-        if scheme in BOUNDED:  # learned stops at l
-            continue
-        # BCA, the windows and sinks where they act, every phase
-        out = raw / f"{scheme}.sweep.json"
-        jobs.append(Job(f"sweep {scheme}", "sweep", out,
-                        [*common, "--sweep", "--task", SWEEP_TASKS,
-                         "--sequences", str(budget["sweep_sequences"]),
-                         "--attention", SWEEP_RULES, "--json", str(out)],
                         inputs=ckpts))
     return jobs

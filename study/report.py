@@ -282,27 +282,32 @@ def note(text):
 
 
 def scheme_rows(args, scheme, suffix):
-    """The rows of raw/<scheme><suffix> (none where it is missing or damaged) measured on the
-    scheme's checkpoints under --runs, at the results' block_size where the checkpoint is
-    there to say: rows of another results directory's models (a file copied in) would
-    otherwise be averaged in as more seeds. The rows left out are noted."""
-    path = Path(args.results) / "raw" / f"{scheme}{suffix}"
-    result = read_result(path) if path.exists() else None
-    rows = (result or {}).get("rows", [])
+    """The rows of raw/<scheme><suffix> and of each run's raw/<scheme>_s<seed><suffix> (none
+    where missing or damaged) measured on the scheme's checkpoints under --runs, at the
+    results' block_size where the checkpoint is there to say: rows of another results
+    directory's models (a file copied in) would otherwise be averaged in as more seeds. The
+    rows left out are noted."""
     runs = [f"{scheme}_s{seed}" for seed in SEEDS] + [f"{scheme}_passkey"]
     own = {os.path.normpath(Path(args.runs) / run / "ckpt.pt") for run in runs}
-    foreign = {}
-    for ckpt in {row["ckpt"] for row in rows if isinstance(row["ckpt"], str)}:
-        if os.path.normpath(ckpt) not in own:
-            foreign[ckpt] = (f"not one of {args.runs}/{scheme}_s<seed>/ckpt.pt "
-                             "(give the --runs it was measured with)")
-            continue
-        why = other_block_size(args, ckpt)
-        if why:
-            foreign[ckpt] = why
-    for ckpt, why in sorted(foreign.items()):
-        note(f"note: {path}: the rows of {ckpt} are left out of the tables: {why}")
-    return [row for row in rows if isinstance(row["ckpt"], str) and row["ckpt"] not in foreign]
+    kept = []
+    for name in [scheme, *runs]:
+        path = Path(args.results) / "raw" / f"{name}{suffix}"
+        result = read_result(path) if path.exists() else None
+        rows = (result or {}).get("rows", [])
+        foreign = {}
+        for ckpt in {row["ckpt"] for row in rows if isinstance(row["ckpt"], str)}:
+            if os.path.normpath(ckpt) not in own:
+                foreign[ckpt] = (f"not one of {args.runs}/{scheme}_s<seed>/ckpt.pt "
+                                 "(give the --runs it was measured with)")
+                continue
+            why = other_block_size(args, ckpt)
+            if why:
+                foreign[ckpt] = why
+        for ckpt, why in sorted(foreign.items()):
+            note(f"note: {path}: the rows of {ckpt} are left out of the tables: {why}")
+        kept += [row for row in rows
+                 if isinstance(row["ckpt"], str) and row["ckpt"] not in foreign]
+    return kept
 
 
 def other_block_size(args, ckpt):
@@ -463,7 +468,7 @@ def gather_area(args):
 
 
 def gather_sweep(args):
-    """From raw/<scheme>.sweep.json: ({row name: {"<task> <zone>": spread over seeds of the
+    """From raw/<scheme>_s<seed>.sweep.json: ({row name: {"<task> <zone>": spread over seeds of the
     accuracy pooled over the distances, "<task> <zone> answers": answers scored a checkpoint,
     "bound": [least, most]}}, {row name: {"<task> <d>": spread of the accuracy}})."""
     zones, curves, bounds = {}, {}, {}

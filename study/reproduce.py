@@ -162,7 +162,8 @@ def set_folders(args):
         args.data = args.data or "data/code_char"
     if args.suite == "extension":
         args.results = args.results or default_results("extension", toy)
-        args.task_runs = args.task_runs or f"out/retrieval{toy}"
+        args.task_runs = (args.task_runs or recorded_task_runs(args.results)
+                          or f"out/retrieval{toy}")
         args.task_data = args.task_data or f"data/task_char{toy}"
     elif args.task_runs or args.task_data:
         raise UserError("--task_runs and --task_data are for --suite "
@@ -181,6 +182,17 @@ def recorded_budget(results):
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return found if found in BUDGETS else None
+
+
+def recorded_task_runs(results):
+    """The task suite's checkpoints an extension results directory's rows were measured on, as
+    its summary.json records them (None when it does not)."""
+    try:
+        found = json.loads(Path(results, "summary.json").read_text(encoding="utf-8"))
+        runs = found["task_suite"]["runs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return runs if isinstance(runs, str) else None
 
 
 def default_results(suite, toy):

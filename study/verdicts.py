@@ -22,7 +22,6 @@ sentence says "one checkpoint".
 """
 
 import argparse
-import hashlib
 import json
 import math
 import re
@@ -36,18 +35,17 @@ if __name__ == "__main__":  # run as a script: the repository's modules
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from lexgpt.retrieval_tasks import CHANCE  # noqa: E402
-from study.jobs import read_result  # noqa: E402
+from study.jobs import SUITE_SCHEMES, read_result  # noqa: E402
 from study.report import t_interval  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", "docs/results.md", "docs/retrieval.md")
 MARK = re.compile(r"<!-- verdict: ([\w-]+) -->(.*?)<!-- /verdict -->", re.S)
 WIDTH = 118  # the pages' prose
-# The sweep's rows that were measured on a checkpoint trained again with the suite's recipe and
-# seed on another machine, not the one the suite's tables were measured on
-# (docs/engineering_notes.md, "Retrained models"): identified by a digest of their accuracies,
-# so that rows measured again on the suite's own model are not taken for them.
-RETRAINED_SWEEP = {"out/retrieval/xpos_s1337/ckpt.pt": "5f611832"}
+# The sweep's results: the task suite's rope, xpos and xpos_4layer trained again on this machine
+# with the suite's recipe and seeds (docs/results.md, "Where the rules act"), as the models the
+# suite's own tables measured were not kept
+SWEEP_SUITE = "retrieval_rerun"
 # YaRN's ramp bounds when results/extension was run (alternatives.py then): LLaMA's, not tuned
 # for this head dimension and length; a summary that records its own ("yarn": {"alpha": ...,
 # "beta": ...}) is read instead
@@ -156,6 +154,7 @@ class Results:
         self.suite = self.summary("retrieval")
         self.extension = self.summary("extension")
         self.control = self.summary("control")
+        self.rerun = self.summary(SWEEP_SUITE)
 
     def summary(self, suite):
         path = self.root / "results" / suite / "summary.json"
@@ -513,46 +512,32 @@ def accuracy_past(results, name, task, beyond):
 
 
 def sweep_rows(results):
-    """{(scheme, checkpoint): [rows]} of results/retrieval/raw/*.sweep.json."""
+    """{(scheme, checkpoint): [rows]} of results/retrieval_rerun/raw/<run>.sweep.json, one
+    file per checkpoint."""
     out = {}
-    for name, result in results.raw("retrieval", "*.sweep.json"):
+    for name, result in results.raw(SWEEP_SUITE, "*.sweep.json"):
+        run = name.split(".")[0]
+        scheme = run.rpartition("_s")[0] if re.fullmatch(r".+_s\d+", run) else run
         for row in result["rows"]:
-            out.setdefault((name.split(".")[0], row["ckpt"]), []).append(row)
+            out.setdefault((scheme, row["ckpt"]), []).append(row)
     return out
 
 
-def digest(rows):
-    text = json.dumps([round(r["accuracy"], 6) for r in rows])
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
 def sweep_provenance(results):
-    """Item 2: which checkpoints the sweep measured, and whether they are the suite's own."""
-    swept = sweep_rows(results)
-    suite_ckpts = {r["ckpt"] for _, res in results.raw("retrieval", "*.tasks.json")
-                   for r in res["rows"]}
-    retrained = [c for (_, c), rows in swept.items() if RETRAINED_SWEEP.get(c) == digest(rows)]
-    foreign = [c for (_, c) in swept if c not in suite_ckpts]
-    by_scheme = {}
-    for scheme, ckpt in swept:
-        if ckpt not in retrained and ckpt not in foreign:
-            by_scheme.setdefault(scheme, []).append(ckpt)
-    parts = []
-    for ckpt in retrained:
-        seed = Path(ckpt).parent.name.rpartition("_s")[2]
-        parts.append(f"one checkpoint of {Path(ckpt).parent.name.rpartition('_s')[0]} (seed "
-                     f"{seed}) trained again with the suite's recipe and seed on another "
-                     "machine, not the model the suite's tables measured")
-    for ckpt in foreign:
-        parts.append(f"{ckpt}, not one of the suite's checkpoints")
-    for scheme, ckpts in by_scheme.items():
-        parts.append(f"the suite's own {scheme}, {len(ckpts)} seed{'s' * (len(ckpts) > 1)}")
-    sentence = "Measured so far: " + "; ".join(parts) + "."
-    predicate = (f"retrained {retrained}; not the suite's {foreign}; the suite's own "
-                 f"{ {s: len(c) for s, c in by_scheme.items()} }")
+    """Item 2: which checkpoints the sweep measured, of the seeds the suite trains."""
+    planned = {name: n for name, _, n in SUITE_SCHEMES}
+    seeds = {}
+    for scheme, ckpt in sweep_rows(results):
+        seeds.setdefault(scheme, []).append(Path(ckpt).parent.name.rpartition("_s")[2])
+    parts = [f"{scheme} seed{'s' * (len(found) > 1)} {names_text(sorted(found))} (of "
+             f"{planned.get(scheme, '?')})" for scheme, found in seeds.items()]
+    sentence = ("Measured so far: " + ("; ".join(parts) if parts else "nothing")
+                + ", trained again on this machine with the suite's recipe and seeds "
+                "(results/retrieval_rerun), not the models the suite's tables measured, whose "
+                "checkpoints were not kept.")
     return Verdict("sweep-provenance", "claim 9", "the sweep's checkpoints",
-                   "each swept checkpoint against the suite's (raw/*.tasks.json)", predicate,
-                   sentence)
+                   "each swept scheme's seeds against those the suite trains",
+                   f"{ {s: sorted(f) for s, f in seeds.items()} } of {planned}", sentence)
 
 
 def relay_cells(results):
@@ -606,6 +591,11 @@ def relay_facts(by_ckpt, l):
     return facts
 
 
+def reach_text(farthest, bound):
+    return (f", not to the reach bound ({bound} or more)" if farthest < bound
+            else f", to the reach bound ({bound} or more)")
+
+
 def sweep_relay(results, short=False):
     """Item 1: does anything relay through the layers under BCA? Per swept scheme: the
     distances whose relay answers are above chance, and the relay zone pooled over d <= l and
@@ -617,6 +607,11 @@ def sweep_relay(results, short=False):
     words = {1: "above chance", 0: "at chance", -1: "below chance"}
     texts, predicates = [], []
     cells = relay_cells(results)
+    bound = {}  # the least reach bound of each scheme's BCA rows
+    for (scheme, _), rows in sweep_rows(results).items():
+        for row in rows:
+            if row["attention"] == "bca":
+                bound[scheme] = min(bound.get(scheme, row["reach_bound"]), row["reach_bound"])
     for scheme, by_ckpt in cells.items():
         facts = relay_facts(by_ckpt, l)
         n = len(by_ckpt)
@@ -649,10 +644,10 @@ def sweep_relay(results, short=False):
             near = ", ".join(f"{t} {num(facts[t][2][0][0], 3)} against a chance of "
                              f"{num(facts[t][3], 3)}" for t in main)
             past = {facts[t][2][1][1] for t in main if facts[t][2][1]}
-            texts.append(f"relay through the second layer is above chance {who} up to d = "
+            texts.append(f"relay through the layers is above chance {who} up to d = "
                          f"{farthest} (pooled over d ≤ {l}: {near}), "
                          + ("at chance or below past it" if past <= {0, -1} else "above chance "
-                            "past it on some task") + ", not to the reach bound")
+                            "past it on some task") + reach_text(farthest, bound[scheme]))
         else:
             counted = ", ".join(f"{task} at {len(above)} of {m} distances"
                                 for task, (above, m, _, _) in facts.items())
@@ -660,14 +655,94 @@ def sweep_relay(results, short=False):
             if "passkey" in facts and not facts["passkey"][0]:
                 caveat = (" The passkey's relay answers are not above the one in ten of "
                           "guessing a relayed digit (its zone is its worst digit's).")
-            texts.append(f"Under BCA, relay answers (only a path through both layers reaches "
-                         f"their source) are above chance {who} ({how}) at {counted}, the "
-                         f"farthest at d = {farthest}. Pooled: "
+            texts.append(f"Under BCA, relay answers (only a path through two layers or more "
+                         f"reaches their source) are above chance {who} ({how}) at {counted}, "
+                         f"the farthest at d = {farthest}. Pooled: "
                          f"{'; '.join(pooled_text(t) for t in facts)}.{caveat} So something "
-                         f"relays through the second layer, up to d = {farthest}, not to the "
-                         "reach bound.")
+                         f"relays through the layers, up to d = {farthest}"
+                         f"{reach_text(farthest, bound[scheme])}.")
     sentence = (" " if not short else "; ").join(texts) or "the sweep has measured nothing yet"
     return Verdict(key, "claim 9", measure, comparison, " | ".join(predicates), sentence)
+
+
+def sweep_zones(results):
+    """The sweep's accuracy by zone, pooled over its distances, seed-mean, per scheme: under
+    BCA each zone; under a sliding window and sinks the range of direct and the most relay."""
+    sweep = (results.rerun or {}).get("sweep") or {}
+    parts = []
+    schemes = dict.fromkeys(name.split(" + ")[0] for name in sweep)
+    for scheme in schemes:
+        bca = sweep.get(f"{scheme} + BCA")
+        if not bca:
+            continue
+        n = next(v["n"] for k, v in bca.items() if isinstance(v, dict) and v.get("n"))
+        tasks = dict.fromkeys(k.split()[0] for k in bca if k.endswith(" direct"))
+        zones = "; ".join(
+            f"{t} " + ", ".join(f"{num(bca[f'{t} {z}']['mean'])} {z}"
+                                 for z in ("direct", "relay", "beyond") if bca.get(f"{t} {z}"))
+            for t in tasks)
+        windows = [row for name, row in sweep.items()
+                   if name.startswith(f"{scheme} + ") and name != f"{scheme} + BCA"]
+        direct = [row[f"{t} direct"]["mean"] for row in windows for t in tasks
+                  if row.get(f"{t} direct")]
+        relay = [row[f"{t} relay"]["mean"] for row in windows for t in tasks
+                 if row.get(f"{t} relay")]
+        text = f"{scheme} ({'one seed' if n == 1 else f'{n} seeds'}): under BCA {zones}"
+        if direct:
+            text += (f"; a sliding window and sinks {num(min(direct))} to {num(max(direct))} "
+                     f"direct and {num(max(relay))} relay or less")
+        parts.append(text)
+    sentence = ("Pooled over the sweep's distances, seed-mean: " + ". ".join(parts) if parts
+                else "the sweep has measured nothing yet")
+    return Verdict("sweep-zones", "claim 9", "sweep accuracy by zone, pooled over distances",
+                   "each rule's zones", f"{len(parts)} schemes", sentence)
+
+
+def sweep_depth(results):
+    """Item 2's question: does relay grow with depth? xpos_4layer against xpos in the sweep:
+    the farthest distance whose relay answers are above chance (relay_facts), and the relay
+    zone pooled over d <= l, each model's answers by a Wilson interval (told apart only where
+    the two intervals do not overlap)."""
+    l = results.suite["recipe"]["block_size"]
+    cells = relay_cells(results)
+    if not {"xpos", "xpos_4layer"} <= set(cells):
+        return Verdict("sweep-depth", "claim 9", "relay under BCA with 4 layers against 2",
+                       "xpos_4layer against xpos", "not both swept",
+                       "the sweep has not measured both depths yet")
+    found, pooled = {}, {}
+    for scheme in ("xpos", "xpos_4layer"):
+        facts = relay_facts(cells[scheme], l)
+        found[scheme] = (max([d for above, *_ in facts.values() for d in above], default=None),
+                         len(cells[scheme]))
+        for task in facts:
+            right = sum(r for by_task in cells[scheme].values()
+                        for d, r, n, _ in by_task.get(task, []) if d <= l)
+            n = sum(n for by_task in cells[scheme].values()
+                    for d, r, n, _ in by_task.get(task, []) if d <= l)
+            if n:
+                pooled.setdefault(task, {})[scheme] = (right / n, wilson(right, n))
+    (far2, n2), (far4, n4) = found["xpos"], found["xpos_4layer"]
+    seeds = {1: "one seed"}
+    how_far = ("nowhere" if far4 is None else f"up to d = {far4}")
+    against = ("nowhere" if far2 is None else f"d = {far2}")
+    reach = ("further" if (far4 or 0) > (far2 or 0) else "as far" if far4 == far2
+             else "less far")
+    parts = []
+    for task, by in pooled.items():
+        if len(by) < 2:
+            continue
+        (p4, iv4), (p2, iv2) = by["xpos_4layer"], by["xpos"]
+        word = ("higher" if iv4[0] > iv2[1] else "lower" if iv4[1] < iv2[0]
+                else "not told apart")
+        parts.append(f"{task} {num(p4, 3)} against {num(p2, 3)} ({word})")
+    sentence = (f"With four layers (xpos_4layer, {seeds.get(n4, f'{n4} seeds')}) against two "
+                f"(xpos, {seeds.get(n2, f'{n2} seeds')}), relay answers under BCA are above "
+                f"chance {how_far} against {against}: {reach}; the relay zone pooled over "
+                f"d ≤ {l}, four layers against two: " + "; ".join(parts)
+                + " (Wilson intervals over each model's answers)")
+    return Verdict("sweep-depth", "claim 9", "relay under BCA with 4 layers against 2",
+                   "xpos_4layer against xpos: farthest relay above chance, pooled relay",
+                   f"farthest {far4} against {far2}; " + "; ".join(parts), sentence)
 
 
 def area_xpos_rope(results, short=False):
@@ -1082,37 +1157,81 @@ def extension_context(results):
                    f"{head} (t intervals over seeds: {detail})")
 
 
+def task_sources(results, n):
+    """Which checkpoints claim 13's task rows measured, from their raw files: zero-shot rows
+    copied from the suite's results, or measured on the checkpoints the fine-tunes started
+    from (<task_runs>/<scheme>_s<seed> beside <task_runs>/extension/), and whether those are
+    the sweep's models or the suite's tables'."""
+    found = results.raw("extension", "*.tasks.json")
+    zero = {r["ckpt"] for name, res in found for r in res["rows"]
+            if "/extension/" not in r["ckpt"]}
+    tuned = {r["ckpt"] for name, res in found for r in res["rows"] if "/extension/" in r["ckpt"]}
+    seeds = "one seed" if n == 1 else f"{n} seeds"
+    if any("copied_from" in res for _, res in found):
+        retrained = [k.split()[-1] for k in results.timings("extension")
+                     if k.startswith("train suite ")]
+        return (f"{seeds}; the fine-tunes start from checkpoints trained again, "
+                f"{names_text(retrained)}, not the suite's zero-shot models")
+    sources = {str(Path(c).parents[2] / (Path(c).parent.name.split("_")[0] + "_s"
+                                         + Path(c).parent.name.rpartition("_s")[2]) / "ckpt.pt")
+               for c in tuned}
+    text = (f"{seeds}; zero-shot and fine-tuned rows from the same checkpoints, the fine-tunes' "
+            "sources" if sources <= zero else f"{seeds}; the fine-tunes' sources are not the "
+            "zero-shot rows' checkpoints")
+    suite = {r["ckpt"] for _, res in results.raw("retrieval", "*.tasks.json") for r in res["rows"]}
+    if zero <= {c for _, c in sweep_rows(results)}:
+        text += ": the sweep's models, trained again on this machine"
+    if not zero & suite:
+        text += ", not the models of the suite's tables"
+    return text
+
+
 def extension_retrieval(results):
-    """Item 8: the retrieval half of claim 13, one seed, on retrained source checkpoints."""
+    """Item 8: the retrieval half of claim 13 (one seed): each fine-tune's mean accuracy up to
+    4l against zero-shot xpos + BCA's, on the checkpoints task_sources names."""
     suite = results.extension["task_suite"]
     table, n = suite["table"], len(suite["seeds"])
     base = table["zero-shot: xpos + BCA"]
+    tasks = [t for t in ("copy", "mqar", "passkey") if t in base]
     tuned = [r for r in table if r.startswith("fine-tuned at 4l: ")]
     parts = []
     for r in tuned:
-        better = [t for t in ("copy", "mqar", "passkey") if table[r][t]["within"]
-                  > base[t]["within"]]
-        worse = [t for t in ("copy", "mqar", "passkey") if t not in better]
-        text = f"{r.split(': ')[1].split(' s=')[0]} on {names_text(better) or 'no task'}"
+        def cell(t):
+            return f"{t} ({num(table[r][t]['within'], 3)} against {num(base[t]['within'], 3)})"
+        better = [t for t in tasks if table[r][t]["within"] > base[t]["within"]]
+        worse = [t for t in tasks if t not in better]
+        text = (f"{r.split(': ')[1].split(' s=')[0]} on "
+                f"{names_text(cell(t) for t in better) or 'no task'}")
         if worse:
-            text += " (not " + names_text(
-                f"{t}: {num(table[r][t]['within'], 3)} against {num(base[t]['within'], 3)}"
-                for t in worse) + ")"
+            text += " (not " + names_text(cell(t) for t in worse) + ")"
         parts.append(text)
-    retrained = [k.split()[-1] for k in results.timings("extension")
-                 if k.startswith("train suite ")]
-    swept = [c for (_, c), rows in sweep_rows(results).items()
-             if RETRAINED_SWEEP.get(c) == digest(rows)]
-    sources = retrained + [Path(c).parent.name for c in swept]
-    seeds = "one seed" if n == 1 else f"{n} seeds"
-    sentence = (f"On retrieval ({seeds}; the fine-tunes start from "
-                + (f"checkpoints trained again, {names_text(sources)}, not the suite's zero-shot "
-                   "models" if sources else "the suite's zero-shot models")
-                + "), inside 4l the fine-tunes are above zero-shot xpos + BCA: "
-                + "; ".join(parts))
+    sentence = (f"On retrieval ({task_sources(results, n)}), inside 4l the fine-tunes are above "
+                "zero-shot xpos + BCA, mean accuracy up to 4l: " + "; ".join(parts))
     return Verdict("extension-retrieval", "claim 13", "mean task accuracy up to 4l",
-                   "each fine-tune against zero-shot xpos + BCA", f"seeds {n}; retrained "
-                   f"sources {sources}", sentence)
+                   "each fine-tune against zero-shot xpos + BCA", f"seeds {n}; "
+                   f"{task_sources(results, n)}", sentence)
+
+
+def extension_retrieval_past(results):
+    """Claim 13's retrieval past 4l (one seed): per task the rows by mean accuracy past 4l,
+    highest first, down to zero-shot xpos + BCA."""
+    suite = results.extension["task_suite"]
+    table, n = suite["table"], len(suite["seeds"])
+    parts = []
+    for task in ("copy", "mqar", "passkey"):
+        past = {r.replace("zero-shot: ", "zero-shot ").replace("fine-tuned at 4l: ",
+                                                                  "fine-tuned "): c[task]["past"]
+                for r, c in table.items() if c.get(task, {}).get("past") is not None}
+        if not past:
+            continue
+        ranked = sorted(past.items(), key=lambda kv: -kv[1])
+        cut = next(i for i, (r, _) in enumerate(ranked) if r == "zero-shot xpos + BCA") + 1
+        parts.append(f"{task}: " + ", ".join(f"{r} {num(v, 3)}" for r, v in ranked[:cut]))
+    seeds = "one seed" if n == 1 else f"{n} seeds"
+    sentence = (f"Past 4l ({seeds}), mean accuracy from highest down to zero-shot xpos + BCA: "
+                + "; ".join(parts))
+    return Verdict("extension-retrieval-past", "claim 13", "mean task accuracy past 4l",
+                   "every row, ranked", f"seeds {n}", sentence)
 
 
 def extension_yarn(results):
@@ -1207,12 +1326,14 @@ def extension_tuned(results):
 
 VERDICTS = (seed_counts, context_bca, context_bins, context_windows, context_alibi,
             context_control, context_readme, resolution_shared, interpolation_ppl,
-            sweep_provenance, sweep_relay, lambda r: sweep_relay(r, short=True),
+            sweep_provenance, sweep_relay, lambda r: sweep_relay(r, short=True), sweep_depth,
+            sweep_zones,
             area_xpos_rope, lambda r: area_xpos_rope(r, short=True), reach_xpos_rope,
             alibi_rope, interpolation_retrieval,
             lambda r: interpolation_retrieval(r, short=True), windows_past_bound, flipflop_sinks,
             yarn_passkey_long, bca_grid, bar_1x, bca_long, extension_vs_bca, extension_gain,
-            extension_at_l, extension_context, extension_retrieval, extension_yarn,
+            extension_at_l, extension_context, extension_retrieval, extension_retrieval_past,
+            extension_yarn,
             extension_dynamic, extension_tuned, extension_equal_tokens)
 
 

@@ -404,7 +404,9 @@ def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
     assert "### copy: accuracy by distance" in tables and "### mqar: accuracy by query" in tables
     # where the rule acts: rope's three seeds under every rule, each zone's accuracy the
     # pooled share of its seed's
-    sweep = study_jobs.read_result(results / "raw" / "rope.sweep.json")["rows"]
+    sweep = [row for seed in (1337, 1338, 1339)  # one file per checkpoint
+             for row in study_jobs.read_result(results / "raw" / f"rope_s{seed}.sweep.json")
+             ["rows"]]
     assert ({r["task"] for r in sweep} == {"copy", "mqar", "passkey"}
             and "learned" not in summary["sweep"])
     assert {r["attention"] for r in sweep} == {"bca", "sliding", "sinks"}
@@ -428,7 +430,8 @@ def test_the_suite_in_reproduce_on_a_toy_budget(tmp_path):
         area["rope + BCA"]["copy"]["mean"] - area["rope"]["copy"]["mean"])
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     # only the report
-    assert again.returncode == 0 and "8 of 9 jobs finished already; 1 to run" in again.stdout
+    # (prepare, learned: train, tasks; rope: three trains, each with its sweep, then tasks)
+    assert again.returncode == 0 and "10 of 11 jobs finished already; 1 to run" in again.stdout
 
 
 def test_several_checkpoints_keep_their_own_rows(task_data, tmp_path, capsys):

@@ -132,44 +132,66 @@ def test_a_predicate_follows_its_numbers():
     assert "in every seed on copy, MQAR" in study_verdicts.area_xpos_rope(edited).sentence
     assert "in 2 of 3 seeds on MQAR" in study_verdicts.area_xpos_rope(results).sentence
     # no relay answer above chance: "nothing relays"
-    edited = copy.deepcopy(results)
-    empty = edited.raw
+    relay = {64: (40, 100), 72: (30, 100)}
+    found = with_sweeps(study_verdicts.Results(), [sweep_file("xpos_s1337", relay, 128)])
+    assert "above chance" in study_verdicts.sweep_relay(found).sentence
+    relay = {d: (0, n) for d, (_, n) in relay.items()}
+    found = with_sweeps(study_verdicts.Results(), [sweep_file("xpos_s1337", relay, 128)])
+    assert study_verdicts.sweep_relay(found).sentence.startswith("nothing relays")
 
-    def at_chance(suite, pattern):
-        found = empty(suite, pattern)
-        if pattern == "*.sweep.json":
-            for _, result in found:
-                for row in result["rows"]:
-                    row["zones"]["relay"][0] = 0
-        return found
 
-    edited.raw = at_chance
-    assert study_verdicts.sweep_relay(edited).sentence.startswith("nothing relays")
-    assert "above chance" in study_verdicts.sweep_relay(results).sentence
+def sweep_file(run, relay, bound):
+    """A sweep's raw result written by hand: copy under BCA, {d: (right, scored)} in the relay
+    zone, nothing scored in the others."""
+    ckpt = f"out/retrieval_rerun/{run}/ckpt.pt"
+    return (f"{run}.sweep.json", {"rows": [
+        dict(attention="bca", task="copy", d=d, ckpt=ckpt, accuracy=right / n, reach_bound=bound,
+             zones={"direct": [0, 0], "relay": [right, n], "beyond": [0, 0]})
+        for d, (right, n) in relay.items()]})
+
+
+def with_sweeps(results, files):
+    original = results.raw
+    results.raw = lambda suite, pattern: (
+        files if (suite, pattern) == (study_verdicts.SWEEP_SUITE, "*.sweep.json")
+        else original(suite, pattern))
+    return results
 
 
 def test_the_sweep_on_several_seeds_is_judged_over_seeds():
-    """The new runs' sweep (each scheme's three seeds, raw/<scheme>.sweep.json): the relay
-    verdict counts the checkpoints by scheme and pools each zone with a t interval over seeds;
-    the provenance names the suite's own checkpoints."""
-    results = study_verdicts.Results()
-    found = results.raw("retrieval", "*.sweep.json")
-    name, result = found[0]
-    rows = result["rows"]
-    again = copy.deepcopy(result)
-    again["rows"] = [dict(r, ckpt=r["ckpt"].replace("_s1337", f"_s{seed}"))
-                     for seed in (1337, 1338, 1339) for r in rows]
-    for r in again["rows"]:  # rows of a model the suite measured: not the retrain's digest
-        r["accuracy"] = round(r["accuracy"], 3)
-
-    def raw(suite, pattern):
-        return [(name, again)] if pattern == "*.sweep.json" else original(suite, pattern)
-
-    original, results.raw = results.raw, raw
+    """A sweep of three seeds (raw/<run>.sweep.json, one file per checkpoint): the relay verdict
+    counts the checkpoints by scheme and pools each zone with a t interval over seeds; the
+    provenance counts the seeds swept against those the suite trains."""
+    relay = {64: (40, 100), 72: (30, 100), 136: (2, 100)}  # chance on copy: 1/52
+    results = with_sweeps(study_verdicts.Results(),
+                          [sweep_file(f"xpos_s{seed}", relay, 128) for seed in (1337, 1338, 1339)])
     sentence = study_verdicts.sweep_relay(results).sentence
     assert "in the sweep's 3 xpos checkpoints" in sentence and "t interval over seeds" in sentence
+    assert "the farthest at d = 72" in sentence
+    assert "not to the reach bound (128 or more)" in sentence
     provenance = study_verdicts.sweep_provenance(results).sentence
-    assert provenance == "Measured so far: the suite's own xpos, 3 seeds."
+    assert provenance.startswith("Measured so far: xpos seeds 1337, 1338 and 1339 (of 3), trained "
+                                 "again on this machine")
+
+
+def test_relay_with_depth_is_compared_from_the_answers():
+    """xpos_4layer against xpos, one seed each: the farthest distance above chance and the relay
+    zone pooled over d <= l, told apart only where the Wilson intervals do not overlap
+    (0.6 of 200 against 0.4 of 200: [0.531, 0.665] against [0.335, 0.469])."""
+    two = sweep_file("xpos_s1337", {64: (40, 100), 72: (40, 100), 136: (2, 100)}, 128)
+    four = sweep_file("xpos_4layer_s1337", {64: (60, 100), 72: (60, 100), 200: (30, 100)}, 256)
+    results = with_sweeps(study_verdicts.Results(), [four, two])
+    sentence = study_verdicts.sweep_depth(results).sentence
+    assert "above chance up to d = 200 against d = 72: further" in sentence
+    assert "copy 0.600 against 0.400 (higher)" in sentence
+    assert "not to the reach bound (256 or more)" in study_verdicts.sweep_relay(results).sentence
+    close = sweep_file("xpos_4layer_s1337", {64: (45, 100), 72: (40, 100)}, 256)
+    sentence = study_verdicts.sweep_depth(with_sweeps(study_verdicts.Results(), [close, two]))
+    assert "against d = 72: as far" in sentence.sentence
+    assert "copy 0.425 against 0.400 (not told apart)" in sentence.sentence
+    provenance = study_verdicts.sweep_provenance(results).sentence
+    assert provenance.startswith("Measured so far: xpos_4layer seed 1337 (of 1); xpos seed 1337 "
+                                 "(of 3), trained again")
 
 
 def test_a_positive_control_is_read_when_it_exists():
