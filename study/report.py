@@ -348,7 +348,9 @@ def retrieval_report(args, budget, measured=True):
             reach.setdefault(name, {}).update(by_key)
     curves = gather(args, ".tasks.json", curve_key, accuracy_of)
     summary = {"suite": "retrieval", "budget": args.budget, "recipe": budget["recipe"],
-               "seeds": list(SEEDS), "wall_time": wall_time(args, budget, retrieval_plan),
+               "seeds": list(SEEDS),
+               "schemes": {name: n for name, _, n in SUITE_SCHEMES if name in budget["schemes"]},
+               "wall_time": wall_time(args, budget, retrieval_plan),
                "machine": machine_of(args, measured), "tasks": list(TASKS), "reach": reach,
                "accuracy": curves, "panels": panels,
                "mqar_by_query": mqar_by_query(args, budget["recipe"]["block_size"]),

@@ -195,6 +195,15 @@ def recorded_task_runs(results):
     return runs if isinstance(runs, str) else None
 
 
+def recorded_schemes(results):
+    """The schemes a results directory's summary.json names (the task suite's), or None."""
+    try:
+        found = json.loads(Path(results, "summary.json").read_text(encoding="utf-8"))["schemes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return list(found) if isinstance(found, dict) and found else None
+
+
 def default_results(suite, toy):
     if toy:
         return f"out/{suite}_toy/results"
@@ -211,6 +220,9 @@ def budget_for(args):
     else:
         known = [s for s, _, _ in schemes_of(args.suite)]
     schemes = args.schemes.split(",") if args.schemes is not None else known
+    recorded = recorded_schemes(args.results) if args.report else None
+    if args.schemes is None and recorded:  # a report draws the schemes its summary names
+        schemes = [s for s in recorded if s in known]
     if not all(schemes):
         raise UserError(f"--schemes {args.schemes!r}: an empty name is not allowed; the "
                         f"{args.suite}'s schemes are " + ", ".join(known))

@@ -250,8 +250,15 @@ def retrieval_markdown(summary):
     the areas, the sweep, then accuracy by distance and by total length per task."""
     l, wall = summary["recipe"]["block_size"], summary["wall_time"]
     seeds = ", ".join(map(str, summary["seeds"]))
+    by_count = {}  # the schemes planned, by their number of seeds
+    for name, n in (summary.get("schemes") or {}).items():  # (none in an older summary)
+        by_count.setdefault(n, []).append(name)
+    words = {1: "one", 2: "two", 3: "three"}
+    counts = "; ".join(f"{words.get(n, n)} for " + (", ".join(names) if len(names) <= 2 or
+                                                    n != min(by_count) else "the others")
+                       for n, names in sorted(by_count.items(), reverse=True))
     head = (f"Long-range task suite: {summary['budget']} budget, training length l = {l}, "
-            f"seeds {seeds} (three for rope, alibi, xpos, xpos_sb512; one for the others); "
+            f"seeds {seeds}{f' ({counts})' if counts else ''}; "
             f"wall time {wall_text(wall)}), on {summary['machine']}.\n")
     names = summary["tasks"]
     reach, at_1x = {}, {}
@@ -260,13 +267,14 @@ def retrieval_markdown(summary):
         reach[name] = {task: row.get(task) for task in names}
         reach[name]["bound"] = bounds[0] if bounds else None
         at_1x[name] = {task: row.get(f"{task} at 1x") for task in names}
-    tables = [head,
-              markdown("Retrieval reach (tokens; the largest distance up to which accuracy "
-                       "stays >= 90% of that at 1 x, mean ± std over seeds; \"n of N\": only n "
-                       "checkpoints retrieve at 1 x) and the rule's reach bound", reach,
-                       [*names, "bound"], digits=0),
-              markdown("Accuracy at 1 x (mean over the distances whose whole instance fits in "
-                       "a training record, l + 1 tokens)", at_1x, names)]
+    tables = [head]
+    if reach:  # (a suite swept before its task probes ran has none yet)
+        tables += [markdown("Retrieval reach (tokens; the largest distance up to which accuracy "
+                            "stays >= 90% of that at 1 x, mean ± std over seeds; \"n of N\": "
+                            "only n checkpoints retrieve at 1 x) and the rule's reach bound",
+                            reach, [*names, "bound"], digits=0),
+                   markdown("Accuracy at 1 x (mean over the distances whose whole instance "
+                            "fits in a training record, l + 1 tokens)", at_1x, names)]
     by_query = summary.get("mqar_by_query") or {}
     if by_query:
         tables.append(by_query_markdown(by_query))

@@ -591,9 +591,9 @@ def relay_facts(by_ckpt, l):
     return facts
 
 
-def reach_text(farthest, bound):
-    return (f", not to the reach bound ({bound} or more)" if farthest < bound
-            else f", to the reach bound ({bound} or more)")
+def reach_text(bound):
+    """BCA's reach bound, n_layer * l/2 + the query's phase in its segment: a range."""
+    return f" (BCA's reach bound: {bound[0]} to {bound[1]} tokens, with the phase)"
 
 
 def sweep_relay(results, short=False):
@@ -607,11 +607,13 @@ def sweep_relay(results, short=False):
     words = {1: "above chance", 0: "at chance", -1: "below chance"}
     texts, predicates = [], []
     cells = relay_cells(results)
-    bound = {}  # the least reach bound of each scheme's BCA rows
+    bound = {}  # the reach bound's range over the phases, of each scheme's BCA rows
     for (scheme, _), rows in sweep_rows(results).items():
         for row in rows:
             if row["attention"] == "bca":
-                bound[scheme] = min(bound.get(scheme, row["reach_bound"]), row["reach_bound"])
+                least, most = bound.get(scheme, (row["reach_bound"], row["reach_bound_max"]))
+                bound[scheme] = (min(least, row["reach_bound"]),
+                                 max(most, row["reach_bound_max"]))
     for scheme, by_ckpt in cells.items():
         facts = relay_facts(by_ckpt, l)
         n = len(by_ckpt)
@@ -647,9 +649,10 @@ def sweep_relay(results, short=False):
             texts.append(f"relay through the layers is above chance {who} up to d = "
                          f"{farthest} (pooled over d ≤ {l}: {near}), "
                          + ("at chance or below past it" if past <= {0, -1} else "above chance "
-                            "past it on some task") + reach_text(farthest, bound[scheme]))
+                            "past it on some task") + reach_text(bound[scheme]))
         else:
             counted = ", ".join(f"{task} at {len(above)} of {m} distances"
+                                + (f" (the farthest {max(above)})" if above else "")
                                 for task, (above, m, _, _) in facts.items())
             caveat = ""
             if "passkey" in facts and not facts["passkey"][0]:
@@ -660,7 +663,7 @@ def sweep_relay(results, short=False):
                          f"the farthest at d = {farthest}. Pooled: "
                          f"{'; '.join(pooled_text(t) for t in facts)}.{caveat} So something "
                          f"relays through the layers, up to d = {farthest}"
-                         f"{reach_text(farthest, bound[scheme])}.")
+                         f"{reach_text(bound[scheme])}.")
     sentence = (" " if not short else "; ").join(texts) or "the sweep has measured nothing yet"
     return Verdict(key, "claim 9", measure, comparison, " | ".join(predicates), sentence)
 

@@ -260,19 +260,21 @@ def flat_numbers(value, key=""):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("suite", ["char", "retrieval", "retrieval_lr3e-3", "extension"])
+@pytest.mark.parametrize("suite", ["char", "retrieval", "retrieval_lr3e-3", "retrieval_rerun",
+                                   "extension"])
 def test_committed_raw_results_reproduce_the_committed_tables(tmp_path, suite):
     """--report from the committed results (the study's results/char, the task suite's
-    results/retrieval and its first run at 3e-3, the context extension's results/extension with the
-    suite's zero-shot rows) alone (raw/, timings.json, recipe.json) draws the committed tables.md
-    exactly, a summary.json whose every number agrees with the committed one, and leaves the raw
-    files as they are."""
+    results/retrieval, its first run at 3e-3 and its rerun for the sweep (the schemes its summary
+    names), the context extension's results/extension with the suite's zero-shot rows) alone
+    (raw/, timings.json, recipe.json) draws the committed tables.md exactly, a summary.json whose
+    every number agrees with the committed one, and leaves the raw files as they are."""
     committed = ROOT / "results" / suite
     shutil.copytree(committed, tmp_path / suite)
+    runs = {"retrieval_lr3e-3": "out/retrieval_lr3e-3", "retrieval_rerun": "out/retrieval_rerun"}
     reproduce.main(["--report", "--results", str(tmp_path / suite)]
                    + (["--suite", "retrieval"] if suite.startswith("retrieval") else [])
                    + (["--suite", "extension"] if suite == "extension" else [])
-                   + (["--runs", "out/retrieval_lr3e-3"] if suite == "retrieval_lr3e-3" else []))
+                   + (["--runs", runs[suite]] if suite in runs else []))
     assert (tmp_path / suite / "tables.md").read_text() == (committed / "tables.md").read_text()
     drawn, kept = (flat_numbers(json.loads((d / "summary.json").read_text()))
                    for d in (tmp_path / suite, committed))

@@ -146,6 +146,7 @@ def sweep_file(run, relay, bound):
     ckpt = f"out/retrieval_rerun/{run}/ckpt.pt"
     return (f"{run}.sweep.json", {"rows": [
         dict(attention="bca", task="copy", d=d, ckpt=ckpt, accuracy=right / n, reach_bound=bound,
+             reach_bound_max=bound + 63,
              zones={"direct": [0, 0], "relay": [right, n], "beyond": [0, 0]})
         for d, (right, n) in relay.items()]})
 
@@ -168,7 +169,7 @@ def test_the_sweep_on_several_seeds_is_judged_over_seeds():
     sentence = study_verdicts.sweep_relay(results).sentence
     assert "in the sweep's 3 xpos checkpoints" in sentence and "t interval over seeds" in sentence
     assert "the farthest at d = 72" in sentence
-    assert "not to the reach bound (128 or more)" in sentence
+    assert "(BCA's reach bound: 128 to 191 tokens, with the phase)" in sentence
     provenance = study_verdicts.sweep_provenance(results).sentence
     assert provenance.startswith("Measured so far: xpos seeds 1337, 1338 and 1339 (of 3), trained "
                                  "again on this machine")
@@ -184,7 +185,8 @@ def test_relay_with_depth_is_compared_from_the_answers():
     sentence = study_verdicts.sweep_depth(results).sentence
     assert "above chance up to d = 200 against d = 72: further" in sentence
     assert "copy 0.600 against 0.400 (higher)" in sentence
-    assert "not to the reach bound (256 or more)" in study_verdicts.sweep_relay(results).sentence
+    assert ("(BCA's reach bound: 256 to 319 tokens, with the phase)"
+            in study_verdicts.sweep_relay(results).sentence)
     close = sweep_file("xpos_4layer_s1337", {64: (45, 100), 72: (40, 100)}, 256)
     sentence = study_verdicts.sweep_depth(with_sweeps(study_verdicts.Results(), [close, two]))
     assert "against d = 72: as far" in sentence.sentence
