@@ -1189,30 +1189,47 @@ def task_sources(results, n):
     return text
 
 
+def task_instances(results, l):
+    """{(table row, task): (right, instances)} of claim 13's task probe up to 4l: each
+    distance's accuracy times its instances, summed over the distances (from raw/)."""
+    pooled = {}
+    for _, result in results.raw("extension", "*.tasks.json"):
+        for row in result["rows"]:
+            if row["kind"] != "distance" or row["d"] > 4 * l:
+                continue
+            prefix = "fine-tuned at 4l: " if "/extension/" in row["ckpt"] else "zero-shot: "
+            key = (prefix + row["label"], row["task"])
+            right, n = pooled.get(key, (0.0, 0))
+            pooled[key] = (right + row["accuracy"] * result["sequences"], n + result["sequences"])
+    return pooled
+
+
 def extension_retrieval(results):
     """Item 8: the retrieval half of claim 13 (one seed): each fine-tune's mean accuracy up to
-    4l against zero-shot xpos + BCA's, on the checkpoints task_sources names."""
+    4l against zero-shot xpos + BCA's, on the checkpoints task_sources names; told apart only
+    where the Wilson intervals over their instances (each distance's 32, the answers of one
+    instance counted as one) do not overlap."""
     suite = results.extension["task_suite"]
     table, n = suite["table"], len(suite["seeds"])
-    base = table["zero-shot: xpos + BCA"]
-    tasks = [t for t in ("copy", "mqar", "passkey") if t in base]
-    tuned = [r for r in table if r.startswith("fine-tuned at 4l: ")]
-    parts = []
-    for r in tuned:
-        def cell(t):
-            return f"{t} ({num(table[r][t]['within'], 3)} against {num(base[t]['within'], 3)})"
-        better = [t for t in tasks if table[r][t]["within"] > base[t]["within"]]
-        worse = [t for t in tasks if t not in better]
-        text = (f"{r.split(': ')[1].split(' s=')[0]} on "
-                f"{names_text(cell(t) for t in better) or 'no task'}")
-        if worse:
-            text += " (not " + names_text(cell(t) for t in worse) + ")"
-        parts.append(text)
-    sentence = (f"On retrieval ({task_sources(results, n)}), inside 4l the fine-tunes are above "
-                "zero-shot xpos + BCA, mean accuracy up to 4l: " + "; ".join(parts))
+    base = "zero-shot: xpos + BCA"
+    tasks = [t for t in ("copy", "mqar", "passkey") if t in table[base]]
+    pooled = task_instances(results, suite["recipe"]["block_size"])
+    parts, words = [], {1: "above", -1: "below", 0: "not told apart"}
+    for r in [r for r in table if r.startswith("fine-tuned at 4l: ")]:
+        found = {}
+        for t in tasks:
+            mine, theirs = wilson(*pooled[(r, t)]), wilson(*pooled[(base, t)])
+            sign = 1 if mine[0] > theirs[1] else -1 if mine[1] < theirs[0] else 0
+            found.setdefault(sign, []).append(f"{t} ({num(table[r][t]['within'], 3)} against "
+                                              f"{num(table[base][t]['within'], 3)})")
+        parts.append(f"{r.split(': ')[1].split(' s=')[0]}: " + "; ".join(
+            f"{words[sign]} on {names_text(found[sign])}" for sign in (1, 0, -1) if sign in found))
+    sentence = (f"On retrieval ({task_sources(results, n)}), mean accuracy up to 4l against "
+                "zero-shot xpos + BCA (told apart where Wilson intervals over the instances do "
+                "not overlap): " + "; ".join(parts))
     return Verdict("extension-retrieval", "claim 13", "mean task accuracy up to 4l",
-                   "each fine-tune against zero-shot xpos + BCA", f"seeds {n}; "
-                   f"{task_sources(results, n)}", sentence)
+                   "each fine-tune against zero-shot xpos + BCA, Wilson intervals over "
+                   "instances", f"seeds {n}; {task_sources(results, n)}", sentence)
 
 
 def extension_retrieval_past(results):

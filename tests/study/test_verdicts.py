@@ -259,3 +259,35 @@ def test_the_dynamic_and_tuned_yarn_rows_are_read_when_they_exist():
     sentence = study_verdicts.extension_tuned(results).sentence
     assert "fine-tuned −0.010 [" in sentence and "tuned lower in no seed" in sentence
     assert "α = 0.5, β = 8" in study_verdicts.extension_yarn(results).sentence
+
+
+def test_claim_13_retrieval_tells_apart_only_what_its_instances_can():
+    """One seed: a fine-tune is above or below zero-shot xpos + BCA only where the Wilson
+    intervals over the instances (32 per distance, 8 distances up to 4l: 256) do not overlap:
+    0.60 against 0.40 is above ([0.539, 0.658] against [0.341, 0.462]), 0.43 is not told apart,
+    0.20 is below."""
+    distances = [32, 64, 96, 128, 192, 256, 384, 512, 768]  # the last past 4l: not counted
+
+    def rows(ckpt, label, acc):
+        return [dict(kind="distance", d=d, task="copy", label=label, ckpt=ckpt,
+                     accuracy=acc if d <= 512 else 0.0) for d in distances]
+
+    found = [("xpos.tasks.json", {"sequences": 32, "rows": rows(
+                 "runs/xpos_s1337/ckpt.pt", "xpos + BCA", 0.40)})]
+    table = {"zero-shot: xpos + BCA": {"copy": {"within": 0.40}}}
+    for name, acc in (("up", 0.60), ("same", 0.43), ("down", 0.20)):
+        found.append((f"{name}.tasks.json", {"sequences": 32, "rows": rows(
+            f"runs/extension/xpos_{name}_s1337/ckpt.pt", name, acc)}))
+        table[f"fine-tuned at 4l: {name}"] = {"copy": {"within": acc}}
+    results = study_verdicts.Results()
+    results.extension = {"task_suite": {"table": table, "seeds": [1337],
+                                        "recipe": {"block_size": 128}}}
+    original = results.raw
+    results.raw = lambda suite, pattern: (found if suite == "extension" else
+                                          original(suite, pattern))
+    sentence = study_verdicts.extension_retrieval(results).sentence
+    assert "up: above on copy (0.600 against 0.400)" in sentence
+    assert "same: not told apart on copy (0.430 against 0.400)" in sentence
+    assert "down: below on copy (0.200 against 0.400)" in sentence
+    assert sentence.startswith("On retrieval (one seed; zero-shot and fine-tuned rows from the "
+                               "same checkpoints")
