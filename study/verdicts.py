@@ -649,7 +649,7 @@ def sweep_relay(results, short=False):
             texts.append(f"relay through the layers is above chance {who} up to d = "
                          f"{farthest} (pooled over d ≤ {l}: {near}), "
                          + ("at chance or below past it" if past <= {0, -1} else "above chance "
-                            "past it on some task") + reach_text(bound[scheme]))
+                            "past it on some task"))
         else:
             counted = ", ".join(f"{task} at {len(above)} of {m} distances"
                                 + (f" (the farthest {max(above)})" if above else "")
@@ -664,6 +664,10 @@ def sweep_relay(results, short=False):
                          f"{'; '.join(pooled_text(t) for t in facts)}.{caveat} So something "
                          f"relays through the layers, up to d = {farthest}"
                          f"{reach_text(bound[scheme])}.")
+    if short and texts:  # the reach bound once, where every scheme shares it
+        bounds = {bound[scheme] for scheme in cells if scheme in bound}
+        texts = ([*texts[:-1], texts[-1] + reach_text(bounds.pop())] if len(bounds) == 1
+                 else [t + reach_text(bound[s]) for t, s in zip(texts, cells)])
     sentence = (" " if not short else "; ").join(texts) or "the sweep has measured nothing yet"
     return Verdict(key, "claim 9", measure, comparison, " | ".join(predicates), sentence)
 
