@@ -282,7 +282,7 @@ def extension_score_jobs(args, budget):
 # the same scalings) for the same share of their pre-training tokens, 5%: 400 iterations of
 # 16 sequences of 512 tokens, 3.3M of the suite's 65.5M. The rate starts at the suite's
 # min_lr and decays tenfold. Scored on copy, MQAR and the passkey at every distance of the
-# task probe, within 4l and past it; the zero-shot rows are the suite's own, of the same seed.
+# task probe, within 4l and past it; the zero-shot rows are the same checkpoints (--task_runs).
 SUITE_SEEDS = SEEDS[:1]
 SUITE_SOURCES = ("rope", "xpos")
 SUITE_TASKS = "copy,mqar,passkey"

@@ -286,11 +286,13 @@ def scheme_rows(args, scheme, suffix):
     where missing or damaged) measured on the scheme's checkpoints under --runs, at the
     results' block_size where the checkpoint is there to say: rows of another results
     directory's models (a file copied in) would otherwise be averaged in as more seeds. The
-    rows left out are noted."""
+    rows left out are noted. A checkpoint's rows in its own file replace its rows in the
+    scheme's (a directory swept before the sweep was one job per checkpoint), so that no
+    answer counts twice."""
     runs = [f"{scheme}_s{seed}" for seed in SEEDS] + [f"{scheme}_passkey"]
     own = {os.path.normpath(Path(args.runs) / run / "ckpt.pt") for run in runs}
     kept = []
-    for name in [scheme, *runs]:
+    for name in [*runs, scheme]:
         path = Path(args.results) / "raw" / f"{name}{suffix}"
         result = read_result(path) if path.exists() else None
         rows = (result or {}).get("rows", [])
@@ -305,6 +307,9 @@ def scheme_rows(args, scheme, suffix):
                 foreign[ckpt] = why
         for ckpt, why in sorted(foreign.items()):
             note(f"note: {path}: the rows of {ckpt} are left out of the tables: {why}")
+        if name == scheme:  # the scheme's file: only checkpoints no file of their own holds
+            covered = {row["ckpt"] for row in kept}
+            foreign.update({row["ckpt"]: "" for row in rows if row["ckpt"] in covered})
         kept += [row for row in rows
                  if isinstance(row["ckpt"], str) and row["ckpt"] not in foreign]
     return kept

@@ -254,11 +254,11 @@ def retrieval_markdown(summary):
     for name, n in (summary.get("schemes") or {}).items():  # (none in an older summary)
         by_count.setdefault(n, []).append(name)
     words = {1: "one", 2: "two", 3: "three"}
-    counts = "; ".join(f"{words.get(n, n)} for " + (", ".join(names) if len(names) <= 2 or
-                                                    n != min(by_count) else "the others")
-                       for n, names in sorted(by_count.items(), reverse=True))
+    counts = "; ".join(f"{words.get(n, n)} for " + (
+        "the others" if len(by_count) > 1 and n == min(by_count) and len(names) > 2
+        else ", ".join(names)) for n, names in sorted(by_count.items(), reverse=True))
     head = (f"Long-range task suite: {summary['budget']} budget, training length l = {l}, "
-            f"seeds {seeds}{f' ({counts})' if counts else ''}; "
+            f"seeds {seeds}{f' (planned: {counts})' if counts else ''}; "
             f"wall time {wall_text(wall)}), on {summary['machine']}.\n")
     names = summary["tasks"]
     reach, at_1x = {}, {}

@@ -42,9 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", "docs/results.md", "docs/retrieval.md")
 MARK = re.compile(r"<!-- verdict: ([\w-]+) -->(.*?)<!-- /verdict -->", re.S)
 WIDTH = 118  # the pages' prose
-# The sweep's results: the task suite's rope, xpos and xpos_4layer trained again on this machine
-# with the suite's recipe and seeds (docs/results.md, "Where the rules act"), as the models the
-# suite's own tables measured were not kept
+# The sweep's results: the task suite's rope, xpos and xpos_4layer, as they are trained again with
+# the suite's recipe and seeds (docs/results.md, "Where the rules act"), as the models the suite's
+# own tables measured were not kept
 SWEEP_SUITE = "retrieval_rerun"
 # YaRN's ramp bounds when results/extension was run (alternatives.py then): LLaMA's, not tuned
 # for this head dimension and length; a summary that records its own ("yarn": {"alpha": ...,
@@ -119,6 +119,19 @@ def wilson(right, n, z=NormalDist().inv_cdf(0.975)):
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return [centre - half, centre + half]
+
+
+def binomial_tail(right, n, p):
+    """P(X >= right) for X ~ Binomial(n, p): how often guessing at chance p scores right of n
+    or more (exact, summed in log space)."""
+    if right <= 0:
+        return 1.0
+    if p >= 1:
+        return 1.0
+    logs = [math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+            + k * math.log(p) + (n - k) * math.log1p(-p) for k in range(int(right), n + 1)]
+    top = max(logs)
+    return min(1.0, math.exp(top) * sum(math.exp(x - top) for x in logs))
 
 
 def seed_values(cell):
@@ -513,31 +526,42 @@ def accuracy_past(results, name, task, beyond):
 
 def sweep_rows(results):
     """{(scheme, checkpoint): [rows]} of results/retrieval_rerun/raw/<run>.sweep.json, one
-    file per checkpoint."""
-    out = {}
-    for name, result in results.raw(SWEEP_SUITE, "*.sweep.json"):
+    file per checkpoint; a checkpoint's rows in an older file of the whole scheme
+    (<scheme>.sweep.json) are read only where no file of its own holds them."""
+    out, found = {}, results.raw(SWEEP_SUITE, "*.sweep.json")
+    per_run = [(n, r) for n, r in found if re.fullmatch(r".+_s\d+\.sweep\.json", n)]
+    for name, result in per_run + [(n, r) for n, r in found if (n, r) not in per_run]:
         run = name.split(".")[0]
-        scheme = run.rpartition("_s")[0] if re.fullmatch(r".+_s\d+", run) else run
+        scheme = run.rpartition("_s")[0] if (name, result) in per_run else run
+        mine = {}
         for row in result["rows"]:
-            out.setdefault((scheme, row["ckpt"]), []).append(row)
+            mine.setdefault((scheme, row["ckpt"]), []).append(row)
+        out.update({key: rows for key, rows in mine.items() if key not in out})
     return out
 
 
 def sweep_provenance(results):
-    """Item 2: which checkpoints the sweep measured, of the seeds the suite trains."""
+    """Item 2: which checkpoints the sweep measured, of the seeds the suite trains, and whether
+    any is a model the suite's tables measured (by its checkpoint's path in their raw rows)."""
     planned = {name: n for name, _, n in SUITE_SCHEMES}
-    seeds = {}
-    for scheme, ckpt in sweep_rows(results):
+    seeds, swept = {}, sweep_rows(results)
+    for scheme, ckpt in swept:
         seeds.setdefault(scheme, []).append(Path(ckpt).parent.name.rpartition("_s")[2])
+    suite = {r["ckpt"] for _, res in results.raw("retrieval", "*.tasks.json") for r in res["rows"]}
+    own = [c for _, c in swept if c in suite]
     parts = [f"{scheme} seed{'s' * (len(found) > 1)} {names_text(sorted(found))} (of "
              f"{planned.get(scheme, '?')})" for scheme, found in seeds.items()]
-    sentence = ("Measured so far: " + ("; ".join(parts) if parts else "nothing")
-                + ", trained again on this machine with the suite's recipe and seeds "
-                "(results/retrieval_rerun), not the models the suite's tables measured, whose "
-                "checkpoints were not kept.")
+    machine = (results.rerun or {}).get("machine", "another machine")
+    whose = ("the models the suite's tables measured" if own and len(own) == len(swept) else
+             f"{len(own)} of them models the suite's tables measured" if own else
+             "none of them a model the suite's tables measured")
+    sentence = ("Measured so far, on models trained with the suite's recipe and seeds on "
+                f"{machine} (results/retrieval_rerun; {whose}): "
+                + ("; ".join(parts) if parts else "nothing") + ".")
     return Verdict("sweep-provenance", "claim 9", "the sweep's checkpoints",
                    "each swept scheme's seeds against those the suite trains",
-                   f"{ {s: sorted(f) for s, f in seeds.items()} } of {planned}", sentence)
+                   f"{ {s: sorted(f) for s, f in seeds.items()} } of {planned}; the suite's "
+                   f"own: {own}", sentence)
 
 
 def relay_cells(results):
@@ -559,15 +583,17 @@ def relay_cells(results):
 def relay_facts(by_ckpt, l):
     """One scheme's relay: {task: (distances above chance, distances, [(accuracy, sign against
     chance) over d <= l, over d > l], chance)}. Each distance's answers, pooled over the
-    checkpoints, against chance by a Wilson interval, Bonferroni over the distances tested (so
-    that the farthest distance above chance is not one of many chances); the zones pooled, by a
+    checkpoints, against chance by an exact binomial test at 2.5%, Bonferroni over the
+    distances tested (so that the farthest distance above chance is not one of many chances,
+    and a distance with a handful of relay answers is not above chance by one); the zones
+    pooled, by a
     Wilson interval for one checkpoint, a t interval over seeds of each seed's for several."""
     tasks = {}
     for by_task in by_ckpt.values():
         for task, found in by_task.items():
             tasks.setdefault(task, []).append(found)
     tested = sum(len({d for found in runs for d, *_ in found}) for runs in tasks.values())
-    z = NormalDist().inv_cdf(1 - 0.025 / max(1, tested))
+    alpha = 0.025 / max(1, tested)
     facts = {}
     for task, runs in tasks.items():
         chance = runs[0][0][3]
@@ -575,7 +601,8 @@ def relay_facts(by_ckpt, l):
         for found in runs:
             for d, right, n, _ in found:
                 by_d[d] = [a + b for a, b in zip(by_d.get(d, [0, 0]), (right, n))]
-        above = sorted(d for d, (right, n) in by_d.items() if wilson(right, n, z)[0] > chance)
+        above = sorted(d for d, (right, n) in by_d.items()
+                       if n and binomial_tail(right, n, chance) < alpha)
         pooled = []
         for near in (True, False):
             per_run = [[(r, n) for d, r, n, _ in found if (d <= l) == near] for found in runs]
@@ -600,7 +627,7 @@ def sweep_relay(results, short=False):
     """Item 1: does anything relay through the layers under BCA? Per swept scheme: the
     distances whose relay answers are above chance, and the relay zone pooled over d <= l and
     d > l (relay_facts)."""
-    l = results.suite["recipe"]["block_size"]
+    l = (results.rerun or results.suite)["recipe"]["block_size"]
     key = "sweep-relay" + "-short" * short
     measure, comparison = ("sweep accuracy in BCA's relay zone, by distance and pooled",
                            "relay answers against chance")
@@ -620,10 +647,10 @@ def sweep_relay(results, short=False):
         who = ("in the sweep's one checkpoint" if n == 1 and len(cells) == 1 else
                f"in the sweep's one {scheme} checkpoint" if n == 1 else
                f"in the sweep's {n} {scheme} checkpoints")
-        how = ("a Wilson interval over its answers, Bonferroni over the distances: one "
-               "checkpoint has no interval over seeds" if n == 1 else "a Wilson interval over "
-               "the seeds' answers, Bonferroni over the distances; pooled, a t interval over "
-               "seeds")
+        how = ("an exact binomial test of its answers against chance, Bonferroni over the "
+               "distances: one checkpoint has no interval over seeds" if n == 1 else "an exact "
+               "binomial test of the seeds' answers, Bonferroni over the distances; pooled, a t "
+               "interval over seeds")
         above_any = [d for above, *_ in facts.values() for d in above]
         predicates.append(f"{scheme} ({n}): " + "; ".join(
             f"{t}: above chance at d = {a or 'none'}, pooled d <= l {p[0]}, d > l {p[1]}"
@@ -660,7 +687,8 @@ def sweep_relay(results, short=False):
                           "guessing a relayed digit (its zone is its worst digit's).")
             texts.append(f"Under BCA, relay answers (only a path through two layers or more "
                          f"reaches their source) are above chance {who} ({how}) at {counted}, "
-                         f"the farthest at d = {farthest}. Pooled: "
+                         f"the farthest at d = {farthest} (d: the instance's distance; each "
+                         "answer's zone is by its own source). Pooled: "
                          f"{'; '.join(pooled_text(t) for t in facts)}.{caveat} So something "
                          f"relays through the layers, up to d = {farthest}"
                          f"{reach_text(bound[scheme])}.")
@@ -682,7 +710,7 @@ def sweep_zones(results):
         bca = sweep.get(f"{scheme} + BCA")
         if not bca:
             continue
-        n = next(v["n"] for k, v in bca.items() if isinstance(v, dict) and v.get("n"))
+        n = next((v["n"] for v in bca.values() if isinstance(v, dict) and v.get("n")), 0)
         tasks = dict.fromkeys(k.split()[0] for k in bca if k.endswith(" direct"))
         zones = "; ".join(
             f"{t} " + ", ".join(f"{num(bca[f'{t} {z}']['mean'])} {z}"
@@ -690,19 +718,21 @@ def sweep_zones(results):
             for t in tasks)
         windows = [row for name, row in sweep.items()
                    if name.startswith(f"{scheme} + ") and name != f"{scheme} + BCA"]
-        direct = [row[f"{t} direct"]["mean"] for row in windows for t in tasks
-                  if row.get(f"{t} direct")]
-        relay = [row[f"{t} relay"]["mean"] for row in windows for t in tasks
-                 if row.get(f"{t} relay")]
+        ranges = []
+        for t in tasks:
+            direct = [row[f"{t} direct"]["mean"] for row in windows if row.get(f"{t} direct")]
+            relay = [row[f"{t} relay"]["mean"] for row in windows if row.get(f"{t} relay")]
+            if direct and relay:
+                ranges.append(f"{t} {num(min(direct))} to {num(max(direct))} direct, "
+                              f"{num(max(relay))} relay or less")
         text = f"{scheme} ({'one seed' if n == 1 else f'{n} seeds'}): under BCA {zones}"
-        if direct:
-            text += (f"; a sliding window and sinks {num(min(direct))} to {num(max(direct))} "
-                     f"direct and {num(max(relay))} relay or less")
+        if ranges:
+            text += "; under a sliding window and sinks " + "; ".join(ranges)
         parts.append(text)
     sentence = ("Pooled over the sweep's distances, seed-mean: " + ". ".join(parts) if parts
                 else "the sweep has measured nothing yet")
     return Verdict("sweep-zones", "claim 9", "sweep accuracy by zone, pooled over distances",
-                   "each rule's zones", f"{len(parts)} schemes", sentence)
+                   "each rule's zones", " | ".join(parts), sentence)
 
 
 def sweep_depth(results):
@@ -710,7 +740,7 @@ def sweep_depth(results):
     the farthest distance whose relay answers are above chance (relay_facts), and the relay
     zone pooled over d <= l, each model's answers by a Wilson interval (told apart only where
     the two intervals do not overlap)."""
-    l = results.suite["recipe"]["block_size"]
+    l = (results.rerun or results.suite)["recipe"]["block_size"]
     cells = relay_cells(results)
     if not {"xpos", "xpos_4layer"} <= set(cells):
         return Verdict("sweep-depth", "claim 9", "relay under BCA with 4 layers against 2",
@@ -1179,15 +1209,19 @@ def task_sources(results, n):
                      if k.startswith("train suite ")]
         return (f"{seeds}; the fine-tunes start from checkpoints trained again, "
                 f"{names_text(retrained)}, not the suite's zero-shot models")
-    sources = {str(Path(c).parents[2] / (Path(c).parent.name.split("_")[0] + "_s"
-                                         + Path(c).parent.name.rpartition("_s")[2]) / "ckpt.pt")
-               for c in tuned}
-    text = (f"{seeds}; zero-shot and fine-tuned rows from the same checkpoints, the fine-tunes' "
-            "sources" if sources <= zero else f"{seeds}; the fine-tunes' sources are not the "
-            "zero-shot rows' checkpoints")
+    schemes = sorted((name for name, _, _ in SUITE_SCHEMES), key=len, reverse=True)
+    sources = set()
+    for c in tuned:  # <task_runs>/extension/<source>_<fine-tune>_s<seed>: its source's path
+        run, _, seed = Path(c).parent.name.rpartition("_s")
+        source = next((x for x in schemes if run == x or run.startswith(x + "_")), run)
+        sources.add(str(Path(c).parents[2] / f"{source}_s{seed}" / "ckpt.pt"))
+    if not sources <= zero:
+        return f"{seeds}; the fine-tunes' sources are not the zero-shot rows' checkpoints"
+    text = f"{seeds}; the zero-shot rows on the fine-tunes' source checkpoints"
     suite = {r["ckpt"] for _, res in results.raw("retrieval", "*.tasks.json") for r in res["rows"]}
     if zero <= {c for _, c in sweep_rows(results)}:
-        text += ": the sweep's models, trained again on this machine"
+        machine = (results.rerun or {}).get("machine", "another machine")
+        text += f", the sweep's models, trained with the suite's recipe on {machine}"
     if not zero & suite:
         text += ", not the models of the suite's tables"
     return text
@@ -1218,12 +1252,16 @@ def extension_retrieval(results):
     base = "zero-shot: xpos + BCA"
     tasks = [t for t in ("copy", "mqar", "passkey") if t in table[base]]
     pooled = task_instances(results, suite["recipe"]["block_size"])
-    parts, words = [], {1: "above", -1: "below", 0: "not told apart"}
+    parts, words, signs = [], {1: "above", -1: "below", 0: "not told apart"}, []
     for r in [r for r in table if r.startswith("fine-tuned at 4l: ")]:
         found = {}
         for t in tasks:
+            if (r, t) not in pooled or (base, t) not in pooled:
+                continue  # (a raw file missing: the table's cell alone cannot be tested)
             mine, theirs = wilson(*pooled[(r, t)]), wilson(*pooled[(base, t)])
             sign = 1 if mine[0] > theirs[1] else -1 if mine[1] < theirs[0] else 0
+            signs.append(f"{r} {t}: {sign:+d} ({interval_text(mine, 3)} against "
+                         f"{interval_text(theirs, 3)})")
             found.setdefault(sign, []).append(f"{t} ({num(table[r][t]['within'], 3)} against "
                                               f"{num(table[base][t]['within'], 3)})")
         parts.append(f"{r.split(': ')[1].split(' s=')[0]}: " + "; ".join(
@@ -1233,7 +1271,7 @@ def extension_retrieval(results):
                 "not overlap): " + "; ".join(parts))
     return Verdict("extension-retrieval", "claim 13", "mean task accuracy up to 4l",
                    "each fine-tune against zero-shot xpos + BCA, Wilson intervals over "
-                   "instances", f"seeds {n}; {task_sources(results, n)}", sentence)
+                   "instances", f"seeds {n}; " + "; ".join(signs), sentence)
 
 
 def extension_retrieval_past(results):
@@ -1248,14 +1286,19 @@ def extension_retrieval_past(results):
                 for r, c in table.items() if c.get(task, {}).get("past") is not None}
         if not past:
             continue
-        ranked = sorted(past.items(), key=lambda kv: -kv[1])
-        cut = next(i for i, (r, _) in enumerate(ranked) if r == "zero-shot xpos + BCA") + 1
-        parts.append(f"{task}: " + ", ".join(f"{r} {num(v, 3)}" for r, v in ranked[:cut]))
+        base = past.get("zero-shot xpos + BCA")
+        if base is None:
+            continue
+        # every row at or above the baseline, ties included, the baseline last among them
+        ranked = sorted(((r, v) for r, v in past.items() if v >= base),
+                        key=lambda kv: (-kv[1], kv[0] == "zero-shot xpos + BCA"))
+        parts.append(f"{task}: " + ", ".join(f"{r} {num(v, 3)}" for r, v in ranked))
     seeds = "one seed" if n == 1 else f"{n} seeds"
-    sentence = (f"Past 4l ({seeds}), mean accuracy from highest down to zero-shot xpos + BCA: "
-                + "; ".join(parts))
+    sentence = (f"Past 4l ({seeds}), mean accuracy of every row at or above zero-shot xpos + "
+                "BCA, highest first: " + "; ".join(parts))
     return Verdict("extension-retrieval-past", "claim 13", "mean task accuracy past 4l",
-                   "every row, ranked", f"seeds {n}", sentence)
+                   "every row against zero-shot xpos + BCA, ranked", f"seeds {n}: "
+                   + " | ".join(parts), sentence)
 
 
 def extension_yarn(results):

@@ -194,7 +194,7 @@ def test_compact_raw_keeps_the_time_a_result_is_judged_by(tmp_path):
         study_files.compact_raw(path)
 
 
-COMMITTED_RAW = ["retrieval/raw/rope.tasks.json", "retrieval/raw/xpos.tasks.json",
+COMMITTED_RAW = ["retrieval/raw/rope.tasks.json", "retrieval_rerun/raw/xpos_s1337.sweep.json",
                  "char/raw/rope.ppl.json", "char/raw/xpos.context.json", "char/raw/theory.json"]
 
 
@@ -265,7 +265,7 @@ def flat_numbers(value, key=""):
 def test_committed_raw_results_reproduce_the_committed_tables(tmp_path, suite):
     """--report from the committed results (the study's results/char, the task suite's
     results/retrieval, its first run at 3e-3 and its rerun for the sweep (the schemes its summary
-    names), the context extension's results/extension with the suite's zero-shot rows) alone
+    names), the context extension's results/extension with its task rows) alone
     (raw/, timings.json, recipe.json) draws the committed tables.md exactly, a summary.json whose
     every number agrees with the committed one, and leaves the raw files as they are."""
     committed = ROOT / "results" / suite
@@ -1115,3 +1115,23 @@ def test_a_second_study_on_one_results_directory_names_the_first(tmp_path):
         holder.kill()
         holder.wait()
     assert not (tmp_path / "o").exists() and not (tmp_path / "d").exists()
+
+
+def test_a_checkpoints_own_sweep_file_replaces_its_rows_in_the_schemes(tmp_path):
+    """raw/rope_s1337.sweep.json (one job per checkpoint) and an older raw/rope.sweep.json of
+    the whole scheme: seed 1337's rows are read from its own file only, seed 1338's from the
+    scheme's, so that no answer counts twice."""
+    import argparse
+    runs, raw = tmp_path / "runs", tmp_path / "results" / "raw"
+    raw.mkdir(parents=True)
+
+    def rows(seed, d):
+        return [{"ckpt": str(runs / f"rope_s{seed}" / "ckpt.pt"), "pos": "rope",
+                 "label": "rope + BCA", "d": d}]
+
+    (raw / "rope.sweep.json").write_text(json.dumps({"rows": rows(1337, 8) + rows(1338, 8)}))
+    (raw / "rope_s1337.sweep.json").write_text(json.dumps({"rows": rows(1337, 16)}))
+    args = argparse.Namespace(results=str(tmp_path / "results"), runs=str(runs))
+    found = study_report.scheme_rows(args, "rope", ".sweep.json")
+    assert sorted((Path(r["ckpt"]).parent.name, r["d"]) for r in found) == [
+        ("rope_s1337", 16), ("rope_s1338", 8)]

@@ -171,8 +171,8 @@ def test_the_sweep_on_several_seeds_is_judged_over_seeds():
     assert "the farthest at d = 72" in sentence
     assert "(BCA's reach bound: 128 to 191 tokens, with the phase)" in sentence
     provenance = study_verdicts.sweep_provenance(results).sentence
-    assert provenance.startswith("Measured so far: xpos seeds 1337, 1338 and 1339 (of 3), trained "
-                                 "again on this machine")
+    assert provenance.endswith("(results/retrieval_rerun; none of them a model the suite's tables "
+                               "measured): xpos seeds 1337, 1338 and 1339 (of 3).")
 
 
 def test_relay_with_depth_is_compared_from_the_answers():
@@ -192,8 +192,7 @@ def test_relay_with_depth_is_compared_from_the_answers():
     assert "against d = 72: as far" in sentence.sentence
     assert "copy 0.425 against 0.400 (not told apart)" in sentence.sentence
     provenance = study_verdicts.sweep_provenance(results).sentence
-    assert provenance.startswith("Measured so far: xpos_4layer seed 1337 (of 1); xpos seed 1337 "
-                                 "(of 3), trained again")
+    assert provenance.endswith("measured): xpos_4layer seed 1337 (of 1); xpos seed 1337 (of 3).")
 
 
 def test_a_positive_control_is_read_when_it_exists():
@@ -289,5 +288,69 @@ def test_claim_13_retrieval_tells_apart_only_what_its_instances_can():
     assert "up: above on copy (0.600 against 0.400)" in sentence
     assert "same: not told apart on copy (0.430 against 0.400)" in sentence
     assert "down: below on copy (0.200 against 0.400)" in sentence
-    assert sentence.startswith("On retrieval (one seed; zero-shot and fine-tuned rows from the "
-                               "same checkpoints")
+    assert sentence.startswith("On retrieval (one seed; the zero-shot rows on the fine-tunes' "
+                               "source checkpoints")
+
+
+@pytest.mark.parametrize("right, n, p", [(1, 1, 0.038), (3, 10, 0.1), (0, 5, 0.2),
+                                         (40, 100, 1 / 52), (7, 400, 0.019)])
+def test_binomial_tail_against_brute_force(right, n, p):
+    """P(X >= right), X ~ Binomial(n, p), summed term by term with exact integers."""
+    from fractions import Fraction
+    q = Fraction(p)
+    exact = sum(math.comb(n, k) * q ** k * (1 - q) ** (n - k) for k in range(right, n + 1))
+    assert study_verdicts.binomial_tail(right, n, p) == pytest.approx(float(exact), rel=1e-9)
+
+
+def test_one_right_answer_is_not_relay_above_chance():
+    """One relay answer of one, right, at MQAR's chance 1/26: a Wilson interval's lower bound
+    (0.085 at the Bonferroni z) would call it above chance; the exact test (p = 1/26, against
+    0.025 over the distances tested) does not, so it cannot be the farthest distance."""
+    relay = {64: (40, 100), 72: (30, 100), 200: (1, 1)}
+    results = with_sweeps(study_verdicts.Results(), [sweep_file("xpos_s1337", relay, 128)])
+    assert "the farthest at d = 72" in study_verdicts.sweep_relay(results).sentence
+
+
+def test_the_short_relay_verdict_states_a_shared_bound_once():
+    two = [sweep_file("xpos_s1337", {64: (40, 100)}, 128),
+           sweep_file("rope_s1337", {64: (40, 100)}, 128)]
+    sentence = study_verdicts.sweep_relay(with_sweeps(study_verdicts.Results(), two),
+                                          short=True).sentence
+    assert sentence.count("BCA's reach bound") == 1
+    deeper = [two[0], sweep_file("xpos_4layer_s1337", {64: (40, 100)}, 256)]
+    sentence = study_verdicts.sweep_relay(with_sweeps(study_verdicts.Results(), deeper),
+                                          short=True).sentence
+    assert "128 to 191 tokens" in sentence and "256 to 319 tokens" in sentence
+
+
+def test_sweep_zones_read_the_summary_per_task():
+    """Each zone's seed-mean under BCA, and under the windows each task's own range of direct
+    and its most relay (tasks of different chance are not pooled into one range)."""
+    def cell(mean):
+        return {"mean": mean, "n": 1, "of": 1, "values": [mean]}
+
+    results = study_verdicts.Results()
+    results.rerun = {"sweep": {
+        "xpos + BCA": {"copy direct": cell(0.9), "copy relay": cell(0.06),
+                       "copy beyond": cell(0.02), "mqar direct": cell(1.0),
+                       "mqar relay": cell(0.09), "mqar beyond": cell(0.03)},
+        "xpos + sliding W=128": {"copy direct": cell(0.5), "copy relay": cell(0.01),
+                                 "mqar direct": cell(0.97), "mqar relay": cell(0.05)},
+        "xpos + sinks S=4 W=128": {"copy direct": cell(0.6), "copy relay": cell(0.02),
+                                   "mqar direct": cell(0.99), "mqar relay": cell(0.04)}}}
+    sentence = study_verdicts.sweep_zones(results).sentence
+    assert "xpos (one seed): under BCA copy 0.90 direct, 0.06 relay, 0.02 beyond" in sentence
+    assert "copy 0.50 to 0.60 direct, 0.02 relay or less" in sentence
+    assert "MQAR 0.97 to 0.99 direct, 0.05 relay or less" in sentence
+
+
+def test_past_4l_ranks_every_row_at_or_above_bca_ties_included():
+    results = study_verdicts.Results()
+    table = {"zero-shot: xpos + BCA": {"passkey": {"past": 0.0}},
+             "zero-shot: rope + yarn": {"passkey": {"past": 0.0}},
+             "fine-tuned at 4l: xpos": {"passkey": {"past": 0.1}},
+             "fine-tuned at 4l: xpos + BCA": {"passkey": {"past": 0.0}}}
+    results.extension = {"task_suite": {"table": table, "seeds": [1337]}}
+    sentence = study_verdicts.extension_retrieval_past(results).sentence
+    assert sentence.endswith("passkey: fine-tuned xpos 0.100, zero-shot rope + yarn 0.000, "
+                             "fine-tuned xpos + BCA 0.000, zero-shot xpos + BCA 0.000")
