@@ -175,32 +175,31 @@ def set_folders(args):
     args.data = args.data or f"data/study_{args.variant}"
 
 
-def recorded_budget(results):
-    """The budget a results directory's summary.json records (None when there is none)."""
+def recorded(results, *keys):
+    """What a results directory's summary.json records under keys (None when it does not)."""
     try:
-        found = json.loads(Path(results, "summary.json").read_text(encoding="utf-8"))["budget"]
+        found = json.loads(Path(results, "summary.json").read_text(encoding="utf-8"))
+        for key in keys:
+            found = found[key]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return found if found in BUDGETS else None
+    return found
+
+
+def recorded_budget(results):
+    found = recorded(results, "budget")
+    return found if isinstance(found, str) and found in BUDGETS else None
 
 
 def recorded_task_runs(results):
-    """The task suite's checkpoints an extension results directory's rows were measured on, as
-    its summary.json records them (None when it does not)."""
-    try:
-        found = json.loads(Path(results, "summary.json").read_text(encoding="utf-8"))
-        runs = found["task_suite"]["runs"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return runs if isinstance(runs, str) else None
+    """The task suite's checkpoints an extension results directory's rows were measured on."""
+    found = recorded(results, "task_suite", "runs")
+    return found if isinstance(found, str) else None
 
 
 def recorded_schemes(results):
-    """The schemes a results directory's summary.json names (the task suite's), or None."""
-    try:
-        found = json.loads(Path(results, "summary.json").read_text(encoding="utf-8"))["schemes"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    """The schemes a task suite's results directory was drawn for."""
+    found = recorded(results, "schemes")
     return list(found) if isinstance(found, dict) and found else None
 
 

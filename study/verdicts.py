@@ -526,17 +526,12 @@ def accuracy_past(results, name, task, beyond):
 
 def sweep_rows(results):
     """{(scheme, checkpoint): [rows]} of results/retrieval_rerun/raw/<run>.sweep.json, one
-    file per checkpoint; a checkpoint's rows in an older file of the whole scheme
-    (<scheme>.sweep.json) are read only where no file of its own holds them."""
-    out, found = {}, results.raw(SWEEP_SUITE, "*.sweep.json")
-    per_run = [(n, r) for n, r in found if re.fullmatch(r".+_s\d+\.sweep\.json", n)]
-    for name, result in per_run + [(n, r) for n, r in found if (n, r) not in per_run]:
-        run = name.split(".")[0]
-        scheme = run.rpartition("_s")[0] if (name, result) in per_run else run
-        mine = {}
+    file per checkpoint (the rerun was swept that way from its start)."""
+    out = {}
+    for name, result in results.raw(SWEEP_SUITE, "*.sweep.json"):
+        scheme = name.split(".")[0].rpartition("_s")[0]
         for row in result["rows"]:
-            mine.setdefault((scheme, row["ckpt"]), []).append(row)
-        out.update({key: rows for key, rows in mine.items() if key not in out})
+            out.setdefault((scheme, row["ckpt"]), []).append(row)
     return out
 
 
