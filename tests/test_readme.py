@@ -40,6 +40,9 @@ NOT_RUN = {  # a substring of the command (or its end, marked $) -> why the test
                                        "test_retrieval_tasks.py runs it on a toy budget)",
     "reproduce.py --suite extension$": "fine-tunes nine models and scores fifteen: an hour "
                                        "(tests/study/test_reproduce.py runs it on a toy budget)",
+    "--runs out/retrieval_rerun": "trains the task suite's rope, xpos and xpos_4layer again and "
+                                  "sweeps them: hours (tests/study/test_retrieval_tasks.py runs "
+                                  "the suite on a toy budget)",
     "--budget toy": "a minute or two (tests/study/test_reproduce.py runs it)",
     "reproduce.py --tune": "half an hour of training "
                            "(tests/study/test_reproduce.py runs it on a toy budget)",
