@@ -731,50 +731,71 @@ def sweep_zones(results):
 
 
 def sweep_depth(results):
-    """Item 2's question: does relay grow with depth? xpos_4layer against xpos in the sweep:
-    the farthest distance whose relay answers are above chance (relay_facts), and the relay
-    zone pooled over d <= l, each model's answers by a Wilson interval (told apart only where
-    the two intervals do not overlap)."""
+    """Item 2's question: does relay grow with depth? xpos_4layer against xpos of the same seeds
+    (as many answers each, so neither is above chance at more distances by having more of
+    them): the farthest distance whose relay answers are above chance (relay_facts), and the
+    relay zone pooled over d <= l, each model's answers by a Wilson interval (told apart only
+    where the two intervals do not overlap). Four layers have one seed, so the sentence also
+    gives the range of two layers' pooled relay over all their seeds, and whether four layers'
+    lies outside it."""
     l = (results.rerun or results.suite)["recipe"]["block_size"]
     cells = relay_cells(results)
     if not {"xpos", "xpos_4layer"} <= set(cells):
         return Verdict("sweep-depth", "claim 9", "relay under BCA with 4 layers against 2",
                        "xpos_4layer against xpos", "not both swept",
                        "the sweep has not measured both depths yet")
-    found, pooled = {}, {}
-    for scheme in ("xpos", "xpos_4layer"):
-        facts = relay_facts(cells[scheme], l)
-        found[scheme] = (max([d for above, *_ in facts.values() for d in above], default=None),
-                         len(cells[scheme]))
-        for task in facts:
-            right = sum(r for by_task in cells[scheme].values()
-                        for d, r, n, _ in by_task.get(task, []) if d <= l)
-            n = sum(n for by_task in cells[scheme].values()
-                    for d, r, n, _ in by_task.get(task, []) if d <= l)
-            if n:
-                pooled.setdefault(task, {})[scheme] = (right / n, wilson(right, n))
-    (far2, n2), (far4, n4) = found["xpos"], found["xpos_4layer"]
-    seeds = {1: "one seed"}
-    how_far = ("nowhere" if far4 is None else f"up to d = {far4}")
-    against = ("nowhere" if far2 is None else f"d = {far2}")
-    reach = ("further" if (far4 or 0) > (far2 or 0) else "as far" if far4 == far2
-             else "less far")
-    parts = []
-    for task, by in pooled.items():
-        if len(by) < 2:
+
+    def seed(ckpt):
+        return Path(ckpt).parent.name.rpartition("_s")[2]
+
+    def near(by_task, task):
+        found = [(r, n) for d, r, n, _ in by_task.get(task, []) if d <= l]
+        return sum(r for r, _ in found), sum(n for _, n in found)
+
+    deep = cells["xpos_4layer"]
+    seeds = sorted({seed(c) for c in deep})
+    paired = {c: v for c, v in cells["xpos"].items() if seed(c) in seeds}
+    if not paired:
+        return Verdict("sweep-depth", "claim 9", "relay under BCA with 4 layers against 2",
+                       "xpos_4layer against xpos", "no seed swept at both depths",
+                       "the sweep has not measured both depths on one seed yet")
+    far = {}
+    for scheme, by_ckpt in (("xpos", paired), ("xpos_4layer", deep)):
+        far[scheme] = max([d for above, *_ in relay_facts(by_ckpt, l).values() for d in above],
+                          default=None)
+    parts, outside = [], []
+    for task in relay_facts(deep, l):
+        (r4, n4), (r2, n2) = (tuple(map(sum, zip(*[near(v, task) for v in by.values()])))
+                              for by in (deep, paired))
+        if not (n4 and n2):
             continue
-        (p4, iv4), (p2, iv2) = by["xpos_4layer"], by["xpos"]
+        iv4, iv2 = wilson(r4, n4), wilson(r2, n2)
         word = ("higher" if iv4[0] > iv2[1] else "lower" if iv4[1] < iv2[0]
                 else "not told apart")
-        parts.append(f"{task} {num(p4, 3)} against {num(p2, 3)} ({word})")
-    sentence = (f"With four layers (xpos_4layer, {seeds.get(n4, f'{n4} seeds')}) against two "
-                f"(xpos, {seeds.get(n2, f'{n2} seeds')}), relay answers under BCA are above "
+        parts.append(f"{task} {num(r4 / n4, 3)} against {num(r2 / n2, 3)} ({word})")
+        spread = [r / n for r, n in (near(v, task) for v in cells["xpos"].values()) if n]
+        if len(spread) > 1:
+            lo, hi = min(spread), max(spread)
+            where = ("above" if r4 / n4 > hi else "below" if r4 / n4 < lo else "inside")
+            outside.append(f"{task} {num(lo, 3)} to {num(hi, 3)} ({where})")
+    how_far = "nowhere" if far["xpos_4layer"] is None else f"up to d = {far['xpos_4layer']}"
+    against = "nowhere" if far["xpos"] is None else f"d = {far['xpos']}"
+    reach = ("further" if (far["xpos_4layer"] or 0) > (far["xpos"] or 0)
+             else "as far" if far["xpos_4layer"] == far["xpos"] else "less far")
+    which = f"seed{'s' * (len(seeds) > 1)} {names_text(seeds)}"
+    sentence = (f"With four layers (xpos_4layer, {which}) against two (xpos, the same "
+                f"{'seeds' if len(seeds) > 1 else 'seed'}), relay answers under BCA are above "
                 f"chance {how_far} against {against}: {reach}; the relay zone pooled over "
                 f"d ≤ {l}, four layers against two: " + "; ".join(parts)
                 + " (Wilson intervals over each model's answers)")
+    if outside:
+        sentence += (f"; two layers' pooled relay over their {len(cells['xpos'])} seeds ranges "
+                     + "; ".join(outside) + ", four layers' against that range")
     return Verdict("sweep-depth", "claim 9", "relay under BCA with 4 layers against 2",
-                   "xpos_4layer against xpos: farthest relay above chance, pooled relay",
-                   f"farthest {far4} against {far2}; " + "; ".join(parts), sentence)
+                   "xpos_4layer against xpos of the same seeds: farthest relay above chance, "
+                   "pooled relay; two layers' range over seeds",
+                   f"farthest {far['xpos_4layer']} against {far['xpos']}; " + "; ".join(parts)
+                   + ("; range " + "; ".join(outside) if outside else ""), sentence)
 
 
 def area_xpos_rope(results, short=False):

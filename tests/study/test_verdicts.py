@@ -195,6 +195,25 @@ def test_relay_with_depth_is_compared_from_the_answers():
     assert provenance.endswith("measured): xpos_4layer seed 1337 (of 1); xpos seed 1337 (of 3).")
 
 
+def test_depth_is_compared_at_the_same_seed_beside_two_layers_spread_over_seeds():
+    """Four layers have one seed: they are compared with two layers' checkpoint of that seed
+    (as many answers each), not with all three pooled, whose answers alone would put more
+    distances above chance; the sentence adds two layers' range over their seeds."""
+    relay = {1337: {64: (40, 100), 72: (40, 100)}, 1338: {64: (10, 100), 72: (10, 100)},
+             1339: {64: (30, 100), 72: (30, 100), 200: (20, 100)}}
+    two = [sweep_file(f"xpos_s{seed}", r, 128) for seed, r in relay.items()]
+    four = sweep_file("xpos_4layer_s1337", {64: (60, 100), 72: (60, 100)}, 256)
+    sentence = study_verdicts.sweep_depth(
+        with_sweeps(study_verdicts.Results(), [four, *two])).sentence
+    assert "(xpos_4layer, seed 1337) against two (xpos, the same seed)" in sentence
+    assert "up to d = 72 against d = 72: as far" in sentence  # not seed 1339's d = 200
+    assert "copy 0.600 against 0.400 (higher)" in sentence
+    assert "ranges copy 0.100 to 0.400 (above)" in sentence
+    other = sweep_file("xpos_4layer_s1340", {64: (60, 100)}, 256)
+    assert (study_verdicts.sweep_depth(with_sweeps(study_verdicts.Results(), [other, *two]))
+            .sentence == "the sweep has not measured both depths on one seed yet")
+
+
 def test_a_positive_control_is_read_when_it_exists():
     """results/control/summary.json (reproduce.py --suite control): its model trained at 4l
     decides whether the probe is shown able to see a gain."""
