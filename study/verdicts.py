@@ -718,8 +718,9 @@ def sweep_zones(results):
             direct = [row[f"{t} direct"]["mean"] for row in windows if row.get(f"{t} direct")]
             relay = [row[f"{t} relay"]["mean"] for row in windows if row.get(f"{t} relay")]
             if direct and relay:
-                ranges.append(f"{t} {num(min(direct))} to {num(max(direct))} direct, "
-                              f"{num(max(relay))} relay or less")
+                span = (num(min(direct)) if num(min(direct)) == num(max(direct))
+                        else f"{num(min(direct))} to {num(max(direct))}")
+                ranges.append(f"{t} {span} direct, {num(max(relay))} relay or less")
         text = f"{scheme} ({'one seed' if n == 1 else f'{n} seeds'}): under BCA {zones}"
         if ranges:
             text += "; under a sliding window and sinks " + "; ".join(ranges)
@@ -780,8 +781,14 @@ def sweep_depth(results):
             outside.append(f"{task} {num(lo, 3)} to {num(hi, 3)} ({where})")
     how_far = "nowhere" if far["xpos_4layer"] is None else f"up to d = {far['xpos_4layer']}"
     against = "nowhere" if far["xpos"] is None else f"d = {far['xpos']}"
-    reach = ("further" if (far["xpos_4layer"] or 0) > (far["xpos"] or 0)
-             else "as far" if far["xpos_4layer"] == far["xpos"] else "less far")
+    # the farthest distance moves by a step of the grid on a few answers: only more than one
+    # step apart counts as further or less far
+    grid = sorted({d for by in (deep, paired) for v in by.values() for found in v.values()
+                   for d, *_ in found})
+    step = min((b - a for a, b in zip(grid, grid[1:])), default=0)
+    gap = (far["xpos_4layer"] or 0) - (far["xpos"] or 0)
+    reach = ("further" if gap > step else "less far" if gap < -step
+             else "as far" if gap == 0 else "as far, within one step of the grid")
     which = f"seed{'s' * (len(seeds) > 1)} {names_text(seeds)}"
     sentence = (f"With four layers (xpos_4layer, {which}) against two (xpos, the same "
                 f"{'seeds' if len(seeds) > 1 else 'seed'}), relay answers under BCA are above "

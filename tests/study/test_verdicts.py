@@ -207,6 +207,9 @@ def test_depth_is_compared_at_the_same_seed_beside_two_layers_spread_over_seeds(
         with_sweeps(study_verdicts.Results(), [four, *two])).sentence
     assert "(xpos_4layer, seed 1337) against two (xpos, the same seed)" in sentence
     assert "up to d = 72 against d = 72: as far" in sentence  # not seed 1339's d = 200
+    near = sweep_file("xpos_4layer_s1337", {64: (60, 100), 72: (60, 100), 80: (30, 100)}, 256)
+    assert "up to d = 80 against d = 72: as far, within one step of the grid" in (
+        study_verdicts.sweep_depth(with_sweeps(study_verdicts.Results(), [near, *two])).sentence)
     assert "copy 0.600 against 0.400 (higher)" in sentence
     assert "ranges copy 0.100 to 0.400 (above)" in sentence
     other = sweep_file("xpos_4layer_s1340", {64: (60, 100)}, 256)
