@@ -577,12 +577,14 @@ def relay_cells(results):
 
 def relay_facts(by_ckpt, l):
     """One scheme's relay: {task: (distances above chance, distances, [(accuracy, sign against
-    chance) over d <= l, over d > l], chance)}. Each distance's answers, pooled over the
-    checkpoints, against chance by an exact binomial test at 2.5%, Bonferroni over the
-    distances tested (so that the farthest distance above chance is not one of many chances,
-    and a distance with a handful of relay answers is not above chance by one); the zones
-    pooled, by a
-    Wilson interval for one checkpoint, a t interval over seeds of each seed's for several."""
+    chance) over d <= l, over d > l], chance, (checkpoints above chance over d <= l,
+    checkpoints))}. Each distance's answers, pooled over the checkpoints, against chance by an
+    exact binomial test at 2.5%, Bonferroni over the distances tested (so that the farthest
+    distance above chance is not one of many chances, and a distance with a handful of relay
+    answers is not above chance by one); the zones pooled, by a Wilson interval for one
+    checkpoint, a t interval over seeds of each seed's for several; and each checkpoint's own
+    answers over d <= l by the exact test, Bonferroni over checkpoints and tasks (pooled
+    answers can be above chance from some seeds alone)."""
     tasks = {}
     for by_task in by_ckpt.values():
         for task, found in by_task.items():
@@ -609,7 +611,12 @@ def relay_facts(by_ckpt, l):
             iv = (wilson(right, n) if len(per_run) == 1
                   else t_interval([r / m for r, m in per_run if m]))
             pooled.append((right / n, excludes(iv, chance)))
-        facts[task] = (above, len(by_d), pooled, chance)
+        own = [(sum(r for d, r, n, _ in found if d <= l), sum(n for d, r, n, _ in found if d <= l))
+               for found in runs]
+        own_alpha = 0.025 / max(1, len(runs) * len(tasks))
+        seeds = (sum(1 for r, n in own if n and binomial_tail(r, n, chance) < own_alpha),
+                 len(runs))
+        facts[task] = (above, len(by_d), pooled, chance, seeds)
     return facts
 
 
@@ -649,7 +656,8 @@ def sweep_relay(results, short=False):
         above_any = [d for above, *_ in facts.values() for d in above]
         predicates.append(f"{scheme} ({n}): " + "; ".join(
             f"{t}: above chance at d = {a or 'none'}, pooled d <= l {p[0]}, d > l {p[1]}"
-            for t, (a, _, p, _) in facts.items()))
+            + f", checkpoints above chance over d <= l {k} of {m}"
+            for t, (a, _, p, _, (k, m)) in facts.items()))
         if not above_any:
             texts.append(f"nothing relays through the layers {who}: no relay cell is above "
                          "chance")
@@ -657,25 +665,38 @@ def sweep_relay(results, short=False):
         farthest = max(above_any)
         main = [t for t in facts if facts[t][0]]
 
+        def zone_word(sign):
+            if n == 1:
+                return words[sign]
+            return {1: "above chance", 0: "not told from chance",
+                    -1: "below chance"}[sign] + " by the t interval over seeds"
+
         def pooled_text(task):
-            (near, _), far, chance = facts[task][2][0], facts[task][2][1], facts[task][3]
-            text = f"{task} {num(near, 3)} over d ≤ {l}"
+            (near, sign), far, chance = facts[task][2][0], facts[task][2][1], facts[task][3]
+            k, m = facts[task][4]
+            text = f"{task} {num(near, 3)} over d ≤ {l} ({zone_word(sign)}"
+            text += f"; above chance {seeds_text(k, m)} by its own answers)" if m > 1 else ")"
             if far:
-                text += f" and {num(far[0], 3)} past it ({words[far[1]]})"
+                text += f" and {num(far[0], 3)} past it ({zone_word(far[1])})"
             return text + f", against a chance of {num(chance, 3)}"
 
         if short:
             near = ", ".join(f"{t} {num(facts[t][2][0][0], 3)} against a chance of "
-                             f"{num(facts[t][3], 3)}" for t in main)
+                             f"{num(facts[t][3], 3)}"
+                             + (f", above it {seeds_text(*facts[t][4])} by its own answers"
+                                if facts[t][4][1] > 1 else "")
+                             for t in main)
             past = {facts[t][2][1][1] for t in main if facts[t][2][1]}
-            texts.append(f"relay through the layers is above chance {who} up to d = "
+            pooled_who = who.replace("in the sweep's", "in the pooled answers of the sweep's")
+            texts.append(f"relay through the layers is above chance "
+                         f"{pooled_who if n > 1 else who} up to d = "
                          f"{farthest} (pooled over d ≤ {l}: {near}), "
                          + ("at chance or below past it" if past <= {0, -1} else "above chance "
                             "past it on some task"))
         else:
             counted = ", ".join(f"{task} at {len(above)} of {m} distances"
                                 + (f" (the farthest {max(above)})" if above else "")
-                                for task, (above, m, _, _) in facts.items())
+                                for task, (above, m, *_) in facts.items())
             caveat = ""
             if "passkey" in facts and not facts["passkey"][0]:
                 caveat = (" The passkey's relay answers are not above the one in ten of "

@@ -175,6 +175,19 @@ def test_the_sweep_on_several_seeds_is_judged_over_seeds():
                                "measured): xpos seeds 1337, 1338 and 1339 (of 3).")
 
 
+def test_relay_pooled_over_seeds_counts_the_seeds_that_relay_on_their_own():
+    """Pooled answers are above chance from two seeds alone when the third is at chance (2 of
+    104 against a chance of 1/52): the sentence counts the seeds by their own answers."""
+    relay = {1337: {64: (40, 100), 72: (30, 100)}, 1338: {64: (35, 100), 72: (25, 100)},
+             1339: {64: (2, 100), 72: (2, 100)}}
+    results = with_sweeps(study_verdicts.Results(), [sweep_file(f"xpos_s{seed}", r, 128)
+                                                     for seed, r in relay.items()])
+    long, short = (study_verdicts.sweep_relay(results, short=s).sentence for s in (False, True))
+    assert "above chance in 2 of 3 seeds by its own answers" in long
+    assert "copy 0.223 against a chance of 0.019, above it in 2 of 3 seeds" in short
+    assert "in every seed" not in long + short
+
+
 def test_relay_with_depth_is_compared_from_the_answers():
     """xpos_4layer against xpos, one seed each: the farthest distance above chance and the relay
     zone pooled over d <= l, told apart only where the Wilson intervals do not overlap
