@@ -550,7 +550,9 @@ def sweep_provenance(results):
     whose = ("the models the suite's tables measured" if own and len(own) == len(swept) else
              f"{len(own)} of them models the suite's tables measured" if own else
              "none of them a model the suite's tables measured")
-    sentence = ("Measured so far, on models trained with the suite's recipe and seeds on "
+    complete = all(len(found) == planned.get(scheme) for scheme, found in seeds.items())
+    sentence = (f"Measured{'' if complete and seeds else ' so far'}, on models trained with "
+                f"the suite's recipe and seeds on "
                 f"{machine} (results/retrieval_rerun; {whose}): "
                 + ("; ".join(parts) if parts else "nothing") + ".")
     return Verdict("sweep-provenance", "claim 9", "the sweep's checkpoints",
@@ -572,7 +574,9 @@ def relay_cells(results):
             chance = 0.1 if row["task"].startswith("passkey") else CHANCE[row["task"]]
             by_task = cells.setdefault(scheme, {}).setdefault(ckpt, {})
             by_task.setdefault(row["task"], []).append((row["d"], right, scored, chance))
-    return cells
+    order = [name for name, _, _ in SUITE_SCHEMES]  # the suite's order, not the files'
+    return dict(sorted(cells.items(), key=lambda item: (
+        order.index(item[0]) if item[0] in order else len(order), item[0])))
 
 
 def relay_facts(by_ckpt, l):
@@ -684,15 +688,16 @@ def sweep_relay(results, short=False):
             near = ", ".join(f"{t} {num(facts[t][2][0][0], 3)} against a chance of "
                              f"{num(facts[t][3], 3)}"
                              + (f", above it {seeds_text(*facts[t][4])} by its own answers"
-                                if facts[t][4][1] > 1 else "")
+                                if facts[t][4][1] > 1 else f", {words[facts[t][2][0][1]]}")
                              for t in main)
             past = {facts[t][2][1][1] for t in main if facts[t][2][1]}
+            past_above = [t for t in main if facts[t][2][1] and facts[t][2][1][1] == 1]
             pooled_who = who.replace("in the sweep's", "in the pooled answers of the sweep's")
             texts.append(f"relay through the layers is above chance "
                          f"{pooled_who if n > 1 else who} up to d = "
                          f"{farthest} (pooled over d ≤ {l}: {near}), "
                          + ("at chance or below past it" if past <= {0, -1} else "above chance "
-                            "past it on some task"))
+                            f"past it on {names_text(past_above)}"))
         else:
             counted = ", ".join(f"{task} at {len(above)} of {m} distances"
                                 + (f" (the farthest {max(above)})" if above else "")
@@ -799,7 +804,7 @@ def sweep_depth(results):
         if len(spread) > 1:
             lo, hi = min(spread), max(spread)
             where = ("above" if r4 / n4 > hi else "below" if r4 / n4 < lo else "inside")
-            outside.append(f"{task} {num(lo, 3)} to {num(hi, 3)} ({where})")
+            outside.append((task, f"{task} {num(lo, 3)} to {num(hi, 3)}", where))
     how_far = "nowhere" if far["xpos_4layer"] is None else f"up to d = {far['xpos_4layer']}"
     against = "nowhere" if far["xpos"] is None else f"d = {far['xpos']}"
     # the farthest distance moves by a step of the grid on a few answers: only more than one
@@ -817,13 +822,18 @@ def sweep_depth(results):
                 f"d ≤ {l}, four layers against two: " + "; ".join(parts)
                 + " (Wilson intervals over each model's answers)")
     if outside:
-        sentence += (f"; two layers' pooled relay over their {len(cells['xpos'])} seeds ranges "
-                     + "; ".join(outside) + ", four layers' against that range")
+        groups = {}
+        for task, _, where in outside:
+            groups.setdefault(where, []).append(task)
+        sentence += (f"; against two layers' range over their {len(cells['xpos'])} seeds ("
+                     + ", ".join(r for _, r, _ in outside) + "), four layers' pooled relay is "
+                     + ", ".join(f"{w} it on {names_text(ts)}" for w, ts in groups.items()))
     return Verdict("sweep-depth", "claim 9", "relay under BCA with 4 layers against 2",
                    "xpos_4layer against xpos of the same seeds: farthest relay above chance, "
                    "pooled relay; two layers' range over seeds",
                    f"farthest {far['xpos_4layer']} against {far['xpos']}; " + "; ".join(parts)
-                   + ("; range " + "; ".join(outside) if outside else ""), sentence)
+                   + ("; range " + "; ".join(f"{r} ({w})" for _, r, w in outside)
+                      if outside else ""), sentence)
 
 
 def area_xpos_rope(results, short=False):

@@ -173,6 +173,9 @@ def test_the_sweep_on_several_seeds_is_judged_over_seeds():
     provenance = study_verdicts.sweep_provenance(results).sentence
     assert provenance.endswith("(results/retrieval_rerun; none of them a model the suite's tables "
                                "measured): xpos seeds 1337, 1338 and 1339 (of 3).")
+    assert provenance.startswith("Measured, on models")  # every seed the suite trains
+    one = with_sweeps(study_verdicts.Results(), [sweep_file("xpos_s1337", relay, 128)])
+    assert study_verdicts.sweep_provenance(one).sentence.startswith("Measured so far, on models")
 
 
 def test_relay_pooled_over_seeds_counts_the_seeds_that_relay_on_their_own():
@@ -224,7 +227,8 @@ def test_depth_is_compared_at_the_same_seed_beside_two_layers_spread_over_seeds(
     assert "up to d = 80 against d = 72: as far, within one step of the grid" in (
         study_verdicts.sweep_depth(with_sweeps(study_verdicts.Results(), [near, *two])).sentence)
     assert "copy 0.600 against 0.400 (higher)" in sentence
-    assert "ranges copy 0.100 to 0.400 (above)" in sentence
+    assert ("against two layers' range over their 3 seeds (copy 0.100 to 0.400), four layers' "
+            "pooled relay is above it on copy") in sentence
     other = sweep_file("xpos_4layer_s1340", {64: (60, 100)}, 256)
     assert (study_verdicts.sweep_depth(with_sweeps(study_verdicts.Results(), [other, *two]))
             .sentence == "the sweep has not measured both depths on one seed yet")
