@@ -637,7 +637,7 @@ def sweep_relay(results, short=False):
     key = "sweep-relay" + "-short" * short
     measure, comparison = ("sweep accuracy in BCA's relay zone, by distance and pooled",
                            "relay answers against chance")
-    words = {1: "above chance", 0: "at chance", -1: "below chance"}
+    words = {1: "above chance", 0: "not told from chance", -1: "below chance"}
     texts, predicates = [], []
     cells = relay_cells(results)
     bound = {}  # the reach bound's range over the phases, of each scheme's BCA rows
@@ -653,6 +653,7 @@ def sweep_relay(results, short=False):
         who = ("in the sweep's one checkpoint" if n == 1 and len(cells) == 1 else
                f"in the sweep's one {scheme} checkpoint" if n == 1 else
                f"in the sweep's {n} {scheme} checkpoints")
+        pooled_who = who.replace("in the sweep's", "in the pooled answers of the sweep's")
         how = ("an exact binomial test of its answers against chance, Bonferroni over the "
                "distances: one checkpoint has no interval over seeds" if n == 1 else "an exact "
                "binomial test of the seeds' answers, Bonferroni over the distances; pooled, a t "
@@ -669,34 +670,35 @@ def sweep_relay(results, short=False):
         farthest = max(above_any)
         main = [t for t in facts if facts[t][0]]
 
-        def zone_word(sign):
-            if n == 1:
-                return words[sign]
-            return {1: "above chance", 0: "not told from chance",
-                    -1: "below chance"}[sign] + " by the t interval over seeds"
+        def zone_word(sign, task):
+            # a passkey's chance is only bounded (one relayed digit): never at or below it
+            word = ("above the bound on chance" if sign == 1 else "not above the bound on "
+                    "chance") if task.startswith("passkey") else words[sign]
+            return word if n == 1 else word + " by the t interval over seeds"
 
         def pooled_text(task):
             (near, sign), far, chance = facts[task][2][0], facts[task][2][1], facts[task][3]
             k, m = facts[task][4]
-            text = f"{task} {num(near, 3)} over d ≤ {l} ({zone_word(sign)}"
-            text += f"; above chance {seeds_text(k, m)} by its own answers)" if m > 1 else ")"
+            text = f"{task} {num(near, 3)} over d ≤ {l} ({zone_word(sign, task)}"
+            text += f"; above it {seeds_text(k, m)} by its own answers)" if m > 1 else ")"
             if far:
-                text += f" and {num(far[0], 3)} past it ({zone_word(far[1])})"
-            return text + f", against a chance of {num(chance, 3)}"
+                text += f" and {num(far[0], 3)} past it ({zone_word(far[1], task)})"
+            bound = "at most " if task.startswith("passkey") else ""
+            return text + f", against a chance of {bound}{num(chance, 3)}"
 
         if short:
             near = ", ".join(f"{t} {num(facts[t][2][0][0], 3)} against a chance of "
-                             f"{num(facts[t][3], 3)}"
+                             f"{'at most ' * t.startswith('passkey')}{num(facts[t][3], 3)}"
                              + (f", above it {seeds_text(*facts[t][4])} by its own answers"
-                                if facts[t][4][1] > 1 else f", {words[facts[t][2][0][1]]}")
+                                if facts[t][4][1] > 1
+                                else f", {zone_word(facts[t][2][0][1], t)}")
                              for t in main)
             past = {facts[t][2][1][1] for t in main if facts[t][2][1]}
             past_above = [t for t in main if facts[t][2][1] and facts[t][2][1][1] == 1]
-            pooled_who = who.replace("in the sweep's", "in the pooled answers of the sweep's")
             texts.append(f"relay through the layers is above chance "
                          f"{pooled_who if n > 1 else who} up to d = "
                          f"{farthest} (pooled over d ≤ {l}: {near}), "
-                         + ("at chance or below past it" if past <= {0, -1} else "above chance "
+                         + ("not above chance past it" if past <= {0, -1} else "above chance "
                             f"past it on {names_text(past_above)}"))
         else:
             counted = ", ".join(f"{task} at {len(above)} of {m} distances"
@@ -707,7 +709,8 @@ def sweep_relay(results, short=False):
                 caveat = (" The passkey's relay answers are not above the one in ten of "
                           "guessing a relayed digit (its zone is its worst digit's).")
             texts.append(f"Under BCA, relay answers (only a path through two layers or more "
-                         f"reaches their source) are above chance {who} ({how}) at {counted}, "
+                         f"reaches their source) are above chance "
+                         f"{pooled_who if n > 1 else who} ({how}) at {counted}, "
                          f"the farthest at d = {farthest} (d: the instance's distance; each "
                          "answer's zone is by its own source). Pooled: "
                          f"{'; '.join(pooled_text(t) for t in facts)}.{caveat} So something "
@@ -758,13 +761,15 @@ def sweep_zones(results):
 
 
 def sweep_depth(results):
-    """Item 2's question: does relay grow with depth? xpos_4layer against xpos of the same seeds
-    (as many answers each, so neither is above chance at more distances by having more of
-    them): the farthest distance whose relay answers are above chance (relay_facts), and the
-    relay zone pooled over d <= l, each model's answers by a Wilson interval (told apart only
-    where the two intervals do not overlap). Four layers have one seed, so the sentence also
-    gives the range of two layers' pooled relay over all their seeds, and whether four layers'
-    lies outside it."""
+    """Item 2's question: does relay grow with depth? xpos_4layer against xpos. Four layers
+    have one seed, and two layers' relay varies more between seeds than one checkpoint's
+    answers do, so the strength of relay (the relay zone pooled over d <= l) is placed against
+    two layers' range over all their seeds (above, inside or below it); and its reach, each
+    task's farthest distance whose relay answers are above chance (relay_facts), is compared
+    with two layers' checkpoint of the same seed (one checkpoint each), more than one step of
+    the distance grid apart counting as further or less far. Past l the two depths' relay
+    zones hold different phases (two layers' ends at its reach bound), so reach is a one-pair
+    reading, stated as one."""
     l = (results.rerun or results.suite)["recipe"]["block_size"]
     cells = relay_cells(results)
     if not {"xpos", "xpos_4layer"} <= set(cells):
@@ -786,54 +791,44 @@ def sweep_depth(results):
         return Verdict("sweep-depth", "claim 9", "relay under BCA with 4 layers against 2",
                        "xpos_4layer against xpos", "no seed swept at both depths",
                        "the sweep has not measured both depths on one seed yet")
-    far = {}
-    for scheme, by_ckpt in (("xpos", paired), ("xpos_4layer", deep)):
-        far[scheme] = max([d for above, *_ in relay_facts(by_ckpt, l).values() for d in above],
-                          default=None)
-    parts, outside = [], []
-    for task in relay_facts(deep, l):
-        (r4, n4), (r2, n2) = (tuple(map(sum, zip(*[near(v, task) for v in by.values()])))
-                              for by in (deep, paired))
-        if not (n4 and n2):
-            continue
-        iv4, iv2 = wilson(r4, n4), wilson(r2, n2)
-        word = ("higher" if iv4[0] > iv2[1] else "lower" if iv4[1] < iv2[0]
-                else "not told apart")
-        parts.append(f"{task} {num(r4 / n4, 3)} against {num(r2 / n2, 3)} ({word})")
-        spread = [r / n for r, n in (near(v, task) for v in cells["xpos"].values()) if n]
-        if len(spread) > 1:
-            lo, hi = min(spread), max(spread)
-            where = ("above" if r4 / n4 > hi else "below" if r4 / n4 < lo else "inside")
-            outside.append((task, f"{task} {num(lo, 3)} to {num(hi, 3)}", where))
-    how_far = "nowhere" if far["xpos_4layer"] is None else f"up to d = {far['xpos_4layer']}"
-    against = "nowhere" if far["xpos"] is None else f"d = {far['xpos']}"
-    # the farthest distance moves by a step of the grid on a few answers: only more than one
-    # step apart counts as further or less far
+    facts4, facts2 = relay_facts(deep, l), relay_facts(paired, l)
     grid = sorted({d for by in (deep, paired) for v in by.values() for found in v.values()
                    for d, *_ in found})
     step = min((b - a for a, b in zip(grid, grid[1:])), default=0)
-    gap = (far["xpos_4layer"] or 0) - (far["xpos"] or 0)
-    reach = ("further" if gap > step else "less far" if gap < -step
-             else "as far" if gap == 0 else "as far, within one step of the grid")
+    strength, reach, where_of, how_of = [], [], {}, {}
+    for task in facts4:
+        r4, n4 = map(sum, zip(*[near(v, task) for v in deep.values()]))
+        spread = [r / n for r, n in (near(v, task) for v in cells["xpos"].values()) if n]
+        if n4 and spread:
+            lo, hi = min(spread), max(spread)
+            where = "above" if r4 / n4 > hi else "below" if r4 / n4 < lo else "inside"
+            where_of.setdefault(where, []).append(task)
+            strength.append(f"{task} {num(r4 / n4, 3)} against {num(lo, 3)} to {num(hi, 3)}")
+        if task.startswith("passkey"):  # its chance is only bounded (by a one-digit guess)
+            continue
+        a4 = max(facts4[task][0], default=None)
+        a2 = max(facts2.get(task, ([],))[0], default=None)
+        gap = (a4 or 0) - (a2 or 0)
+        how = ("further" if gap > step else "less far" if gap < -step else "as far")
+        how_of.setdefault(how, []).append(task)
+        reach.append(f"{task} {a4 or 'none'} against {a2 or 'none'}")
     which = f"seed{'s' * (len(seeds) > 1)} {names_text(seeds)}"
-    sentence = (f"With four layers (xpos_4layer, {which}) against two (xpos, the same "
-                f"{'seeds' if len(seeds) > 1 else 'seed'}), relay answers under BCA are above "
-                f"chance {how_far} against {against}: {reach}; the relay zone pooled over "
-                f"d ≤ {l}, four layers against two: " + "; ".join(parts)
-                + " (Wilson intervals over each model's answers)")
-    if outside:
-        groups = {}
-        for task, _, where in outside:
-            groups.setdefault(where, []).append(task)
-        sentence += (f"; against two layers' range over their {len(cells['xpos'])} seeds ("
-                     + ", ".join(r for _, r, _ in outside) + "), four layers' pooled relay is "
-                     + ", ".join(f"{w} it on {names_text(ts)}" for w, ts in groups.items()))
+    n2 = len(cells["xpos"])
+    sentence = (f"With four layers (xpos_4layer, {which}) against two (xpos, {n2} seeds), the "
+                f"relay zone under BCA pooled over d ≤ {l} is "
+                + ", ".join(f"{w} two layers' range over seeds on {names_text(ts)}"
+                            for w, ts in where_of.items())
+                + f" ({'; '.join(strength)}); the farthest distance whose relay answers are "
+                f"above chance, against two layers' seed {names_text(seeds)} alone, is "
+                + ", ".join(f"{h} on {names_text(ts)}" for h, ts in how_of.items())
+                + f" ({'; '.join(reach)}; one checkpoint each, within one step of the grid "
+                "counted as as far; past l the two depths' relay zones hold different phases; "
+                "the passkey left out, its chance only bounded)")
     return Verdict("sweep-depth", "claim 9", "relay under BCA with 4 layers against 2",
-                   "xpos_4layer against xpos of the same seeds: farthest relay above chance, "
-                   "pooled relay; two layers' range over seeds",
-                   f"farthest {far['xpos_4layer']} against {far['xpos']}; " + "; ".join(parts)
-                   + ("; range " + "; ".join(f"{r} ({w})" for _, r, w in outside)
-                      if outside else ""), sentence)
+                   "xpos_4layer's pooled relay over d <= l against xpos's range over seeds; "
+                   "each task's farthest relay above chance against xpos of the same seed",
+                   "; ".join(f"{w}: {ts}" for w, ts in where_of.items()) + " | "
+                   + "; ".join(f"{h}: {ts}" for h, ts in how_of.items()), sentence)
 
 
 def area_xpos_rope(results, short=False):

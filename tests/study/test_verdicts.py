@@ -167,7 +167,8 @@ def test_the_sweep_on_several_seeds_is_judged_over_seeds():
     results = with_sweeps(study_verdicts.Results(),
                           [sweep_file(f"xpos_s{seed}", relay, 128) for seed in (1337, 1338, 1339)])
     sentence = study_verdicts.sweep_relay(results).sentence
-    assert "in the sweep's 3 xpos checkpoints" in sentence and "t interval over seeds" in sentence
+    assert "in the pooled answers of the sweep's 3 xpos checkpoints" in sentence
+    assert "t interval over seeds" in sentence
     assert "the farthest at d = 72" in sentence
     assert "(BCA's reach bound: 128 to 191 tokens, with the phase)" in sentence
     provenance = study_verdicts.sweep_provenance(results).sentence
@@ -186,54 +187,48 @@ def test_relay_pooled_over_seeds_counts_the_seeds_that_relay_on_their_own():
     results = with_sweeps(study_verdicts.Results(), [sweep_file(f"xpos_s{seed}", r, 128)
                                                      for seed, r in relay.items()])
     long, short = (study_verdicts.sweep_relay(results, short=s).sentence for s in (False, True))
-    assert "above chance in 2 of 3 seeds by its own answers" in long
+    assert "above it in 2 of 3 seeds by its own answers" in long
     assert "copy 0.223 against a chance of 0.019, above it in 2 of 3 seeds" in short
     assert "in every seed" not in long + short
 
 
 def test_relay_with_depth_is_compared_from_the_answers():
-    """xpos_4layer against xpos, one seed each: the farthest distance above chance and the relay
-    zone pooled over d <= l, told apart only where the Wilson intervals do not overlap
-    (0.6 of 200 against 0.4 of 200: [0.531, 0.665] against [0.335, 0.469])."""
+    """xpos_4layer against xpos, one seed each: the farthest distance above chance per task,
+    more than one grid step apart counting as further; the pooled relay over d <= l against two
+    layers' range over seeds (here one seed: 0.4 of 200)."""
     two = sweep_file("xpos_s1337", {64: (40, 100), 72: (40, 100), 136: (2, 100)}, 128)
     four = sweep_file("xpos_4layer_s1337", {64: (60, 100), 72: (60, 100), 200: (30, 100)}, 256)
     results = with_sweeps(study_verdicts.Results(), [four, two])
     sentence = study_verdicts.sweep_depth(results).sentence
-    assert "above chance up to d = 200 against d = 72: further" in sentence
-    assert "copy 0.600 against 0.400 (higher)" in sentence
+    assert "is further on copy (copy 200 against 72;" in sentence
+    assert ("above two layers' range over seeds on copy (copy 0.600 against 0.400 to 0.400)"
+            in sentence)
     assert ("(BCA's reach bound: 256 to 319 tokens, with the phase)"
             in study_verdicts.sweep_relay(results).sentence)
-    close = sweep_file("xpos_4layer_s1337", {64: (45, 100), 72: (40, 100)}, 256)
+    close = sweep_file("xpos_4layer_s1337", {64: (45, 100), 72: (40, 100), 80: (10, 100)}, 256)
     sentence = study_verdicts.sweep_depth(with_sweeps(study_verdicts.Results(), [close, two]))
-    assert "against d = 72: as far" in sentence.sentence
-    assert "copy 0.425 against 0.400 (not told apart)" in sentence.sentence
+    assert "is as far on copy (copy 80 against 72;" in sentence.sentence
     provenance = study_verdicts.sweep_provenance(results).sentence
     assert provenance.endswith("measured): xpos_4layer seed 1337 (of 1); xpos seed 1337 (of 3).")
 
 
 def test_depth_is_compared_at_the_same_seed_beside_two_layers_spread_over_seeds():
-    """Four layers have one seed: they are compared with two layers' checkpoint of that seed
-    (as many answers each), not with all three pooled, whose answers alone would put more
-    distances above chance; the sentence adds two layers' range over their seeds."""
+    """Four layers have one seed: their reach is compared with two layers' checkpoint of that
+    seed (as many checkpoints each), not with all three pooled, whose answers alone would put
+    more distances above chance; their strength against two layers' range over seeds."""
     relay = {1337: {64: (40, 100), 72: (40, 100)}, 1338: {64: (10, 100), 72: (10, 100)},
              1339: {64: (30, 100), 72: (30, 100), 200: (20, 100)}}
     two = [sweep_file(f"xpos_s{seed}", r, 128) for seed, r in relay.items()]
     four = sweep_file("xpos_4layer_s1337", {64: (60, 100), 72: (60, 100)}, 256)
     sentence = study_verdicts.sweep_depth(
         with_sweeps(study_verdicts.Results(), [four, *two])).sentence
-    assert "(xpos_4layer, seed 1337) against two (xpos, the same seed)" in sentence
-    assert "up to d = 72 against d = 72: as far" in sentence  # not seed 1339's d = 200
-    near = sweep_file("xpos_4layer_s1337", {64: (60, 100), 72: (60, 100), 80: (30, 100)}, 256)
-    assert "up to d = 80 against d = 72: as far, within one step of the grid" in (
-        study_verdicts.sweep_depth(with_sweeps(study_verdicts.Results(), [near, *two])).sentence)
-    assert "copy 0.600 against 0.400 (higher)" in sentence
-    assert ("against two layers' range over their 3 seeds (copy 0.100 to 0.400), four layers' "
-            "pooled relay is above it on copy") in sentence
+    assert "(xpos_4layer, seed 1337) against two (xpos, 3 seeds)" in sentence
+    assert "as far on copy (copy 72 against 72;" in sentence  # not seed 1339's d = 200
+    assert ("above two layers' range over seeds on copy (copy 0.600 against 0.100 to 0.400)"
+            in sentence)
     other = sweep_file("xpos_4layer_s1340", {64: (60, 100)}, 256)
     assert (study_verdicts.sweep_depth(with_sweeps(study_verdicts.Results(), [other, *two]))
             .sentence == "the sweep has not measured both depths on one seed yet")
-
-
 def test_a_positive_control_is_read_when_it_exists():
     """results/control/summary.json (reproduce.py --suite control): its model trained at 4l
     decides whether the probe is shown able to see a gain."""
