@@ -535,13 +535,18 @@ def sweep_rows(results):
     return out
 
 
+def seed_of(ckpt):
+    """A run's seed from its directory's name (<scheme>_s<seed>/ckpt.pt)."""
+    return Path(ckpt).parent.name.rpartition("_s")[2]
+
+
 def sweep_provenance(results):
     """Item 2: which checkpoints the sweep measured, of the seeds the suite trains, and whether
     any is a model the suite's tables measured (by its checkpoint's path in their raw rows)."""
     planned = {name: n for name, _, n in SUITE_SCHEMES}
     seeds, swept = {}, sweep_rows(results)
     for scheme, ckpt in swept:
-        seeds.setdefault(scheme, []).append(Path(ckpt).parent.name.rpartition("_s")[2])
+        seeds.setdefault(scheme, []).append(seed_of(ckpt))
     suite = {r["ckpt"] for _, res in results.raw("retrieval", "*.tasks.json") for r in res["rows"]}
     own = [c for _, c in swept if c in suite]
     parts = [f"{scheme} seed{'s' * (len(found) > 1)} {names_text(sorted(found))} (of "
@@ -777,16 +782,13 @@ def sweep_depth(results):
                        "xpos_4layer against xpos", "not both swept",
                        "the sweep has not measured both depths yet")
 
-    def seed(ckpt):
-        return Path(ckpt).parent.name.rpartition("_s")[2]
-
     def near(by_task, task):
         found = [(r, n) for d, r, n, _ in by_task.get(task, []) if d <= l]
         return sum(r for r, _ in found), sum(n for _, n in found)
 
     deep = cells["xpos_4layer"]
-    seeds = sorted({seed(c) for c in deep})
-    paired = {c: v for c, v in cells["xpos"].items() if seed(c) in seeds}
+    seeds = sorted({seed_of(c) for c in deep})
+    paired = {c: v for c, v in cells["xpos"].items() if seed_of(c) in seeds}
     if not paired:
         return Verdict("sweep-depth", "claim 9", "relay under BCA with 4 layers against 2",
                        "xpos_4layer against xpos", "no seed swept at both depths",
